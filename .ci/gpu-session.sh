@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# One GPU session on a machine with a GPU and no network: install the wheels built here (dist/), run
+# the GPU tests and the benchmarks from a copy of the checkout outside it (so that imports resolve to
+# the installed wheels, not to the source tree), and leave every log under $OUT.
+#   bash .ci/gpu-session.sh [tests] [bench] [tune] [cold]      (default: all four)
+set -uo pipefail
+OUT=${OUT:-/tmp/tk-out}
+SITE=/tmp/tk-site
+WORK=/tmp/tk-work
+steps=${*:-tests bench tune cold}
+mkdir -p "$OUT" "$SITE" "$WORK"
+export PYTHONPATH=$SITE PYTHONUNBUFFERED=1
+
+python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" dist/*.whl $(ls .whl/*.whl 2>/dev/null) || exit 1
+cp -r tests benchmarks pyproject.toml "$WORK"/
+{
+  date -u +%Y-%m-%dT%H:%M:%SZ
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader
+  python3 -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda)'
+  ls dist
+} | tee "$OUT/environment.txt"
+
+status=0
+cd "$WORK"
+for step in $steps; do
+  case $step in
+    tests) python3 -m pytest tests/gpu -q -p no:cacheprovider -rfEs --junitxml="$OUT/junit.xml" 2>&1 | tee "$OUT/pytest.log" | tail -n 25 || status=1 ;;
+    bench) python3 -m benchmarks.run --decode --out "$OUT/bench.jsonl" 2>&1 | tee "$OUT/bench.log" | tail -n 40 || status=1 ;;
+    tune)  [ -d "$OLDPWD/build-tune/sm_90a" ] && python3 -m benchmarks.tune "$OLDPWD/build-tune/sm_90a" --out "$OUT/tune.jsonl" 2>&1 | tee "$OUT/tune.log" | tail -n 60 ;;
+    cold)  for i in 1 2 3; do python3 benchmarks/cold_start.py; done 2>&1 | tee "$OUT/cold_start.log" ;;
+  esac
+done
+exit $status

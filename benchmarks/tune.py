@@ -1,0 +1,81 @@
+"""Time the tuning variants of benchmarks/tuning.py on the GPU, each checked against the reference.
+
+    python benchmarks/tune.py BUILD_DIR/sm_90a [--out tune.jsonl]
+
+Variants are launched straight from their manifest with the loader (no op in front), on the same inputs
+as the shipped kernels' benchmarks: 8192 tokens, hidden 7168, E 256 / K 8.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from benchmarks.run import Timer, copy_bandwidth, nbytes
+from tile_kernels_aot import reference
+from tile_kernels_aot._launch import LoadedKernel
+from tile_kernels_aot._manifest import manifest_from_json
+
+TOKENS = 8192
+DTYPE_OF_SIZE = {1: torch.float8_e4m3fn, 2: torch.bfloat16, 4: torch.float32}
+
+
+def transpose_inputs(p):
+    x = torch.randn(TOKENS, 7168, device='cuda').to(DTYPE_OF_SIZE[p['elem_bytes']])
+    out = torch.empty(7168, TOKENS, dtype=x.dtype, device='cuda')
+    tensors = {'x': x.unsqueeze(0).view(torch.uint32), 'out': out.unsqueeze(0).view(torch.uint32)}
+    return tensors, {}, lambda: torch.equal(out.view(torch.uint8), x.t().contiguous().view(torch.uint8)), nbytes(x, out)
+
+
+def cast_inputs(p):
+    x = torch.randn(TOKENS, p['hidden'], device='cuda').to(getattr(torch, p['in_dtype']))
+    out = torch.empty(TOKENS, p['hidden'], dtype=torch.float8_e4m3fn, device='cuda')
+    sf = torch.empty(TOKENS, p['hidden'] // p['num_per_channels'], device='cuda')
+
+    def ok():
+        ref, ref_sf = reference.cast(x, 'e4m3', (1, p['num_per_channels']))
+        return torch.equal(out.view(torch.uint8), ref.view(torch.uint8)) and torch.equal(sf, ref_sf)
+    return {'x': x, 'out': out, 'out_sf': sf}, {}, ok, nbytes(x, out, sf)
+
+
+def topk_inputs(p):
+    scores = torch.randn(TOKENS, p['num_experts'], device='cuda')
+    idx = torch.empty(TOKENS, p['num_topk'], dtype=torch.int64, device='cuda')
+    return {'scores': scores, 'topk_idx': idx}, {}, lambda: torch.equal(idx, reference.stable_topk(scores, p['num_topk'])), nbytes(scores, idx)
+
+
+INPUTS = {'tune.transpose': transpose_inputs, 'tune.per_token_cast': cast_inputs, 'tune.topk_gate': topk_inputs}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('kernel_dir', type=Path)
+    parser.add_argument('--out', default=None)
+    args = parser.parse_args()
+    manifest = manifest_from_json((args.kernel_dir / 'manifest.json').read_text())
+    timer = Timer()
+    copy_gbs = copy_bandwidth(timer)
+    print(f'# copy bandwidth {copy_gbs:.0f} GB/s')
+    rows = []
+    for name, info in sorted(manifest.kernels.items()):
+        for key, entry in sorted(info.entries.items()):
+            kernel = LoadedKernel(entry, args.kernel_dir)
+            tensors, scalars, ok, moved = INPUTS[name](entry.params)
+            run = lambda: kernel(0, tensors, scalars)  # noqa: E731
+            run()
+            torch.cuda.synchronize()
+            correct = bool(ok())
+            us = timer.device_us(run)
+            rows.append({'kernel': name, 'spec': key, 'us': us, 'gbs': moved / us / 1e3, 'of_copy': moved / us / 1e3 / copy_gbs, 'correct': correct})
+            print(f'{name:20s} {key:95s} {us:8.1f} us {100 * moved / us / 1e3 / copy_gbs:5.1f}% {"ok" if correct else "WRONG"}', flush=True)
+    if args.out:
+        Path(args.out).write_text(''.join(json.dumps(r) + '\n' for r in rows))
+    return 0 if all(r['correct'] for r in rows) else 1
+
+
+if __name__ == '__main__':
+    sys.exit(main())

@@ -1,0 +1,48 @@
+"""Variants of the shipped kernels with their tuning knobs exposed as spec parameters.
+
+Build them into their own folder and time them with benchmarks/tune.py; they never enter a wheel:
+
+    python -m build_tools --arch sm90 --registry benchmarks.tuning --build-dir build-tune --no-wheels
+"""
+
+from kernel_src.decl import KernelDecl, param
+from kernel_src.moe import topk_gate
+from kernel_src.quant import per_token_cast
+from kernel_src.transpose import batched_transpose
+
+TRANSPOSE = KernelDecl(
+    name='tune.transpose',
+    params=batched_transpose.DECL.params + (param('max_warps', 'int', 'w'),),
+    factory=batched_transpose.build,
+    prebuilt=lambda: [
+        dict(elem_bytes=eb, vec_bytes=v, tile_m=tm, tile_n=tn, max_warps=w)
+        for eb, v in ((2, 16), (1, 8), (1, 16), (4, 16))
+        for tm, tn, w in ((64, 64, 8), (64, 64, 1), (128, 128, 8), (128, 128, 4), (128, 128, 2), (64, 128, 4), (128, 64, 4))
+        if not batched_transpose.check_or_none(eb, v, tm, tn)
+    ],
+    check=lambda max_warps, **spec: batched_transpose.check(**spec),
+    pass_configs=batched_transpose.DECL.pass_configs,
+)
+
+PER_TOKEN_CAST = KernelDecl(
+    name='tune.per_token_cast',
+    params=per_token_cast.DECL.params + (param('num_threads', 'int', 't'), param('num_vectors', 'int', 'n')),
+    factory=per_token_cast.build,
+    prebuilt=lambda: [
+        dict(in_dtype=d, hidden=7168, num_per_channels=128, round_sf=False, aligned=True, num_threads=t, num_vectors=n)
+        for d in ('bfloat16', 'float32') for t in (128, 256, 512) for n in (1, 2, 4, 8)
+    ],
+    check=lambda num_threads, num_vectors, **spec: per_token_cast.check(**spec),
+    pass_configs=per_token_cast.DECL.pass_configs,
+)
+
+TOPK_GATE = KernelDecl(
+    name='tune.topk_gate',
+    params=topk_gate.DECL.params + (param('warps_per_block', 'int', 'w'),),
+    factory=topk_gate.build,
+    prebuilt=lambda: [dict(num_experts=256, num_topk=8, warps_per_block=w) for w in (1, 2, 4, 8, 16)],
+    check=lambda warps_per_block, **spec: topk_gate.check(**spec),
+    pass_configs=topk_gate.DECL.pass_configs,
+)
+
+DECLS = {d.name: d for d in (TRANSPOSE, PER_TOKEN_CAST, TOPK_GATE)}

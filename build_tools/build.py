@@ -1,0 +1,258 @@
+"""The build: (kernel, spec, arch) jobs -> lowered .cu -> .cubin (ninja + nvcc) -> manifest -> wheels.
+
+Everything is derived from the kernel declarations in kernel_src.registry and the arguments here.
+Every step is incremental: lowering is skipped when the job's input hash (kernel sources, spec, arch,
+tilelang version, pass configs) matches the one recorded beside the .cu; nvcc is skipped by ninja when
+the .cu did not change; a wheel is rebuilt only when its staged content changed.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import fnmatch
+import json
+import multiprocessing
+import os
+import time
+from pathlib import Path
+
+from build_tools import ninja, wheels
+from build_tools.util import BuildError, sha256_bytes, stable_json, write_if_different
+from kernel_src.decl import ARCHS, Arch, KernelDecl
+from tile_kernels_aot._cubin import cubin_sm, target_sm
+from tile_kernels_aot._manifest import (
+    KernelInfo, Manifest, entry_from_plain, expr_vars, manifest_from_json, manifest_to_json,
+)
+from tile_kernels_aot._version import __version__
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+KERNEL_SRC = REPO_ROOT / 'kernel_src'
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildArgs:
+    archs: tuple[Arch, ...]
+    kernels: tuple[str, ...] = ('*',)  # fnmatch patterns over kernel names
+    specs_file: Path | None = None  # extra specs, JSON: [{"kernel": ..., "params": {...}}, ...]
+    jobs: int = max(os.cpu_count() or 1, 1)
+    out: Path = REPO_ROOT / 'dist'
+    build_dir: Path = REPO_ROOT / 'build'
+    wheels: bool = True
+    prebuilt: bool = True  # False: only the specs from specs_file
+    registry: str = 'kernel_src.registry'  # module with DECLS; tests point it at fixture kernels
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    decl: KernelDecl
+    params: dict
+    arch: Arch
+
+    @property
+    def key(self) -> str:
+        return self.decl.key(self.params)
+
+    @property
+    def ident(self) -> tuple[str, str, str]:
+        return (self.decl.name, self.key, self.arch.target)
+
+    @property
+    def label(self) -> str:
+        return f'{self.decl.name}[{self.key}] for {self.arch.target}'
+
+    @property
+    def relative_stem(self) -> str:
+        return f'{self.decl.name}/{self.decl.file_stem(self.params)}'
+
+    def path(self, build_dir: Path, suffix: str) -> Path:
+        """build/<target>/{sources,cubins,meta}/<kernel>/<stem><suffix>: build/<target> is laid out like
+        an installed arch package, so TILE_KERNELS_AOT_KERNEL_DIRS can point straight at it."""
+        folder = {'.cu': 'sources', '.cubin': 'cubins', '.json': 'meta'}[suffix]
+        return build_dir / self.arch.target / folder / (self.relative_stem + suffix)
+
+
+def registry(module: str) -> dict[str, KernelDecl]:
+    import importlib
+
+    return importlib.import_module(module).DECLS
+
+
+def select_decls(patterns: tuple[str, ...], decls: dict[str, KernelDecl]) -> list[KernelDecl]:
+    chosen = [d for name, d in sorted(decls.items()) if any(fnmatch.fnmatchcase(name, p) for p in patterns)]
+    if not chosen:
+        raise BuildError(f'no kernel matches {", ".join(patterns)}; kernels: {", ".join(sorted(decls))}')
+    return chosen
+
+
+def read_specs_file(path: Path, decls: dict[str, KernelDecl]) -> dict[str, list[dict]]:
+    """Extra specs from a JSON file: a list of {"kernel": name, "params": {...}}."""
+    try:
+        items = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise BuildError(f'--specs {path}: {exc}') from exc
+    if not isinstance(items, list):
+        raise BuildError(f'--specs {path}: expected a JSON list of {{"kernel": ..., "params": {{...}}}}')
+    extra: dict[str, list[dict]] = {}
+    for i, item in enumerate(items):
+        name = item.get('kernel') if isinstance(item, dict) else None
+        if name not in decls:
+            raise BuildError(f'--specs {path}: item {i}: unknown kernel {name!r}; kernels: {", ".join(sorted(decls))}')
+        try:
+            extra.setdefault(name, []).append(decls[name].normalize(item.get('params', {})))
+        except (TypeError, ValueError) as exc:
+            raise BuildError(f'--specs {path}: item {i} ({name}): {exc}') from exc
+    return extra
+
+
+def plan(args: BuildArgs) -> list[Job]:
+    decls = registry(args.registry)
+    extra = read_specs_file(args.specs_file, decls) if args.specs_file else {}
+    if not args.prebuilt and not extra:
+        raise BuildError('--only-specs needs a --specs file that names at least one spec')
+    jobs: dict[tuple[str, str, str], Job] = {}
+    for arch in args.archs:
+        for decl in select_decls(args.kernels, decls):
+            for params in (decl.specs() if args.prebuilt else []) + extra.get(decl.name, []):
+                job = Job(decl, params, arch)
+                jobs.setdefault(job.ident, job)
+    return [jobs[k] for k in sorted(jobs)]
+
+
+def kernel_sources_hash(decl: KernelDecl) -> str:
+    """Hash of the sources that define a kernel's code: its family package and the shared kernel_src
+    modules. models.py only decides which specs exist, so editing it re-lowers nothing."""
+    import importlib
+
+    family = Path(importlib.import_module(decl.factory.__module__).__file__).parent
+    files = sorted(family.glob('*.py')) + sorted(p for p in KERNEL_SRC.glob('*.py') if p.name != 'models.py')
+    return sha256_bytes(b''.join(f'{p.parent.name}/{p.name}'.encode() + b'\0' + p.read_bytes() for p in files))
+
+
+def toolchain() -> dict:
+    import tilelang
+
+    return {'tilelang': tilelang.__version__, 'nvcc': ninja.nvcc_version()}
+
+
+def job_input_hash(job: Job, sources_hash: str, tools: dict) -> str:
+    return sha256_bytes(stable_json({
+        'kernel': job.decl.name, 'params': job.params, 'target': job.arch.target, 'sources': sources_hash,
+        'pass_configs': dict(job.decl.pass_configs), 'tilelang': tools['tilelang'],
+    }).encode())
+
+
+def _lower_stale(jobs: list[Job], build_dir: Path, n_workers: int, tools: dict, registry_module: str) -> None:
+    hashes = {d.name: kernel_sources_hash(d) for d in {j.decl.name: j.decl for j in jobs}.values()}
+    stale = []
+    for job in jobs:
+        meta_path = job.path(build_dir, '.json')
+        want = job_input_hash(job, hashes[job.decl.name], tools)
+        if meta_path.exists() and job.path(build_dir, '.cu').exists():
+            if json.loads(meta_path.read_text()).get('input_hash') == want:
+                continue
+        stale.append((job, want))
+    if not stale:
+        print(f'lowering: all {len(jobs)} kernels up to date', flush=True)
+        return
+    print(f'lowering {len(stale)} of {len(jobs)} kernels with {n_workers} processes', flush=True)
+    from build_tools.lower import lower_job
+
+    failures = []
+    start = time.monotonic()
+    # spawn, not fork: tilelang and torch hold threads and CUDA-less state that forking copies badly.
+    ctx = multiprocessing.get_context('spawn')
+    with concurrent.futures.ProcessPoolExecutor(max_workers=n_workers, mp_context=ctx) as pool:
+        futures = {pool.submit(lower_job, (registry_module, job.decl.name, job.params, job.arch.target)): (job, want) for job, want in stale}
+        for done, future in enumerate(concurrent.futures.as_completed(futures), 1):
+            job, want = futures[future]
+            _, lowered, error = future.result()
+            if error is not None:
+                failures.append(f'{job.label}:\n{error}')
+                print(f'[{done}/{len(stale)}] FAILED {job.label}', flush=True)
+                continue
+            header = f'// tile-kernels-aot: {job.decl.name}[{job.key}] for {job.arch.target}, lowered by tilelang {tools["tilelang"]}\n'
+            write_if_different(job.path(build_dir, '.cu'), header + lowered.source)
+            meta = {'input_hash': want, 'kernel': job.decl.name, 'params': job.params, 'target': job.arch.target, **lowered.launch}
+            write_if_different(job.path(build_dir, '.json'), json.dumps(meta, indent=1, sort_keys=True) + '\n')
+            print(f'[{done}/{len(stale)}] lowered {job.label} ({time.monotonic() - start:.1f}s)', flush=True)
+    if failures:
+        raise BuildError(f'{len(failures)} kernel(s) failed to lower:\n\n' + '\n\n'.join(failures))
+
+
+def _check_launch_meta(job: Job, meta: dict) -> None:
+    bound = {e for b in meta['buffers'] for e in b['shape'] + b['strides'] if isinstance(e, str)}
+    known = bound | {s['name'] for s in meta['scalars']}
+    for b in meta['buffers']:
+        for e in b['shape'] + b['strides']:
+            if expr_vars(e) - bound:
+                raise BuildError(f'{job.label}: buffer {b["name"]} uses {sorted(expr_vars(e) - bound)}, which no buffer dim defines')
+    for launch in meta['launches']:
+        for e in launch['grid']:
+            if expr_vars(e) - known:
+                raise BuildError(f'{job.label}: grid uses unknown {sorted(expr_vars(e) - known)}')
+
+
+def write_manifests(jobs: list[Job], build_dir: Path, tools: dict, flags_by_job: dict) -> dict[str, Path]:
+    include_names = list(ninja.include_dirs())
+    paths = {}
+    for arch in sorted({j.arch for j in jobs}, key=lambda a: a.target):
+        kernels: dict[str, KernelInfo] = {}
+        kernel_provenance: dict[str, dict] = {}
+        for job in (j for j in jobs if j.arch == arch):
+            meta = json.loads(job.path(build_dir, '.json').read_text())
+            _check_launch_meta(job, meta)
+            cubin_path = job.path(build_dir, '.cubin')
+            data = cubin_path.read_bytes()
+            if cubin_sm(data) != target_sm(arch.target):
+                raise BuildError(f'{job.label}: cubin ELF says sm_{cubin_sm(data)}, expected {arch.target}')
+            entry = entry_from_plain(dict(
+                kernel=job.decl.name, key=job.key, params=job.params, target=arch.target,
+                cubin=f'cubins/{job.relative_stem}.cubin', sha256=sha256_bytes(data), source=f'sources/{job.relative_stem}.cu',
+                buffers=meta['buffers'], scalars=meta['scalars'], launches=meta['launches'],
+            ))
+            info = kernels.setdefault(job.decl.name, KernelInfo(job.decl.name, job.decl.params, {}))
+            info.entries[job.key] = entry
+            kernel_provenance[job.decl.name] = {
+                'pass_configs': dict(job.decl.pass_configs),
+                'kernel_sources_sha256': kernel_sources_hash(job.decl),
+                'nvcc_flags': flags_by_job[job.ident] + [f'-I{name}' for name in include_names],
+            }
+        manifest = Manifest(
+            target=arch.target, package=wheels.arch_dist_name(arch), version=__version__,
+            provenance={'tilelang': tools['tilelang'], 'nvcc': tools['nvcc'], 'kernels': kernel_provenance},
+            kernels=kernels,
+        )
+        text = manifest_to_json(manifest)
+        manifest_from_json(text)  # the loader must be able to read what we ship
+        path = build_dir / arch.target / 'manifest.json'
+        write_if_different(path, text)
+        paths[arch.target] = path
+    return paths
+
+
+def build(args: BuildArgs) -> list[Path]:
+    """Run the whole build; returns the wheels written to args.out (empty when args.wheels is False)."""
+    start = time.monotonic()
+    build_dir = Path(args.build_dir).resolve()
+    jobs = plan(args)
+    tools = toolchain()
+    print(f'tile-kernels-aot {__version__}: {len(jobs)} kernel binaries for {", ".join(a.target for a in args.archs)} '
+          f'(tilelang {tools["tilelang"]}, nvcc {tools["nvcc"]})', flush=True)
+    _lower_stale(jobs, build_dir, max(1, min(args.jobs, len(jobs))), tools, args.registry)
+
+    flags_by_job = {job.ident: ninja.device_flags(job.arch, dict(job.decl.pass_configs)) for job in jobs}
+    compiles = [(job.path(build_dir, '.cu'), job.path(build_dir, '.cubin'), flags_by_job[job.ident]) for job in jobs]
+    ninja.write_ninja(build_dir, compiles)
+    ninja.run_ninja(build_dir, args.jobs, [c[1] for c in compiles])
+
+    manifests = write_manifests(jobs, build_dir, tools, flags_by_job)
+    built: list[Path] = []
+    if args.wheels:
+        built = wheels.build_wheels(jobs, manifests, build_dir, Path(args.out).resolve())
+    print(f'done in {time.monotonic() - start:.1f}s', flush=True)
+    return built
+
+
+def all_archs() -> tuple[Arch, ...]:
+    return ARCHS

@@ -1,0 +1,189 @@
+"""Lower one (kernel, spec, arch) with tilelang and describe how to launch the result.
+
+Runs in worker processes; this is the only module that imports tilelang. Its output is the CUDA C++
+source of the device code and a JSON-ready description of the launch (buffers, argument order, grid and
+block as expressions of the dynamic dims, shared memory, launch attributes, TMA recipes), read straight
+from the lowered modules. Nothing is parsed out of generated text.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import tilelang
+import tvm
+from tvm import tirx
+
+from kernel_src.decl import Arch, KernelDecl
+
+_TIR_BINARY = {
+    tirx.Add: '+',
+    tirx.Sub: '-',
+    tirx.Mul: '*',
+    tirx.FloorDiv: '//',
+    tirx.FloorMod: '%',
+    tirx.Min: 'min',
+    tirx.Max: 'max',
+}
+
+_DTYPE_NAMES = {
+    'float32': 'float32', 'bfloat16': 'bfloat16', 'float16': 'float16', 'float8_e4m3fn': 'float8_e4m3fn',
+    'float8_e4m3': 'float8_e4m3fn', 'int64': 'int64', 'int32': 'int32', 'uint32': 'uint32', 'int8': 'int8',
+    'uint8': 'uint8', 'bool': 'bool',
+}
+
+
+class LoweringError(RuntimeError):
+    pass
+
+
+def to_expr(node: Any) -> Any:
+    """A TIR integer expression as a manifest expression tree (see tile_kernels_aot._manifest)."""
+    if isinstance(node, int):
+        return node
+    if isinstance(node, tirx.IntImm):
+        return int(node.value)
+    if isinstance(node, tirx.Var):
+        return node.name
+    if isinstance(node, tirx.Cast):
+        return to_expr(node.value)
+    for cls, op in _TIR_BINARY.items():
+        if isinstance(node, cls):
+            return [op, to_expr(node.a), to_expr(node.b)]
+    raise LoweringError(f'cannot express {type(node).__name__} `{node}` in the manifest')
+
+
+def _contiguous_strides(shape: list[Any]) -> list[Any]:
+    strides: list[Any] = []
+    running: Any = 1
+    for dim in reversed(shape):
+        strides.append(running)
+        running = dim if running == 1 else ['*', dim, running]
+    return list(reversed(strides))
+
+
+def _buffers(func: tirx.PrimFunc, alignment: dict[str, int]) -> list[dict]:
+    out = []
+    for p in func.params:
+        if p not in func.buffer_map:
+            continue
+        buf = func.buffer_map[p]
+        shape = [to_expr(d) for d in buf.shape]
+        strides = [to_expr(s) for s in buf.strides] if len(buf.strides) else _contiguous_strides(shape)
+        dtype = _DTYPE_NAMES.get(str(buf.dtype))
+        if dtype is None:
+            raise LoweringError(f'buffer {buf.name}: dtype {buf.dtype} has no manifest name')
+        out.append(dict(name=buf.name, dtype=dtype, shape=shape, strides=strides, alignment=int(alignment.get(buf.name, 16))))
+    return out
+
+
+def _tma_recipes(host_func: tirx.PrimFunc, data_to_buffer: dict[str, str]) -> dict[str, dict]:
+    recipes = {}
+    tma_args = host_func.attrs.get('tma_descriptor_args') if host_func.attrs else None
+    for desc, args in (tma_args or {}).items():
+        kind = str(args[0].value) if hasattr(args[0], 'value') else str(args[0])
+        if kind != '__tvm_tensormap_create_tiled':
+            raise LoweringError(f'TMA descriptor {desc.name}: only tiled descriptors are supported, got {kind}')
+        _, _, dtype, rank, address, *rest = args
+        rank = int(rank)
+        dims = [to_expr(x) for x in rest[:rank]]
+        strides = [to_expr(x) for x in rest[rank:2 * rank]]
+        box = [int(x) for x in rest[2 * rank:3 * rank]]
+        elem_strides = [int(x) for x in rest[3 * rank:4 * rank]]
+        interleave, swizzle, l2, oob = (int(x) for x in rest[4 * rank:4 * rank + 4])
+        recipes[desc.name] = dict(
+            buffer=data_to_buffer[address.name], data_type=int(dtype), rank=rank, global_dims=dims,
+            global_strides=strides[1:], box_dims=box, element_strides=elem_strides,
+            interleave=interleave, swizzle=swizzle, l2_promotion=l2, oob_fill=oob,
+        )
+    return recipes
+
+
+def _launches(art: Any, func: tirx.PrimFunc, data_to_buffer: dict[str, str]) -> list[dict]:
+    (host_gv, host_func), = art.host_mod.functions.items()
+    if host_func.attrs and host_func.attrs.get('l2_persistent_map'):
+        raise LoweringError('l2_persistent_map is not supported by the loader')
+    host_text = str(host_func)
+    tma = _tma_recipes(host_func, data_to_buffer)
+    launches = []
+    for gv, dev in art.device_mod.functions.items():
+        attrs = dev.attrs
+        extent = {str(k): v for k, v in attrs['thread_extent'].items()}
+        grid = [to_expr(extent.get(f'blockIdx.{a}', 1)) for a in 'xyz']
+        block = []
+        for a in 'xyz':
+            b = to_expr(extent.get(f'threadIdx.{a}', 1))
+            if not isinstance(b, int):
+                raise LoweringError(f'{gv.name_hint}: block size threadIdx.{a} = {b} is not a constant')
+            block.append(b)
+        args = []
+        for p in dev.params:
+            name = p.name
+            if name in tma:
+                args.append(dict(name=name, kind='tma'))
+            elif str(p.dtype) == 'handle':
+                if name not in data_to_buffer:
+                    raise LoweringError(f'{gv.name_hint}: pointer parameter {name} is not a buffer of the program')
+                args.append(dict(name=data_to_buffer[name], kind='ptr'))
+            elif str(p.dtype) in ('int32', 'int64', 'float32'):
+                args.append(dict(name=name, kind=str(p.dtype)))
+            else:
+                raise LoweringError(f'{gv.name_hint}: parameter {name} of type {p.dtype} is not supported')
+        cluster = attrs.get('cluster_dims')
+        cluster = [int(c) for c in cluster] if cluster is not None else None
+        if cluster is not None and all(c == 1 for c in cluster):
+            cluster = None
+        cooperative = bool(attrs.get('use_cooperative_groups', False))
+        if cooperative and cluster:
+            raise LoweringError(f'{gv.name_hint}: a cooperative launch cannot use clusters')
+        # Where the host function calls the kernel decides the launch order of a multi-kernel program.
+        marker = f'T.call_packed("{gv.name_hint}"'
+        position = host_text.find(marker)
+        if position < 0:
+            position = host_text.find(f'"{gv.name_hint}"')
+        launches.append((position, dict(
+            symbol=gv.name_hint, args=args, grid=grid, block=block,
+            dynamic_smem=int(attrs.get('dyn_shared_memory_buf', 0) or 0),
+            cooperative=cooperative, cluster_dims=cluster, pdl=bool(attrs.get('has_cuda_pdl_sync', False)),
+            tma=[tma[a['name']] for a in args if a['kind'] == 'tma'],
+        )))
+    return [launch for _, launch in sorted(launches, key=lambda item: item[0])]
+
+
+@dataclasses.dataclass
+class Lowered:
+    source: str
+    launch: dict
+
+
+def lower(decl: KernelDecl, params: dict, arch: Arch) -> Lowered:
+    program = decl.factory(arch, **params)
+    func = program.func
+    target = tvm.target.Target({'kind': 'cuda', 'arch': arch.target})
+    with target, tvm.transform.PassContext(opt_level=3, config=dict(decl.pass_configs)):
+        art = tilelang.lower(func, target=target)
+    buffers = _buffers(func, dict(program.alignment))
+    data_to_buffer = {func.buffer_map[p].data.name: func.buffer_map[p].name for p in func.params if p in func.buffer_map}
+    bound = {e for b in buffers for e in b['shape'] + b['strides'] if isinstance(e, str)}
+    scalars = [dict(name=p.name, kind=str(p.dtype)) for p in func.params if p not in func.buffer_map]
+    launches = _launches(art, func, data_to_buffer)
+    for launch in launches:
+        for a in launch['args']:
+            if a['kind'] in ('int32', 'int64', 'float32') and a['name'] not in bound and all(s['name'] != a['name'] for s in scalars):
+                raise LoweringError(f'{decl.name}: scalar {a["name"]} is neither a buffer dim nor a program parameter')
+    return Lowered(source=art.kernel_source, launch=dict(buffers=buffers, scalars=scalars, launches=launches))
+
+
+def lower_job(job: tuple[str, str, dict, str]) -> tuple[str, Lowered | None, str | None]:
+    """Process-pool entry point: (registry module, kernel name, params, target) -> (key, result, error text)."""
+    import importlib
+    import traceback
+
+    registry, name, params, target = job
+    decl = importlib.import_module(registry).DECLS[name]
+    key = decl.key(params)
+    try:
+        return key, lower(decl, params, Arch(target)), None
+    except Exception:  # noqa: BLE001 - reported with the kernel, spec and arch by the caller
+        return key, None, traceback.format_exc()

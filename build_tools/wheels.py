@@ -1,0 +1,170 @@
+"""Wheels: one per arch (cubins, manifest, .cu sources), the runtime, and the meta package.
+
+  tile-kernels-aot          meta: depends on the runtime and on every arch wheel of this build
+  tile-kernels-aot-runtime  the `tile_kernels_aot` package (pure Python; pyproject.toml at the repo root)
+  tile-kernels-aot-sm90a    `tile_kernels_aot_sm90a`: manifest.json, cubins/, sources/ (needs the runtime)
+  tile-kernels-aot-sm100a   likewise for sm_100a
+
+Names are plain PEP 440 versions with no local label, so PyPI accepts them; all are py3-none-any since
+a cubin does not depend on the host CPU. Each wheel is built by setuptools' PEP 517 backend from a staged
+directory with a fixed SOURCE_DATE_EPOCH, so two builds of one commit give identical bytes.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from build_tools.util import BuildError, sha256_bytes, write_if_different
+from kernel_src.decl import Arch
+from tile_kernels_aot import _arch
+from tile_kernels_aot._version import __version__
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+META_DIST = 'tile-kernels-aot'
+RUNTIME_DIST = 'tile-kernels-aot-runtime'
+MAX_WHEEL_BYTES = 50 * 1024 * 1024
+# Zip entries cannot predate 1980; any fixed date makes the archives reproducible.
+SOURCE_DATE_EPOCH = '315532800'
+
+
+def arch_dist_name(arch: Arch) -> str:
+    return _arch.distribution_for(arch.target)
+
+
+def _pyproject(name: str, description: str, dependencies: list[str], packages: list[str], package_data: dict[str, list[str]]) -> str:
+    deps = ', '.join(f'"{d}"' for d in dependencies)
+    pkgs = ', '.join(f'"{p}"' for p in packages)
+    data = ''.join(f'"{k}" = [{", ".join(repr(g).replace(chr(39), chr(34)) for g in v)}]\n' for k, v in package_data.items())
+    return f'''[build-system]
+requires = ["setuptools>=77"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "{name}"
+version = "{__version__}"
+description = "{description}"
+readme = "README.md"
+license = "MIT"
+license-files = ["LICENSE"]
+requires-python = ">=3.10"
+dependencies = [{deps}]
+
+[tool.setuptools]
+packages = [{pkgs}]
+include-package-data = false
+
+[tool.setuptools.package-data]
+{data}'''
+
+
+def _stage_arch(arch: Arch, jobs: list, manifest: Path, build_dir: Path, stage: Path) -> None:
+    pkg = _arch.package_for(arch.target)
+    root = stage / pkg
+    root.mkdir(parents=True)
+    (root / '__init__.py').write_text(
+        f'"""Prebuilt {arch.target} kernels for tile-kernels-aot. Data only: the runtime reads manifest.json."""\n'
+        f'TARGET = {arch.target!r}\n'
+    )
+    shutil.copyfile(manifest, root / 'manifest.json')
+    for job in jobs:
+        for suffix, folder in (('.cubin', 'cubins'), ('.cu', 'sources')):
+            dest = root / folder / (job.relative_stem + suffix)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(job.path(build_dir, suffix), dest)
+    (stage / 'README.md').write_text(
+        f'# {arch_dist_name(arch)}\n\nPrebuilt `{arch.target}` cubins, their CUDA C++ sources and manifest for '
+        f'[tile-kernels-aot]. Installed by `pip install tile-kernels-aot`; install it alone with the runtime '
+        f'for a slim image. It runs on GPUs of compute capability {arch.sm // 10}.{arch.sm % 10} only.\n'
+    )
+    shutil.copyfile(REPO_ROOT / 'LICENSE', stage / 'LICENSE')
+    (stage / 'pyproject.toml').write_text(_pyproject(
+        arch_dist_name(arch), f'tile-kernels-aot prebuilt kernels for {arch.target}',
+        [f'{RUNTIME_DIST}=={__version__}'], [pkg],
+        {pkg: ['manifest.json', 'cubins/*/*.cubin', 'sources/*/*.cu']},
+    ))
+
+
+def _stage_runtime(stage: Path) -> None:
+    for name in ('pyproject.toml', 'setup.py', 'README.md', 'LICENSE'):
+        shutil.copyfile(REPO_ROOT / name, stage / name)
+    shutil.copytree(REPO_ROOT / 'tile_kernels_aot', stage / 'tile_kernels_aot', ignore=shutil.ignore_patterns('__pycache__', '*.pyc'))
+
+
+def _stage_meta(archs: list[Arch], stage: Path) -> None:
+    (stage / 'README.md').write_text(
+        '# tile-kernels-aot\n\nAhead-of-time compiled TileKernels: installs the runtime and the prebuilt kernels '
+        f'for {", ".join(a.target for a in archs)}.\n'
+    )
+    shutil.copyfile(REPO_ROOT / 'LICENSE', stage / 'LICENSE')
+    deps = [f'{RUNTIME_DIST}=={__version__}'] + [f'{arch_dist_name(a)}=={__version__}' for a in archs]
+    (stage / 'pyproject.toml').write_text(_pyproject(META_DIST, 'Ahead-of-time compiled TileKernels (meta package)', deps, [], {}))
+
+
+def _tree_hash(root: Path) -> str:
+    files = sorted(p for p in root.rglob('*') if p.is_file())
+    return sha256_bytes(b''.join(p.relative_to(root).as_posix().encode() + b'\0' + p.read_bytes() for p in files))
+
+
+def _run_backend(stage: Path, out_dir: Path) -> Path:
+    env = {**os.environ, 'SOURCE_DATE_EPOCH': SOURCE_DATE_EPOCH, 'PYTHONDONTWRITEBYTECODE': '1'}
+    code = 'import sys; from setuptools import build_meta; print(build_meta.build_wheel(sys.argv[1]))'
+    result = subprocess.run([sys.executable, '-c', code, str(out_dir)], cwd=stage, env=env, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise BuildError(f'building the wheel in {stage} failed:\n{result.stdout}\n{result.stderr}')
+    return out_dir / result.stdout.strip().splitlines()[-1]
+
+
+def build_wheels(jobs: list, manifests: dict[str, Path], build_dir: Path, out: Path) -> list[Path]:
+    """Stage and build every wheel; write them to `out` only once all of them succeeded."""
+    archs = sorted({j.arch for j in jobs}, key=lambda a: a.target)
+    stages = {}
+    staging_root = build_dir / 'wheels'
+    for name, fill in [(RUNTIME_DIST, _stage_runtime), (META_DIST, lambda s: _stage_meta(archs, s))] + [
+        (arch_dist_name(a), lambda s, a=a: _stage_arch(a, [j for j in jobs if j.arch == a], manifests[a.target], build_dir, s))
+        for a in archs
+    ]:
+        stage = staging_root / name
+        shutil.rmtree(stage, ignore_errors=True)  # never let setuptools see a previous build/ or egg-info
+        stage.mkdir(parents=True)
+        fill(stage)
+        stages[name] = stage
+
+    cache = staging_root / 'cache'
+    cache.mkdir(parents=True, exist_ok=True)
+    built: dict[str, Path] = {}
+    with tempfile.TemporaryDirectory(dir=staging_root) as tmp:
+        for name, stage in stages.items():
+            digest = _tree_hash(stage)
+            stamp = cache / f'{name}.sha256'
+            cached = sorted(cache.glob(f'{name.replace("-", "_")}-{__version__}-*.whl'))
+            if stamp.exists() and stamp.read_text() == digest and len(cached) == 1:
+                built[name] = cached[0]
+                print(f'wheel {cached[0].name}: up to date', flush=True)
+                continue
+            wheel = _run_backend(stage, Path(tmp))
+            size = wheel.stat().st_size
+            if size > MAX_WHEEL_BYTES:
+                raise BuildError(f'{wheel.name} is {size / 2**20:.1f} MiB, over the {MAX_WHEEL_BYTES // 2**20} MiB limit')
+            for old in cached:
+                old.unlink()
+            final = cache / wheel.name
+            os.replace(wheel, final)
+            write_if_different(stamp, digest)
+            built[name] = final
+            print(f'wheel {final.name}: {size / 1024:.0f} KiB', flush=True)
+    # Only now, with every wheel built, touch the output directory.
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for wheel in built.values():
+        dest = out / wheel.name
+        if not dest.exists() or dest.read_bytes() != wheel.read_bytes():
+            tmp_dest = dest.with_name(f'.{dest.name}.tmp')
+            shutil.copyfile(wheel, tmp_dest)
+            os.replace(tmp_dest, dest)
+        written.append(dest)
+    return sorted(written)

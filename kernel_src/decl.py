@@ -1,0 +1,95 @@
+"""What a kernel declaration is.
+
+One ``KernelDecl`` per kernel drives everything downstream: ``build_tools`` lowers ``factory`` for every
+spec that ``prebuilt`` yields (plus any the user adds with ``--specs``), the manifest records ``params``
+as the spec schema, the loader dispatches on those names, and the tests and benchmarks enumerate the
+specs that the manifest lists. Nothing else keeps a list of kernels or specs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from tile_kernels_aot._arch import KNOWN_TARGETS
+from tile_kernels_aot._manifest import ParamSchema, ParamValue, spec_file_stem, spec_key
+
+
+@dataclasses.dataclass(frozen=True)
+class Arch:
+    """An exact build target. ``sm_90a`` runs on compute capability 9.0 only, ``sm_100a`` on 10.0 only."""
+
+    target: str  # 'sm_90a', 'sm_100a'
+
+    @property
+    def sm(self) -> int:
+        return int(self.target[3:].rstrip('af'))
+
+    @property
+    def major(self) -> int:
+        return self.sm // 10
+
+    @property
+    def cli_name(self) -> str:
+        return f'sm{self.sm}'
+
+    @property
+    def compute(self) -> str:
+        return 'compute_' + self.target[3:]
+
+    @staticmethod
+    def parse(name: str) -> Arch:
+        for arch in ARCHS:
+            if name in (arch.target, arch.cli_name):
+                return arch
+        raise ValueError(f'unknown arch {name!r}; known: {", ".join(a.cli_name for a in ARCHS)}')
+
+
+ARCHS = tuple(Arch(t) for t in KNOWN_TARGETS)  # the runtime's list of targets is the build's too
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelProgram:
+    """What a factory returns: the TileLang program and the pointer alignment each buffer needs."""
+
+    func: Any  # tvm PrimFunc
+    alignment: Mapping[str, int]
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelDecl:
+    name: str  # public id, '<family>.<op>' as in the Python API, e.g. 'moe.topk_gate'
+    params: tuple[ParamSchema, ...]
+    factory: Callable[..., KernelProgram]  # factory(arch, **params)
+    prebuilt: Callable[[], Iterable[Mapping[str, ParamValue]]]
+    check: Callable[..., None]  # check(**params): raises ValueError for a spec the factory cannot build
+    pass_configs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def normalize(self, params: Mapping[str, Any]) -> dict[str, ParamValue]:
+        known = {p.name for p in self.params}
+        unknown = set(params) - known
+        missing = known - set(params)
+        if unknown or missing:
+            raise ValueError(f'{self.name}: spec {dict(params)} has unknown {sorted(unknown)} / missing {sorted(missing)} parameters')
+        out = {p.name: p.check(params[p.name]) for p in self.params}
+        self.check(**out)
+        return out
+
+    def key(self, params: Mapping[str, ParamValue]) -> str:
+        return spec_key(self.params, params)
+
+    def file_stem(self, params: Mapping[str, ParamValue]) -> str:
+        return spec_file_stem(self.params, params)
+
+    def specs(self) -> list[dict[str, ParamValue]]:
+        """The prebuilt specs, validated and without duplicates, in a stable order."""
+        seen: dict[str, dict[str, ParamValue]] = {}
+        for params in self.prebuilt():
+            norm = self.normalize(params)
+            seen.setdefault(self.key(norm), norm)
+        return [seen[k] for k in sorted(seen)]
+
+
+def param(name: str, kind: str, tag: str) -> ParamSchema:
+    return ParamSchema(name=name, kind=kind, tag=tag)

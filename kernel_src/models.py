@@ -1,0 +1,55 @@
+"""Real model configurations: the one place prebuilt specialisations are derived from.
+
+Values are the models' published Hugging Face ``config.json`` fields (see docs/models.md for the source
+of each). The token count is never here: it is a dynamic dim of every kernel.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class MoEModel:
+    name: str
+    hidden: int  # hidden_size
+    num_experts: int  # routed experts
+    num_topk: int  # experts per token
+    moe_intermediate: int  # per-expert FFN width
+    num_groups: int = 0  # n_group; 0 (or 1) means no group-limited routing
+    num_topk_groups: int = 0  # topk_group
+    scoring: str = 'softmax'
+    num_shared_experts: int = 0
+    routed_scaling_factor: float = 1.0
+
+
+MODELS: tuple[MoEModel, ...] = (
+    MoEModel('DeepSeek-V3', 7168, 256, 8, 2048, 8, 4, 'sigmoid', 1, 2.5),
+    MoEModel('DeepSeek-V3.2', 7168, 256, 8, 2048, 8, 4, 'sigmoid', 1, 2.5),
+    MoEModel('DeepSeek-V2', 5120, 160, 6, 1536, 8, 3, 'softmax', 2, 16.0),
+    MoEModel('DeepSeek-V2-Lite', 2048, 64, 6, 1408, 1, 1, 'softmax', 2, 1.0),
+    MoEModel('Kimi-K2', 7168, 384, 8, 2048, 1, 1, 'sigmoid', 1, 2.827),
+    MoEModel('Qwen3-30B-A3B', 2048, 128, 8, 768),
+    MoEModel('Qwen3-235B-A22B', 4096, 128, 8, 1536),
+    MoEModel('Mixtral-8x7B', 4096, 8, 2, 14336),
+    MoEModel('Mixtral-8x22B', 6144, 8, 2, 16384),
+    MoEModel('gpt-oss-120b', 2880, 128, 4, 2880),
+    MoEModel('gpt-oss-20b', 2880, 32, 4, 2880),
+    MoEModel('GLM-4.5', 5120, 160, 8, 1536, 1, 1, 'sigmoid', 1, 2.5),
+    MoEModel('GLM-4.5-Air', 4096, 128, 8, 1408, 1, 1, 'sigmoid', 1, 1.0),
+)
+
+# Shapes upstream TileKernels v1 tests with (tile_kernels/testing/generator.py and the test files).
+UPSTREAM_HIDDEN_SIZES: tuple[int, ...] = (576, 2048, 2560, 3072, 4096, 6144, 7168)
+UPSTREAM_TOPK_GATE: tuple[tuple[int, int], ...] = (
+    (72, 6), (32, 6), (64, 6), (96, 6), (16, 6), (36, 6), (108, 6), (128, 6), (144, 6), (256, 8),
+)
+
+
+def hidden_sizes() -> list[int]:
+    return sorted({m.hidden for m in MODELS} | set(UPSTREAM_HIDDEN_SIZES))
+
+
+def gate_shapes() -> list[tuple[int, int]]:
+    """(num_experts, num_topk) of every model's router, plus upstream's test list."""
+    return sorted({(m.num_experts, m.num_topk) for m in MODELS} | set(UPSTREAM_TOPK_GATE))

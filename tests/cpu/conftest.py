@@ -1,0 +1,36 @@
+"""A small real build (tilelang + nvcc, no GPU), shared by the CPU tests that need binaries."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+# One spec of each kernel, for both arches: enough to exercise every step of the build.
+SUBSET = [
+    {'kernel': 'transpose.batched_transpose', 'params': {'elem_bytes': 2, 'vec_bytes': 16, 'tile_m': 64, 'tile_n': 64}},
+    {'kernel': 'moe.topk_gate', 'params': {'num_experts': 256, 'num_topk': 8}},
+    {'kernel': 'quant.per_token_cast', 'params': {'in_dtype': 'bfloat16', 'hidden': 7168, 'num_per_channels': 128, 'round_sf': False, 'aligned': True}},
+]
+
+
+def build_subset(root: Path, **overrides):
+    from build_tools.build import BuildArgs, build
+    from kernel_src.decl import ARCHS
+
+    specs = root / 'specs.json'
+    specs.parent.mkdir(parents=True, exist_ok=True)
+    specs.write_text(json.dumps(SUBSET))
+    args = dict(archs=ARCHS, specs_file=specs, prebuilt=False, jobs=2, out=root / 'dist', build_dir=root / 'build')
+    args.update(overrides)
+    return build(BuildArgs(**args))
+
+
+@pytest.fixture(scope='session')
+def built(tmp_path_factory) -> Path:
+    """Root of a finished subset build: build/<target>/manifest.json, dist/*.whl."""
+    pytest.importorskip('tilelang')
+    root = tmp_path_factory.mktemp('subset')
+    build_subset(root)
+    return root

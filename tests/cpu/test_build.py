@@ -1,0 +1,161 @@
+"""The build, for real: tilelang lowering, nvcc, manifests, wheels (no GPU needed)."""
+
+from __future__ import annotations
+
+import email.parser
+import hashlib
+import json
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from tile_kernels_aot._cubin import cubin_sm
+from tile_kernels_aot._manifest import manifest_from_json
+
+from .conftest import SUBSET, build_subset
+
+pytestmark = pytest.mark.build
+TARGETS = {'sm_90a': 90, 'sm_100a': 100}
+
+
+def wheel_metadata(path: Path) -> email.message.Message:
+    with zipfile.ZipFile(path) as z:
+        name = next(n for n in z.namelist() if n.endswith('.dist-info/METADATA'))
+        return email.parser.Parser().parsestr(z.read(name).decode())
+
+
+def test_manifest_records_every_binary(built):
+    for target, sm in TARGETS.items():
+        root = built / 'build' / target
+        manifest = manifest_from_json((root / 'manifest.json').read_text())
+        assert manifest.target == target
+        assert manifest.provenance['tilelang'] == '0.1.15'
+        assert manifest.provenance['nvcc'].startswith('13.')
+        assert sorted(manifest.kernels) == sorted({s['kernel'] for s in SUBSET})
+        for item in SUBSET:
+            info = manifest.kernels[item['kernel']]
+            (entry,) = info.entries.values()
+            assert entry.params == item['params']
+            assert entry.target == target
+            cubin = (root / entry.cubin).read_bytes()
+            assert hashlib.sha256(cubin).hexdigest() == entry.sha256
+            assert cubin_sm(cubin) == sm
+            (launch,) = entry.launches
+            assert launch.symbol.endswith('_kernel') and launch.block[0] in (32, 64, 128, 256)
+            assert all(isinstance(b, int) for b in launch.block)
+            prov = manifest.provenance['kernels'][item['kernel']]
+            assert f'-gencode=arch=compute_{target[3:]},code={target}' in prov['nvcc_flags']
+            assert len(prov['kernel_sources_sha256']) == 64
+
+
+def test_launch_metadata_is_read_from_the_lowering(built):
+    manifest = manifest_from_json((built / 'build' / 'sm_90a' / 'manifest.json').read_text())
+    (entry,) = manifest.kernels['moe.topk_gate'].entries.values()
+    (launch,) = entry.launches
+    assert [(a.name, a.kind) for a in launch.args] == [('scores', 'ptr'), ('topk_idx', 'ptr'), ('num_tokens', 'int32'), ('row_stride', 'int32')]
+    assert launch.grid == (['//', ['+', 'num_tokens', 3], 4], 1, 1)
+    scores = next(b for b in entry.buffers if b.name == 'scores')
+    assert scores.shape == ('num_tokens', 256) and scores.strides == ('row_stride', 1) and scores.dtype == 'float32'
+    assert not launch.cooperative and launch.cluster_dims is None and not launch.pdl and launch.dynamic_smem == 0
+
+
+def test_wheels_contents_and_metadata(built):
+    wheels = sorted((built / 'dist').glob('*.whl'))
+    names = [w.name for w in wheels]
+    assert names == [
+        'tile_kernels_aot-0.1.0-py3-none-any.whl',
+        'tile_kernels_aot_runtime-0.1.0-py3-none-any.whl',
+        'tile_kernels_aot_sm100a-0.1.0-py3-none-any.whl',
+        'tile_kernels_aot_sm90a-0.1.0-py3-none-any.whl',
+    ]
+    for wheel in wheels:
+        assert wheel.stat().st_size < 50 * 2**20
+        meta = wheel_metadata(wheel)
+        assert meta['Version'] == '0.1.0' and '+' not in meta['Version']  # PyPI rejects local labels
+        assert meta['License-Expression'] == 'MIT'
+    meta = wheel_metadata(wheels[0])
+    assert sorted(meta.get_all('Requires-Dist')) == [
+        'tile-kernels-aot-runtime==0.1.0', 'tile-kernels-aot-sm100a==0.1.0', 'tile-kernels-aot-sm90a==0.1.0']
+    runtime = wheel_metadata(wheels[1])
+    assert any(r.startswith('torch') for r in runtime.get_all('Requires-Dist'))
+    with zipfile.ZipFile(wheels[1]) as z:
+        files = z.namelist()
+        assert 'tile_kernels_aot/_launch.py' in files and not any('kernel_src' in f or 'build_tools' in f for f in files)
+    for wheel, target in ((wheels[3], 'sm90a'), (wheels[2], 'sm100a')):
+        assert wheel_metadata(wheel).get_all('Requires-Dist') == ['tile-kernels-aot-runtime==0.1.0']
+        with zipfile.ZipFile(wheel) as z:
+            files = set(z.namelist())
+            manifest = manifest_from_json(z.read(f'tile_kernels_aot_{target}/manifest.json').decode())
+            for info in manifest.kernels.values():
+                for entry in info.entries.values():
+                    assert f'tile_kernels_aot_{target}/{entry.cubin}' in files
+                    assert f'tile_kernels_aot_{target}/{entry.source}' in files
+                    source = z.read(f'tile_kernels_aot_{target}/{entry.source}').decode()
+                    assert entry.launches[0].symbol in source
+            assert all(info.date_time == (1980, 1, 1, 0, 0, 0) for info in z.infolist())
+
+
+def test_noop_rebuild_is_fast_and_touches_nothing(built, capsys):
+    files = sorted(p for p in (built / 'build').rglob('*') if p.is_file() and 'wheels' not in p.parts)
+    before = {p: p.stat().st_mtime_ns for p in files}
+    start = time.monotonic()
+    build_subset(built)
+    elapsed = time.monotonic() - start
+    output = capsys.readouterr().out
+    assert elapsed < 10, f'no-op rebuild took {elapsed:.1f}s'
+    assert 'all 6 kernels up to date' in output
+    assert '] nvcc ' not in output  # ninja had no work
+    assert output.count(': up to date') == 4  # every wheel
+    assert {p: p.stat().st_mtime_ns for p in files} == before
+
+
+def test_two_builds_are_byte_identical(built, tmp_path):
+    build_subset(tmp_path)
+    for target in TARGETS:
+        a, b = built / 'build' / target, tmp_path / 'build' / target
+        assert (a / 'manifest.json').read_bytes() == (b / 'manifest.json').read_bytes()
+        for cubin in a.rglob('*.cubin'):
+            assert cubin.read_bytes() == (b / cubin.relative_to(a)).read_bytes(), cubin
+    for wheel in (built / 'dist').glob('*.whl'):
+        assert wheel.read_bytes() == (tmp_path / 'dist' / wheel.name).read_bytes(), wheel.name
+
+
+def test_lowering_failure_names_the_kernel_and_writes_no_wheel(tmp_path):
+    from build_tools.build import BuildArgs, build
+    from build_tools.util import BuildError
+    from kernel_src.decl import Arch
+
+    with pytest.raises(BuildError) as info:
+        build(BuildArgs(archs=(Arch('sm_90a'),), kernels=('test.broken_lowering',), registry='tests.cpu.fixture_kernels',
+                        jobs=1, out=tmp_path / 'dist', build_dir=tmp_path / 'build'))
+    message = str(info.value)
+    assert 'test.broken_lowering[size=3] for sm_90a' in message and 'deliberately broken factory' in message
+    assert not (tmp_path / 'dist').exists()
+
+
+def test_nvcc_failure_names_the_binary_and_writes_no_wheel(tmp_path):
+    from build_tools.build import BuildArgs, build
+    from build_tools.util import BuildError
+    from kernel_src.decl import Arch
+
+    with pytest.raises(BuildError) as info:
+        build(BuildArgs(archs=(Arch('sm_90a'),), kernels=('test.broken_nvcc',), registry='tests.cpu.fixture_kernels',
+                        jobs=1, out=tmp_path / 'dist', build_dir=tmp_path / 'build'))
+    assert 'sm_90a/cubins/test.broken_nvcc/e8-k2.cubin' in str(info.value)
+    assert not (tmp_path / 'dist').exists()
+
+
+def test_bad_specs_file_is_rejected_with_the_reason(tmp_path):
+    from build_tools.build import BuildArgs, plan
+    from build_tools.util import BuildError
+    from kernel_src.decl import Arch
+
+    bad = tmp_path / 'specs.json'
+    bad.write_text(json.dumps([{'kernel': 'moe.topk_gate', 'params': {'num_experts': 8, 'num_topk': 9}}]))
+    with pytest.raises(BuildError, match=r'item 0 \(moe.topk_gate\): num_topk must be in'):
+        plan(BuildArgs(archs=(Arch('sm_90a'),), specs_file=bad))
+    bad.write_text(json.dumps([{'kernel': 'moe.nope', 'params': {}}]))
+    with pytest.raises(BuildError, match="unknown kernel 'moe.nope'"):
+        plan(BuildArgs(archs=(Arch('sm_90a'),), specs_file=bad))

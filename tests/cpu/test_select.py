@@ -1,0 +1,126 @@
+"""Binary selection with faked devices, and the errors a user sees (uses the subset build)."""
+
+import pytest
+import torch
+
+from tile_kernels_aot import _arch, _select
+from tile_kernels_aot.errors import SpecNotPrebuiltError, UnsupportedDeviceError
+
+
+@pytest.mark.parametrize('target, capability, ok', [
+    ('sm_90a', (9, 0), True), ('sm_90a', (9, 1), False), ('sm_90a', (10, 0), False), ('sm_90a', (8, 9), False),
+    ('sm_100a', (10, 0), True), ('sm_100a', (10, 3), False), ('sm_100f', (10, 3), True), ('sm_100f', (11, 0), False),
+    ('sm_90', (9, 0), True), ('sm_80', (8, 6), True), ('sm_80', (9, 0), False),
+])
+def test_compatibility_rules(target, capability, ok):
+    assert _arch.runs_on(target, capability)[0] is ok
+
+
+def test_choice_prefers_exact_then_family_then_plain():
+    assert _arch.choose_target((10, 0), ['sm_100', 'sm_100f', 'sm_100a'])[0] == 'sm_100a'
+    assert _arch.choose_target((10, 3), ['sm_100', 'sm_100f', 'sm_100a'])[0] == 'sm_100f'
+    assert _arch.choose_target((9, 0), ['sm_100a', 'sm_90a'])[0] == 'sm_90a'
+    target, reasons = _arch.choose_target((8, 0), ['sm_90a', 'sm_100a'])
+    assert target is None and reasons == [
+        'sm_90a: rejected (sm_90a runs only on compute capability 9.0)',
+        'sm_100a: rejected (sm_100a runs only on compute capability 10.0)',
+    ]
+
+
+@pytest.fixture
+def fake_device(built, monkeypatch):
+    """Installs the subset build through the environment and fakes device 0's name and capability."""
+    dirs = f"{built / 'build' / 'sm_90a'}:{built / 'build' / 'sm_100a'}"
+    monkeypatch.setenv(_select.KERNEL_DIRS_ENV, dirs)
+    facts = {}
+    monkeypatch.setattr(_select, 'device_facts', lambda index: facts[index])
+    _select.reset()
+    yield facts
+    _select.reset()
+
+
+@pytest.mark.parametrize('capability, target', [((9, 0), 'sm_90a'), ((10, 0), 'sm_100a')])
+def test_selects_by_compute_capability(fake_device, capability, target):
+    fake_device[0] = ('NVIDIA Fake', capability)
+    package = _select.package_for_device(0)
+    assert package.target == target
+    assert _select.prebuilt_specs('moe.topk_gate', 0) == [{'num_experts': 256, 'num_topk': 8}]
+    kernel = _select.find_kernel('moe.topk_gate', {'num_experts': 256, 'num_topk': 8}, 0)
+    assert kernel.entry.target == target
+    assert len(kernel.image()) > 1000  # sha256 and ELF arch verified on read
+
+
+def test_unsupported_device_error_names_everything(fake_device):
+    fake_device[0] = ('NVIDIA A100-SXM4-80GB', (8, 0))
+    with pytest.raises(UnsupportedDeviceError) as info:
+        _select.package_for_device(0)
+    message = str(info.value)
+    assert 'NVIDIA A100-SXM4-80GB (compute capability 8.0)' in message
+    assert 'sm_90a' in message and 'sm_100a' in message
+    assert 'ships binaries for sm_90a (compute capability 9.0), sm_100a (compute capability 10.0) only' in message
+
+
+def test_missing_arch_package_names_the_package_to_install(built, monkeypatch):
+    monkeypatch.setenv(_select.KERNEL_DIRS_ENV, str(built / 'build' / 'sm_90a'))
+    monkeypatch.setattr(_select, 'device_facts', lambda index: ('NVIDIA B200', (10, 0)))
+    monkeypatch.setattr(_select, 'find_arch_package', lambda target: None)  # ignore arch wheels installed here
+    _select.reset()
+    try:
+        with pytest.raises(UnsupportedDeviceError, match='pip install tile-kernels-aot-sm100a'):
+            _select.package_for_device(0)
+    finally:
+        _select.reset()
+
+
+def test_spec_not_prebuilt_error_names_nearest_and_build_command(fake_device):
+    fake_device[0] = ('NVIDIA H200', (9, 0))
+    with pytest.raises(SpecNotPrebuiltError) as info:
+        _select.find_kernel('moe.topk_gate', {'num_experts': 200, 'num_topk': 8}, 0)
+    message = str(info.value)
+    assert 'moe.topk_gate has no prebuilt sm_90a binary for num_experts=200, num_topk=8' in message
+    assert 'Nearest prebuilt specs: num_experts=256,num_topk=8' in message
+    assert '[{"kernel": "moe.topk_gate", "params": {"num_experts": 200, "num_topk": 8}}]' in message
+    assert 'python -m build_tools --arch sm90 --kernels moe.topk_gate --specs my_specs.json' in message
+
+
+def test_tampered_cubin_is_refused(fake_device, tmp_path):
+    import shutil
+
+    from tile_kernels_aot.errors import KernelIntegrityError
+
+    fake_device[0] = ('NVIDIA H200', (9, 0))
+    package = _select.package_for_device(0)
+    copy = tmp_path / 'sm_90a'
+    shutil.copytree(package.root, copy)
+    cubin = next(copy.rglob('e256-k8.cubin'))
+    data = bytearray(cubin.read_bytes())
+    data[-1] ^= 0xFF
+    cubin.write_bytes(bytes(data))
+    tampered = _select.ArchPackage('sm_90a', copy, 'test')
+    entry = next(iter(tampered.manifest.kernels['moe.topk_gate'].entries.values()))
+    with pytest.raises(KernelIntegrityError, match='sha256 does not match'):
+        tampered.kernel(entry).image()
+
+
+def test_ops_validate_before_touching_a_device():
+    import tile_kernels_aot as tk
+
+    cpu = torch.randn(64, 256)
+    with pytest.raises(ValueError, match='topk_gate: scores must be on a CUDA device, got cpu'):
+        tk.moe.topk_gate(cpu, 8)
+    with pytest.raises(ValueError, match='topk_gate: num_topk must be in \\[1, 32\\], got 40'):
+        tk.moe.topk_gate(cpu, 40)
+    with pytest.raises(TypeError, match='scores must be float32, got bfloat16'):
+        tk.moe.topk_gate(cpu.bfloat16(), 8)
+    with pytest.raises(ValueError, match='transpose: x must have both transposed dimensions divisible by 64, got 64 x 100'):
+        tk.transpose.transpose(torch.zeros(64, 100))
+    with pytest.raises(ValueError, match='x must be on a CUDA device'):
+        tk.transpose.transpose(torch.zeros(64, 128))
+    with pytest.raises(ValueError, match='batched_transpose: x must have 3 dimensions'):
+        tk.transpose.batched_transpose(torch.zeros(64, 128))
+    with pytest.raises(ValueError, match='per_token_cast: x must have hidden divisible by 16, got 100'):
+        tk.quant.per_token_cast(torch.zeros(4, 100, dtype=torch.bfloat16), 'e4m3', 32)
+    with pytest.raises(ValueError, match='per_token_cast: num_per_channels must be 16, 32, 64 or 128, got 100'):
+        tk.quant.per_token_cast(torch.zeros(4, 128, dtype=torch.bfloat16), 'e4m3', 100)
+    with pytest.raises(TypeError, match='per_token_cast: x must be a torch.Tensor, got list'):
+        tk.quant.per_token_cast([1.0], 'e4m3', 128)

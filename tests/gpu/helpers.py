@@ -1,0 +1,64 @@
+"""What the GPU tests share: the specs to cover (read from the installed manifest, so they follow the
+kernel declarations), bitwise comparison, and allocator poisoning."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+TOKEN_COUNTS = (0, 1, 63, 4001, 8192)
+
+
+def installed_specs(kernel: str) -> list:
+    """One pytest param per installed spec of `kernel` for GPU 0; a skipped placeholder without a GPU."""
+    if not torch.cuda.is_available():
+        return [pytest.param(None, marks=pytest.mark.skip(reason='needs a CUDA GPU'), id='no-gpu')]
+    from tile_kernels_aot._select import prebuilt_specs
+
+    specs = prebuilt_specs(kernel, 0)
+    assert specs, f'the installed arch package has no {kernel} binaries'
+    return [pytest.param(s, id='-'.join(f'{k}={v}' for k, v in s.items())) for s in specs]
+
+
+_INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def assert_bitwise_equal(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    """Same dtype, shape, strides and bits (upstream's assert_equal)."""
+    assert actual.dtype == expected.dtype, (actual.dtype, expected.dtype)
+    assert actual.shape == expected.shape, (actual.shape, expected.shape)
+    assert actual.numel() == 0 or actual.stride() == expected.stride(), (actual.stride(), expected.stride())
+    as_int = _INT_OF_SIZE[actual.element_size()]
+    a, e = actual.contiguous().view(-1).view(as_int), expected.contiguous().view(-1).view(as_int)
+    bad = a != e
+    if bad.any():
+        first = bad.nonzero()[:5].flatten().tolist()
+        raise AssertionError(f'{int(bad.sum())} of {actual.numel()} elements differ; first at flat indices {first}: '
+                             f'{actual.contiguous().view(-1)[first].tolist()} vs {expected.contiguous().view(-1)[first].tolist()}')
+
+
+def poison_allocator(*shapes_and_dtypes: tuple[tuple[int, ...], torch.dtype]) -> None:
+    """Fill with 0xFF bytes the blocks the next allocations of these shapes will reuse, so that an
+    output element the kernel fails to write shows up as NaN / -1 instead of a lucky zero."""
+    blocks = [torch.empty(shape, dtype=dtype, device='cuda') for shape, dtype in shapes_and_dtypes]
+    for b in blocks:
+        b.view(torch.uint8).fill_(0xFF)
+    del blocks
+
+
+def calc_diff(x: torch.Tensor, y: torch.Tensor) -> float:
+    """1 - cosine-like similarity, as upstream's calc_diff."""
+    x, y = x.double(), y.double()
+    denominator = (x * x + y * y).sum()
+    return float(1 - 2 * (x * y).sum() / denominator) if denominator != 0 else 0.0
+
+
+def check_unbiased(dequantized: torch.Tensor, original: torch.Tensor) -> None:
+    """Round-to-nearest is unbiased: about half the values round down (upstream's check_bias)."""
+    count = dequantized.numel()
+    if count == 0:
+        return
+    below = (dequantized < original).sum().item() + (dequantized == original).sum().item() / 2
+    assert abs(below / count - 0.5) < 10 / math.sqrt(count), f'{below / count:.4f} of values rounded down'

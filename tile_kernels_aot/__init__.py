@@ -1,0 +1,13 @@
+"""tile-kernels-aot: TileKernels' ops from kernels compiled ahead of time, with no JIT at run time.
+
+    import tile_kernels_aot
+    idx = tile_kernels_aot.moe.topk_gate(scores, 8)
+
+Importing loads neither the CUDA driver nor any binary; the first call of an op on a device picks the
+installed arch package for that GPU (tile_kernels_aot_sm90a, ...) and loads the one cubin it needs.
+"""
+
+from tile_kernels_aot import errors, moe, quant, reference, transpose
+from tile_kernels_aot._version import __version__
+
+__all__ = ['__version__', 'errors', 'moe', 'quant', 'reference', 'transpose']

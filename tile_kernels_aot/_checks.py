@@ -1,0 +1,45 @@
+"""Argument checks shared by the ops. Each raises TypeError / ValueError naming the op and the argument,
+before anything is allocated or launched."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+
+def tensor(op: str, name: str, t: object, *, ndim: int | Iterable[int], dtypes: Iterable[torch.dtype]) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f'{op}: {name} must be a torch.Tensor, got {type(t).__name__}')
+    dims = (ndim,) if isinstance(ndim, int) else tuple(ndim)
+    if t.dim() not in dims:
+        raise ValueError(f'{op}: {name} must have {" or ".join(map(str, dims))} dimensions, got shape {tuple(t.shape)}')
+    allowed = tuple(dtypes)
+    if t.dtype not in allowed:
+        raise TypeError(f'{op}: {name} must be {" or ".join(str(d).removeprefix("torch.") for d in allowed)}, got {str(t.dtype).removeprefix("torch.")}')
+    return t
+
+
+def integer(op: str, name: str, value: object, *, low: int, high: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f'{op}: {name} must be an int, got {type(value).__name__}')
+    if value < low or (high is not None and value > high):
+        bound = f'>= {low}' if high is None else f'in [{low}, {high}]'
+        raise ValueError(f'{op}: {name} must be {bound}, got {value}')
+    return value
+
+
+def inner_contiguous(op: str, name: str, t: torch.Tensor) -> None:
+    if t.shape[-1] > 1 and t.stride(-1) != 1:
+        raise ValueError(f'{op}: {name} must be contiguous in its last dimension, got strides {t.stride()}')
+
+
+def on_one_cuda_device(op: str, **tensors: torch.Tensor) -> int:
+    """The common CUDA device index of the tensors. Checked last, so shape errors show on CPU too."""
+    for name, t in tensors.items():
+        if t.device.type != 'cuda':
+            raise ValueError(f'{op}: {name} must be on a CUDA device, got {t.device}')
+    devices = {t.device for t in tensors.values()}
+    if len(devices) > 1:
+        raise ValueError(f'{op}: tensors must be on one device, got {", ".join(f"{k} on {t.device}" for k, t in tensors.items())}')
+    return devices.pop().index

@@ -1,0 +1,157 @@
+"""ctypes bindings to the CUDA driver (libcuda.so.1), opened on first use.
+
+Importing this module loads nothing: a machine with no GPU or no driver can import the package, and the
+first kernel call then raises CudaDriverError naming what is missing. Every call's CUresult is checked
+and turned into an exception that carries the function and the driver's error name and text.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import threading
+from typing import Any
+
+from tile_kernels_aot.errors import CudaDriverError
+
+CUDA_SUCCESS = 0
+CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14
+CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16
+CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH = 95
+CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97
+CU_LAUNCH_ATTRIBUTE_COOPERATIVE = 2
+CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4
+CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
+
+CUresult = ctypes.c_int
+CUdevice = ctypes.c_int
+CUcontext = ctypes.c_void_p
+CUmodule = ctypes.c_void_p
+CUfunction = ctypes.c_void_p
+CUstream = ctypes.c_void_p
+
+
+class CUlaunchAttributeValue(ctypes.Union):
+    _fields_ = [('pad', ctypes.c_char * 64), ('cooperative', ctypes.c_int), ('cluster_dim', ctypes.c_uint * 3),
+                ('programmatic_stream_serialization_allowed', ctypes.c_int)]
+
+
+class CUlaunchAttribute(ctypes.Structure):
+    _fields_ = [('id', ctypes.c_int), ('pad', ctypes.c_char * 4), ('value', CUlaunchAttributeValue)]
+
+
+class CUlaunchConfig(ctypes.Structure):
+    _fields_ = [
+        ('gridDimX', ctypes.c_uint), ('gridDimY', ctypes.c_uint), ('gridDimZ', ctypes.c_uint),
+        ('blockDimX', ctypes.c_uint), ('blockDimY', ctypes.c_uint), ('blockDimZ', ctypes.c_uint),
+        ('sharedMemBytes', ctypes.c_uint), ('hStream', CUstream),
+        ('attrs', ctypes.POINTER(CUlaunchAttribute)), ('numAttrs', ctypes.c_uint),
+    ]
+
+
+class CUtensorMap(ctypes.Structure):
+    # 128 bytes that must sit on a 64-byte boundary (the caller places it); passed by value to the kernel.
+    _fields_ = [('opaque', ctypes.c_uint64 * 16)]
+
+
+_SIGNATURES: dict[str, tuple[Any, ...]] = {
+    'cuInit': (ctypes.c_uint,),
+    'cuDriverGetVersion': (ctypes.POINTER(ctypes.c_int),),
+    'cuGetErrorName': (CUresult, ctypes.POINTER(ctypes.c_char_p)),
+    'cuGetErrorString': (CUresult, ctypes.POINTER(ctypes.c_char_p)),
+    'cuCtxGetCurrent': (ctypes.POINTER(CUcontext),),
+    'cuCtxGetDevice': (ctypes.POINTER(CUdevice),),
+    'cuDeviceGetAttribute': (ctypes.POINTER(ctypes.c_int), ctypes.c_int, CUdevice),
+    'cuModuleLoadData': (ctypes.POINTER(CUmodule), ctypes.c_void_p),
+    'cuModuleGetFunction': (ctypes.POINTER(CUfunction), CUmodule, ctypes.c_char_p),
+    'cuFuncSetAttribute': (CUfunction, ctypes.c_int, ctypes.c_int),
+    'cuOccupancyMaxActiveBlocksPerMultiprocessor': (ctypes.POINTER(ctypes.c_int), CUfunction, ctypes.c_int, ctypes.c_size_t),
+    'cuLaunchKernel': (CUfunction, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint,
+                       ctypes.c_uint, CUstream, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p)),
+    'cuLaunchKernelEx': (ctypes.POINTER(CUlaunchConfig), CUfunction, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p)),
+    'cuTensorMapEncodeTiled': (ctypes.POINTER(CUtensorMap), ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p,
+                               ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint32),
+                               ctypes.POINTER(ctypes.c_uint32), ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int),
+}
+
+_lock = threading.Lock()
+
+
+class Driver:
+    """The subset of the driver API the loader uses. Obtain it with driver()."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        self._lib = lib
+        for name, argtypes in _SIGNATURES.items():
+            fn = getattr(lib, name)
+            fn.argtypes = argtypes
+            fn.restype = CUresult
+            setattr(self, '_' + name, fn)
+        self.check('cuInit', self._cuInit(0))
+
+    def error_text(self, code: int) -> tuple[str, str]:
+        name, text = ctypes.c_char_p(), ctypes.c_char_p()
+        self._cuGetErrorName(code, ctypes.byref(name))
+        self._cuGetErrorString(code, ctypes.byref(text))
+        return (name.value or b'CUDA_ERROR_UNKNOWN').decode(), (text.value or b'unknown error').decode()
+
+    def check(self, function: str, code: int) -> None:
+        if code != CUDA_SUCCESS:
+            name, text = self.error_text(code)
+            raise CudaDriverError(function, code, name, text)
+
+    def call(self, name: str, *args: Any) -> None:
+        self.check(name, getattr(self, '_' + name)(*args))
+
+    def version(self) -> int:
+        v = ctypes.c_int()
+        self.call('cuDriverGetVersion', ctypes.byref(v))
+        return v.value
+
+    def current_context_device(self) -> int | None:
+        ctx = CUcontext()
+        self.call('cuCtxGetCurrent', ctypes.byref(ctx))
+        if not ctx.value:
+            return None
+        dev = CUdevice()
+        self.call('cuCtxGetDevice', ctypes.byref(dev))
+        return dev.value
+
+    def device_attribute(self, attribute: int, device: int) -> int:
+        v = ctypes.c_int()
+        self.call('cuDeviceGetAttribute', ctypes.byref(v), attribute, device)
+        return v.value
+
+    def load_module(self, image: bytes) -> CUmodule:
+        module = CUmodule()
+        buf = ctypes.create_string_buffer(image, len(image))
+        self.call('cuModuleLoadData', ctypes.byref(module), buf)
+        return module
+
+    def get_function(self, module: CUmodule, symbol: str) -> CUfunction:
+        fn = CUfunction()
+        self.call('cuModuleGetFunction', ctypes.byref(fn), module, symbol.encode())
+        return fn
+
+    def set_function_attribute(self, fn: CUfunction, attribute: int, value: int) -> None:
+        self.call('cuFuncSetAttribute', fn, attribute, value)
+
+    def max_active_blocks(self, fn: CUfunction, block_size: int, dynamic_smem: int) -> int:
+        v = ctypes.c_int()
+        self.call('cuOccupancyMaxActiveBlocksPerMultiprocessor', ctypes.byref(v), fn, block_size, dynamic_smem)
+        return v.value
+
+
+@functools.cache
+def _load() -> Driver:
+    try:
+        lib = ctypes.CDLL('libcuda.so.1')
+    except OSError as exc:
+        raise CudaDriverError('dlopen', -1, 'LIBCUDA_NOT_FOUND', f'cannot load libcuda.so.1 ({exc}); is an NVIDIA driver installed?') from None
+    return Driver(lib)
+
+
+def driver() -> Driver:
+    with _lock:
+        return _load()

@@ -1,0 +1,237 @@
+"""Launching one prebuilt binary: load it per device on first use, bind and check the arguments against the
+manifest, and launch on the current torch stream of the tensors' device.
+
+The manifest describes every buffer's shape and strides as expressions of the dynamic dims. The dims
+are read off the tensors where a shape or stride is a bare name, and every other shape, stride, dtype
+and pointer alignment is checked against them, so a binary can never run on memory it was not built
+for, whatever the op in front of it got wrong.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+
+from tile_kernels_aot import _driver
+from tile_kernels_aot._cubin import cubin_sm, target_sm
+from tile_kernels_aot._manifest import Entry, Launch, compile_expr
+from tile_kernels_aot.errors import KernelIntegrityError, TileKernelsAOTError
+
+TORCH_DTYPES = {
+    'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16,
+    'float8_e4m3fn': torch.float8_e4m3fn, 'int64': torch.int64, 'int32': torch.int32,
+    'uint32': torch.uint32, 'int8': torch.int8, 'uint8': torch.uint8, 'bool': torch.bool,
+}
+_INT32_MAX = 2**31 - 1
+_MAX_GRID = (2**31 - 1, 65535, 65535)
+_STATIC_SMEM_LIMIT = 48 * 1024
+_SCALAR_CTYPES = {'int32': ctypes.c_int32, 'int64': ctypes.c_int64, 'float32': ctypes.c_float}
+
+_thread_state = threading.local()
+
+
+class _BindingPlan:
+    """Precomputed per entry: which tensor dims define the dynamic dims, and which must be checked."""
+
+    def __init__(self, entry: Entry) -> None:
+        self.kernel = f'{entry.kernel}[{entry.key}]'
+        self.buffers = []
+        bound: set[str] = set()
+        for buf in entry.buffers:
+            binds, checks = [], []
+            for what, exprs in (('shape', buf.shape), ('stride', buf.strides)):
+                for dim, expr in enumerate(exprs):
+                    if isinstance(expr, str) and expr not in bound:
+                        bound.add(expr)
+                        binds.append((what, dim, expr))
+                    else:
+                        checks.append((what, dim, compile_expr(expr), expr))
+            self.buffers.append((buf.name, TORCH_DTYPES[buf.dtype], len(buf.shape), buf.alignment, binds, checks))
+        self.scalars = [s.name for s in entry.scalars]
+
+    def bind(self, tensors: Mapping[str, torch.Tensor], scalars: Mapping[str, int]) -> dict[str, int]:
+        env: dict[str, int] = {}
+        for name, dtype, ndim, alignment, binds, checks in self.buffers:
+            t = tensors.get(name)
+            if t is None:
+                raise TypeError(f'{self.kernel}: missing tensor {name!r}')
+            if t.dtype != dtype or t.dim() != ndim:
+                raise TypeError(f'{self.kernel}: {name} must be a {ndim}-d {dtype} tensor, got {t.dim()}-d {t.dtype}')
+            if t.data_ptr() % alignment:
+                raise ValueError(f'{self.kernel}: {name}.data_ptr() must be {alignment}-byte aligned, got {t.data_ptr():#x}')
+            shape, strides = t.shape, t.stride()
+            for what, dim, var in binds:
+                env[var] = shape[dim] if what == 'shape' else strides[dim]
+            for what, dim, fn, expr in checks:
+                if what == 'stride' and shape[dim] <= 1:
+                    continue  # the stride of a dim of size 0 or 1 is never used to address memory
+                actual = shape[dim] if what == 'shape' else strides[dim]
+                expected = fn(env)
+                if actual != expected:
+                    raise ValueError(f'{self.kernel}: {name}.{what}({dim}) must be {expected} ({expr}), got {actual}')
+        for name in self.scalars:
+            if name not in scalars:
+                raise TypeError(f'{self.kernel}: missing scalar {name!r}')
+            env[name] = scalars[name]
+        return env
+
+
+class LoadedKernel:
+    """One manifest entry: its cubin, loaded lazily into each device's primary context."""
+
+    def __init__(self, entry: Entry, root: Path, verify_sha256: bool = True) -> None:
+        self.entry = entry
+        self.path = root / entry.cubin
+        self._verify = verify_sha256
+        self._image: bytes | None = None
+        self._functions: dict[int, list] = {}
+        self._plan = _BindingPlan(entry)
+        self._grids = [tuple(compile_expr(g) for g in launch.grid) for launch in entry.launches]
+        self._lock = threading.Lock()
+
+    # -- loading -------------------------------------------------------------------------------
+
+    def image(self) -> bytes:
+        if self._image is None:
+            try:
+                data = self.path.read_bytes()
+            except OSError as exc:
+                raise KernelIntegrityError(f'{self.entry.kernel}[{self.entry.key}]: cannot read {self.path}: {exc}') from exc
+            if self._verify and hashlib.sha256(data).hexdigest() != self.entry.sha256:
+                raise KernelIntegrityError(f'{self.path}: sha256 does not match the manifest; reinstall the arch package')
+            try:
+                sm = cubin_sm(data)
+            except ValueError as exc:
+                raise KernelIntegrityError(f'{self.path}: {exc}') from exc
+            if sm != target_sm(self.entry.target):
+                raise KernelIntegrityError(f'{self.path}: ELF is for sm_{sm}, manifest says {self.entry.target}')
+            self._image = data
+        return self._image
+
+    def _load(self, device: int) -> list:
+        drv = _driver.driver()
+        current = drv.current_context_device()
+        if current is None:
+            torch.cuda.set_device(device)  # binds the device's primary context to this thread
+            current = drv.current_context_device()
+        if current != device:
+            raise TileKernelsAOTError(f'the current CUDA context is on device {current}, expected {device}')
+        module = drv.load_module(self.image())
+        functions = []
+        for launch in self.entry.launches:
+            fn = drv.get_function(module, launch.symbol)
+            if launch.dynamic_smem > _STATIC_SMEM_LIMIT:
+                optin = drv.device_attribute(_driver.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, device)
+                if launch.dynamic_smem > optin:
+                    raise TileKernelsAOTError(f'{launch.symbol} needs {launch.dynamic_smem} bytes of shared memory, device {device} allows {optin}')
+                drv.set_function_attribute(fn, _driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, launch.dynamic_smem)
+            if launch.cluster_dims and launch.cluster_dims[0] * launch.cluster_dims[1] * launch.cluster_dims[2] > 8:
+                drv.set_function_attribute(fn, _driver.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)
+            if launch.cooperative and not drv.device_attribute(_driver.CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH, device):
+                raise TileKernelsAOTError(f'{launch.symbol} needs a cooperative launch, which device {device} does not support')
+            functions.append(fn)
+        return functions
+
+    def functions(self, device: int) -> list:
+        fns = self._functions.get(device)
+        if fns is None:
+            with self._lock:
+                fns = self._functions.get(device)
+                if fns is None:
+                    fns = self._functions[device] = self._load(device)
+        return fns
+
+    # -- launching -----------------------------------------------------------------------------
+
+    def __call__(self, device: int, tensors: Mapping[str, torch.Tensor], scalars: Mapping[str, int] | None = None) -> None:
+        """Launch every kernel of the entry, in order, on torch's current stream of `device`."""
+        env = self._plan.bind(tensors, scalars or {})
+        if torch.cuda.current_device() != device:
+            with torch.cuda.device(device):
+                self._launch_all(device, tensors, env)
+        else:
+            self._launch_all(device, tensors, env)
+
+    def _launch_all(self, device: int, tensors: Mapping[str, torch.Tensor], env: dict[str, int]) -> None:
+        if getattr(_thread_state, 'context_checked', None) != device:
+            # A thread that never touched CUDA has no current context yet; torch binds it on set_device.
+            if _driver.driver().current_context_device() is None:
+                torch.cuda.set_device(device)
+            _thread_state.context_checked = device
+        functions = self.functions(device)
+        stream = torch.cuda.current_stream(device).cuda_stream
+        for launch, fn, grid_fns in zip(self.entry.launches, functions, self._grids):
+            grid = tuple(g(env) for g in grid_fns)
+            if 0 in grid:
+                continue
+            for axis, (g, limit) in enumerate(zip(grid, _MAX_GRID)):
+                if not 0 < g <= limit:
+                    raise ValueError(f'{launch.symbol}: grid dimension {axis} is {g}, outside 1..{limit}')
+            self._launch_one(device, launch, fn, grid, stream, tensors, env)
+
+    def _launch_one(self, device: int, launch: Launch, fn, grid: tuple[int, int, int], stream: int,
+                    tensors: Mapping[str, torch.Tensor], env: dict[str, int]) -> None:
+        drv = _driver.driver()
+        keep_alive = []
+        params = (ctypes.c_void_p * len(launch.args))()
+        tma = iter(launch.tma)
+        for i, arg in enumerate(launch.args):
+            if arg.kind == 'ptr':
+                value = ctypes.c_void_p(tensors[arg.name].data_ptr())
+                params[i] = ctypes.addressof(value)
+            elif arg.kind == 'tma':
+                value = _encode_tma(drv, next(tma), tensors, env)
+                params[i] = ctypes.addressof(value) + (-ctypes.addressof(value) % 64)
+            else:
+                number = env[arg.name]
+                if arg.kind == 'int32' and not -_INT32_MAX - 1 <= number <= _INT32_MAX:
+                    raise ValueError(f'{self.entry.kernel}: {arg.name} = {number} does not fit the kernel\'s 32-bit argument')
+                value = _SCALAR_CTYPES[arg.kind](number)
+                params[i] = ctypes.addressof(value)
+            keep_alive.append(value)
+        block = launch.block
+        if not (launch.cooperative or launch.cluster_dims or launch.pdl):
+            drv.call('cuLaunchKernel', fn, *grid, *block, launch.dynamic_smem, stream, params, None)
+            return
+        if launch.cooperative:
+            per_sm = drv.max_active_blocks(fn, block[0] * block[1] * block[2], launch.dynamic_smem)
+            sms = drv.device_attribute(_driver.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device)
+            if grid[0] * grid[1] * grid[2] > per_sm * sms:
+                raise ValueError(f'{launch.symbol}: a cooperative grid of {grid} exceeds the {per_sm * sms} blocks that fit on device {device}')
+        attrs = []
+        if launch.cooperative:
+            a = _driver.CUlaunchAttribute(id=_driver.CU_LAUNCH_ATTRIBUTE_COOPERATIVE)
+            a.value.cooperative = 1
+            attrs.append(a)
+        if launch.cluster_dims:
+            a = _driver.CUlaunchAttribute(id=_driver.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION)
+            a.value.cluster_dim[:] = list(launch.cluster_dims)
+            attrs.append(a)
+        if launch.pdl:
+            a = _driver.CUlaunchAttribute(id=_driver.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
+            a.value.programmatic_stream_serialization_allowed = 1
+            attrs.append(a)
+        attr_array = (_driver.CUlaunchAttribute * len(attrs))(*attrs)
+        config = _driver.CUlaunchConfig(*grid, *block, launch.dynamic_smem, stream, attr_array, len(attrs))
+        drv.call('cuLaunchKernelEx', ctypes.byref(config), fn, params, None)
+
+
+def _encode_tma(drv: _driver.Driver, recipe, tensors: Mapping[str, torch.Tensor], env: dict[str, int]):
+    """Encode a tensor map for this call: the address and the dynamic dims change from call to call."""
+    storage = (ctypes.c_uint8 * (128 + 64))()  # room to place the 128-byte map on a 64-byte boundary
+    address = ctypes.addressof(storage) + (-ctypes.addressof(storage) % 64)
+    rank = recipe.rank
+    dims = (ctypes.c_uint64 * rank)(*(compile_expr(d)(env) for d in recipe.global_dims))
+    strides = (ctypes.c_uint64 * max(rank - 1, 1))(*(compile_expr(s)(env) for s in recipe.global_strides))
+    box = (ctypes.c_uint32 * rank)(*recipe.box_dims)
+    elem_strides = (ctypes.c_uint32 * rank)(*recipe.element_strides)
+    tensor_map = _driver.CUtensorMap.from_address(address)
+    drv.call('cuTensorMapEncodeTiled', ctypes.byref(tensor_map), recipe.data_type, rank,
+             ctypes.c_void_p(tensors[recipe.buffer].data_ptr()), dims, strides, box, elem_strides,
+             recipe.interleave, recipe.swizzle, recipe.l2_promotion, recipe.oob_fill)
+    return storage

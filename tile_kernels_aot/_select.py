@@ -1,0 +1,154 @@
+"""Binary selection: which arch package serves a device, and which of its entries serves a call.
+
+Arch packages are found by import name (tile_kernels_aot_sm90a, ...) and, for development, in the
+directories listed in TILE_KERNELS_AOT_KERNEL_DIRS (each holding a manifest.json, e.g. build/sm_90a).
+Nothing is read until the first kernel call; after that each device's choice is cached.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib.util
+import json
+import os
+import threading
+from pathlib import Path
+
+from tile_kernels_aot import _arch
+from tile_kernels_aot._launch import LoadedKernel
+from tile_kernels_aot._manifest import Entry, Manifest, ParamValue, manifest_from_json, spec_key
+from tile_kernels_aot.errors import SpecNotPrebuiltError, UnsupportedDeviceError
+
+KERNEL_DIRS_ENV = 'TILE_KERNELS_AOT_KERNEL_DIRS'
+VERIFY_ENV = 'TILE_KERNELS_AOT_VERIFY_SHA256'
+
+_lock = threading.Lock()
+
+
+@dataclasses.dataclass
+class ArchPackage:
+    target: str
+    root: Path  # folder with manifest.json, cubins/, sources/
+    origin: str  # where it was found, for messages
+    _manifest: Manifest | None = None
+    _kernels: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def manifest(self) -> Manifest:
+        if self._manifest is None:
+            self._manifest = manifest_from_json((self.root / 'manifest.json').read_text())
+            if self._manifest.target != self.target:
+                raise ValueError(f'{self.root}/manifest.json is for {self._manifest.target}, not {self.target}')
+        return self._manifest
+
+    def kernel(self, entry: Entry) -> LoadedKernel:
+        loaded = self._kernels.get((entry.kernel, entry.key))
+        if loaded is None:
+            verify = os.environ.get(VERIFY_ENV, '1') != '0'
+            loaded = self._kernels[(entry.kernel, entry.key)] = LoadedKernel(entry, self.root, verify_sha256=verify)
+        return loaded
+
+
+def _target_of_dir(root: Path) -> str:
+    return json.loads((root / 'manifest.json').read_text())['target']
+
+
+@functools.cache
+def installed_packages() -> tuple[ArchPackage, ...]:
+    """Every arch package visible to this process; directories from the environment come first."""
+    found: dict[str, ArchPackage] = {}
+    for entry in filter(None, os.environ.get(KERNEL_DIRS_ENV, '').split(os.pathsep)):
+        root = Path(entry)
+        if not (root / 'manifest.json').is_file():
+            raise FileNotFoundError(f'{KERNEL_DIRS_ENV} names {root}, which has no manifest.json')
+        target = _target_of_dir(root)
+        found.setdefault(target, ArchPackage(target, root, f'{KERNEL_DIRS_ENV} ({root})'))
+    for target in _arch.KNOWN_TARGETS:
+        root = find_arch_package(target)
+        if target not in found and root is not None:
+            found[target] = ArchPackage(target, root, _arch.distribution_for(target))
+    return tuple(found.values())
+
+
+def find_arch_package(target: str) -> Path | None:
+    """The folder of the installed arch package for `target`, found without importing it."""
+    spec = importlib.util.find_spec(_arch.package_for(target))
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def device_facts(device_index: int) -> tuple[str, tuple[int, int]]:
+    """Name and compute capability of a CUDA device (tests replace this to fake a device)."""
+    import torch
+
+    return torch.cuda.get_device_name(device_index), torch.cuda.get_device_capability(device_index)
+
+
+@functools.cache
+def package_for_device(device_index: int) -> ArchPackage:
+    name, capability = device_facts(device_index)
+    packages = {p.target: p for p in installed_packages()}
+    target, reasons = _arch.choose_target(capability, list(packages))
+    if target is None:
+        raise UnsupportedDeviceError(name, capability, [f'{t} ({p.origin})' for t, p in packages.items()], reasons, _arch.install_advice(capability))
+    return packages[target]
+
+
+def _distance(a: dict[str, ParamValue], b: dict[str, ParamValue]) -> tuple[int, float]:
+    differing = [k for k in a if a[k] != b.get(k)]
+    numeric = sum(abs(a[k] - b[k]) / max(abs(a[k]), abs(b[k]), 1)
+                  for k in differing if isinstance(a[k], int) and not isinstance(a[k], bool) and isinstance(b.get(k), int))
+    return len(differing), numeric
+
+
+def _not_prebuilt(package: ArchPackage, kernel: str, params: dict[str, ParamValue]) -> SpecNotPrebuiltError:
+    info = package.manifest.kernels.get(kernel)
+    nearest = []
+    if info is not None:
+        ranked = sorted(info.entries.values(), key=lambda e: (_distance(params, e.params), e.key))
+        nearest = [e.key for e in ranked[:3]]
+    spec_json = json.dumps([{'kernel': kernel, 'params': params}])
+    arch_flag = _arch.parse_target(package.target)
+    command = f'python -m build_tools --arch sm{arch_flag[0]}{arch_flag[1]} --kernels {kernel} --specs my_specs.json'
+    return SpecNotPrebuiltError(kernel, package.target, params, nearest, command, spec_json)
+
+
+_found: dict[tuple, LoadedKernel] = {}
+
+
+def find_kernel(kernel: str, params: dict[str, ParamValue], device_index: int) -> LoadedKernel:
+    """The loaded binary for `kernel` at `params` on a device. Raises rather than ever compiling."""
+    memo_key = (kernel, device_index, *params.items())
+    found = _found.get(memo_key)
+    if found is not None:
+        return found
+    with _lock:
+        package = package_for_device(device_index)
+        info = package.manifest.kernels.get(kernel)
+        if info is None:
+            raise _not_prebuilt(package, kernel, params)
+        entry = info.entries.get(spec_key(info.params, params))
+        if entry is None:
+            raise _not_prebuilt(package, kernel, params)
+        found = _found[memo_key] = package.kernel(entry)
+        return found
+
+
+def has_spec(kernel: str, params: dict[str, ParamValue], device_index: int) -> bool:
+    info = package_for_device(device_index).manifest.kernels.get(kernel)
+    return info is not None and spec_key(info.params, params) in info.entries
+
+
+def prebuilt_specs(kernel: str, device_index: int = 0) -> list[dict[str, ParamValue]]:
+    """The specs of `kernel` installed for a device, in manifest order (used by tests and benchmarks)."""
+    info = package_for_device(device_index).manifest.kernels.get(kernel)
+    return [] if info is None else [dict(e.params) for _, e in sorted(info.entries.items())]
+
+
+def reset() -> None:
+    """Forget discovered packages and device choices (tests use it after changing the environment)."""
+    installed_packages.cache_clear()
+    package_for_device.cache_clear()
+    _found.clear()
