@@ -28,13 +28,15 @@ DECODE_TOKENS = (1, 32, 128)
 
 class Timer:
     def __init__(self) -> None:
-        self.flush = torch.empty(256 * 2**20, dtype=torch.uint8, device='cuda')  # > 4x the 60 MB L2
+        self.flush = torch.zeros(64 * 2**20, dtype=torch.int32, device='cuda')  # 256 MB, > 4x the 60 MB L2
 
     def device_us(self, fn, iters: int = ITERS) -> float:
         fn()
         times = []
         for _ in range(iters):
-            self.flush.zero_()
+            # Evict the inputs from L2 by reading, not writing: written lines would be dirty and their
+            # write-back would be charged to the kernel under test.
+            self.flush.max()
             torch.cuda._sleep(1_000_000)  # keep the GPU busy while the host enqueues the call
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()

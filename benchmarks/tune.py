@@ -34,7 +34,7 @@ def transpose_inputs(p):
 def cast_inputs(p):
     x = torch.randn(TOKENS, p['hidden'], device='cuda').to(getattr(torch, p['in_dtype']))
     out = torch.empty(TOKENS, p['hidden'], dtype=torch.float8_e4m3fn, device='cuda')
-    sf = torch.empty(TOKENS, p['hidden'] // p['num_per_channels'], device='cuda')
+    sf = torch.empty(TOKENS, -(-p['hidden'] // p['num_per_channels']), device='cuda')
 
     def ok():
         ref, ref_sf = reference.cast(x, 'e4m3', (1, p['num_per_channels']))

@@ -16,8 +16,8 @@ TRANSPOSE = KernelDecl(
     factory=batched_transpose.build,
     prebuilt=lambda: [
         dict(elem_bytes=eb, vec_bytes=v, tile_m=tm, tile_n=tn, max_warps=w)
-        for eb, v in ((2, 16), (1, 8), (1, 16), (4, 16))
-        for tm, tn, w in ((64, 64, 8), (64, 64, 1), (128, 128, 8), (128, 128, 4), (128, 128, 2), (64, 128, 4), (128, 64, 4))
+        for eb, v in ((2, 16), (1, 8), (1, 16))
+        for tm, tn, w in ((64, 64, 8), (64, 64, 1), (128, 128, 8), (128, 128, 2))
         if not batched_transpose.check_or_none(eb, v, tm, tn)
     ],
     check=lambda max_warps, **spec: batched_transpose.check(**spec),
@@ -29,8 +29,9 @@ PER_TOKEN_CAST = KernelDecl(
     params=per_token_cast.DECL.params + (param('num_threads', 'int', 't'), param('num_vectors', 'int', 'n')),
     factory=per_token_cast.build,
     prebuilt=lambda: [
-        dict(in_dtype=d, hidden=7168, num_per_channels=128, round_sf=False, aligned=True, num_threads=t, num_vectors=n)
-        for d in ('bfloat16', 'float32') for t in (128, 256, 512) for n in (1, 2, 4, 8)
+        dict(in_dtype=d, hidden=h, num_per_channels=128, round_sf=False, aligned=True, num_threads=t, num_vectors=n)
+        for d in ('bfloat16', 'float32') for h in (2880, 4096, 6144, 7168)
+        for t, n in ((128, 1), (128, 2), (128, 4), (256, 1), (256, 2), (64, 4))
     ],
     check=lambda num_threads, num_vectors, **spec: per_token_cast.check(**spec),
     pass_configs=per_token_cast.DECL.pass_configs,
@@ -40,7 +41,7 @@ TOPK_GATE = KernelDecl(
     name='tune.topk_gate',
     params=topk_gate.DECL.params + (param('warps_per_block', 'int', 'w'),),
     factory=topk_gate.build,
-    prebuilt=lambda: [dict(num_experts=256, num_topk=8, warps_per_block=w) for w in (1, 2, 4, 8, 16)],
+    prebuilt=lambda: [dict(num_experts=256, num_topk=8, warps_per_block=w) for w in (4,)],
     check=lambda warps_per_block, **spec: topk_gate.check(**spec),
     pass_configs=topk_gate.DECL.pass_configs,
 )

@@ -19,7 +19,7 @@ import torch
 
 from tile_kernels_aot import _driver
 from tile_kernels_aot._cubin import cubin_sm, target_sm
-from tile_kernels_aot._manifest import Entry, Launch, compile_expr
+from tile_kernels_aot._manifest import Entry, Launch, compile_expr, format_expr
 from tile_kernels_aot.errors import KernelIntegrityError, TileKernelsAOTError
 
 TORCH_DTYPES = {
@@ -36,27 +36,32 @@ _thread_state = threading.local()
 
 
 class _BindingPlan:
-    """Precomputed per entry: which tensor dims define the dynamic dims, and which must be checked."""
+    """Precomputed per entry: which tensor dims define the dynamic dims, and which must be checked.
+    bind() runs on every call, so it is flat loops over precomputed tuples."""
 
     def __init__(self, entry: Entry) -> None:
         self.kernel = f'{entry.kernel}[{entry.key}]'
         self.buffers = []
         bound: set[str] = set()
         for buf in entry.buffers:
-            binds, checks = [], []
-            for what, exprs in (('shape', buf.shape), ('stride', buf.strides)):
+            binds: list[tuple[bool, int, str]] = []  # (is_stride, dim, var)
+            constants: list[tuple[bool, int, int]] = []  # (is_stride, dim, value)
+            derived: list[tuple[bool, int, object, object]] = []  # (is_stride, dim, fn, expr)
+            for is_stride, exprs in ((False, buf.shape), (True, buf.strides)):
                 for dim, expr in enumerate(exprs):
                     if isinstance(expr, str) and expr not in bound:
                         bound.add(expr)
-                        binds.append((what, dim, expr))
+                        binds.append((is_stride, dim, expr))
+                    elif isinstance(expr, int):
+                        constants.append((is_stride, dim, expr))
                     else:
-                        checks.append((what, dim, compile_expr(expr), expr))
-            self.buffers.append((buf.name, TORCH_DTYPES[buf.dtype], len(buf.shape), buf.alignment, binds, checks))
-        self.scalars = [s.name for s in entry.scalars]
+                        derived.append((is_stride, dim, compile_expr(expr), expr))
+            self.buffers.append((buf.name, TORCH_DTYPES[buf.dtype], len(buf.shape), buf.alignment, tuple(binds), tuple(constants), tuple(derived)))
+        self.scalars = tuple(s.name for s in entry.scalars)
 
     def bind(self, tensors: Mapping[str, torch.Tensor], scalars: Mapping[str, int]) -> dict[str, int]:
         env: dict[str, int] = {}
-        for name, dtype, ndim, alignment, binds, checks in self.buffers:
+        for name, dtype, ndim, alignment, binds, constants, derived in self.buffers:
             t = tensors.get(name)
             if t is None:
                 raise TypeError(f'{self.kernel}: missing tensor {name!r}')
@@ -65,20 +70,49 @@ class _BindingPlan:
             if t.data_ptr() % alignment:
                 raise ValueError(f'{self.kernel}: {name}.data_ptr() must be {alignment}-byte aligned, got {t.data_ptr():#x}')
             shape, strides = t.shape, t.stride()
-            for what, dim, var in binds:
-                env[var] = shape[dim] if what == 'shape' else strides[dim]
-            for what, dim, fn, expr in checks:
-                if what == 'stride' and shape[dim] <= 1:
-                    continue  # the stride of a dim of size 0 or 1 is never used to address memory
-                actual = shape[dim] if what == 'shape' else strides[dim]
+            for is_stride, dim, var in binds:
+                env[var] = strides[dim] if is_stride else shape[dim]
+            for is_stride, dim, value in constants:
+                if (strides[dim] if is_stride else shape[dim]) != value and not (is_stride and shape[dim] <= 1):
+                    self._mismatch(name, is_stride, dim, value, value, shape, strides)
+            for is_stride, dim, fn, expr in derived:
                 expected = fn(env)
-                if actual != expected:
-                    raise ValueError(f'{self.kernel}: {name}.{what}({dim}) must be {expected} ({expr}), got {actual}')
+                if (strides[dim] if is_stride else shape[dim]) != expected and not (is_stride and shape[dim] <= 1):
+                    self._mismatch(name, is_stride, dim, expected, expr, shape, strides)
         for name in self.scalars:
             if name not in scalars:
                 raise TypeError(f'{self.kernel}: missing scalar {name!r}')
             env[name] = scalars[name]
         return env
+
+    def _mismatch(self, name, is_stride, dim, expected, expr, shape, strides):
+        # A stride of a dim of size 0 or 1 never addresses memory, so it is not checked (see bind).
+        what = 'stride' if is_stride else 'shape'
+        actual = strides[dim] if is_stride else shape[dim]
+        detail = '' if isinstance(expr, int) else f' (= {format_expr(expr)})'
+        raise ValueError(f'{self.kernel}: {name}.{what}({dim}) must be {expected}{detail}, got {actual}')
+
+
+class _ArgPack:
+    """The kernel parameter block of one launch: a ctypes struct per argument, and the void* array
+    that cuLaunchKernel reads, built once and refilled on every call (the driver copies the values
+    at launch, so reuse is safe, CUDA graphs included)."""
+
+    def __init__(self, launch: Launch) -> None:
+        self.slots = []
+        self.pointers = (ctypes.c_void_p * max(len(launch.args), 1))()
+        self.tma_slots = []
+        for i, arg in enumerate(launch.args):
+            if arg.kind == 'tma':
+                storage = (ctypes.c_uint8 * (128 + 64))()  # a 128-byte map placed on a 64-byte boundary
+                address = ctypes.addressof(storage) + (-ctypes.addressof(storage) % 64)
+                self.tma_slots.append((storage, _driver.CUtensorMap.from_address(address)))
+                self.slots.append(storage)
+                self.pointers[i] = address
+            else:
+                value = (ctypes.c_void_p if arg.kind == 'ptr' else _SCALAR_CTYPES[arg.kind])()
+                self.slots.append(value)
+                self.pointers[i] = ctypes.addressof(value)
 
 
 class LoadedKernel:
@@ -93,6 +127,8 @@ class LoadedKernel:
         self._plan = _BindingPlan(entry)
         self._grids = [tuple(compile_expr(g) for g in launch.grid) for launch in entry.launches]
         self._lock = threading.Lock()
+        self._packs = threading.local()  # argument blocks, one set per thread
+        self._driver: _driver.Driver | None = None
 
     # -- loading -------------------------------------------------------------------------------
 
@@ -114,7 +150,7 @@ class LoadedKernel:
         return self._image
 
     def _load(self, device: int) -> list:
-        drv = _driver.driver()
+        drv = self._driver = _driver.driver()
         current = drv.current_context_device()
         if current is None:
             torch.cuda.set_device(device)  # binds the device's primary context to this thread
@@ -151,49 +187,49 @@ class LoadedKernel:
     def __call__(self, device: int, tensors: Mapping[str, torch.Tensor], scalars: Mapping[str, int] | None = None) -> None:
         """Launch every kernel of the entry, in order, on torch's current stream of `device`."""
         env = self._plan.bind(tensors, scalars or {})
-        if torch.cuda.current_device() != device:
+        if _current_device() != device:
             with torch.cuda.device(device):
                 self._launch_all(device, tensors, env)
         else:
             self._launch_all(device, tensors, env)
 
     def _launch_all(self, device: int, tensors: Mapping[str, torch.Tensor], env: dict[str, int]) -> None:
+        functions = self._functions.get(device) or self.functions(device)
         if getattr(_thread_state, 'context_checked', None) != device:
             # A thread that never touched CUDA has no current context yet; torch binds it on set_device.
             if _driver.driver().current_context_device() is None:
                 torch.cuda.set_device(device)
             _thread_state.context_checked = device
-        functions = self.functions(device)
-        stream = torch.cuda.current_stream(device).cuda_stream
-        for launch, fn, grid_fns in zip(self.entry.launches, functions, self._grids):
+        stream = _current_stream(device)
+        packs = getattr(self._packs, 'value', None)
+        if packs is None:
+            packs = self._packs.value = [_ArgPack(launch) for launch in self.entry.launches]
+        for launch, fn, grid_fns, pack in zip(self.entry.launches, functions, self._grids, packs):
             grid = tuple(g(env) for g in grid_fns)
             if 0 in grid:
                 continue
             for axis, (g, limit) in enumerate(zip(grid, _MAX_GRID)):
                 if not 0 < g <= limit:
                     raise ValueError(f'{launch.symbol}: grid dimension {axis} is {g}, outside 1..{limit}')
-            self._launch_one(device, launch, fn, grid, stream, tensors, env)
+            self._fill(launch, pack, tensors, env)
+            self._launch_one(device, launch, fn, grid, stream, pack.pointers)
 
-    def _launch_one(self, device: int, launch: Launch, fn, grid: tuple[int, int, int], stream: int,
-                    tensors: Mapping[str, torch.Tensor], env: dict[str, int]) -> None:
-        drv = _driver.driver()
-        keep_alive = []
-        params = (ctypes.c_void_p * len(launch.args))()
-        tma = iter(launch.tma)
-        for i, arg in enumerate(launch.args):
+    def _fill(self, launch: Launch, pack: _ArgPack, tensors: Mapping[str, torch.Tensor], env: dict[str, int]) -> None:
+        tma = iter(zip(launch.tma, pack.tma_slots))
+        for arg, slot in zip(launch.args, pack.slots):
             if arg.kind == 'ptr':
-                value = ctypes.c_void_p(tensors[arg.name].data_ptr())
-                params[i] = ctypes.addressof(value)
+                slot.value = tensors[arg.name].data_ptr()
             elif arg.kind == 'tma':
-                value = _encode_tma(drv, next(tma), tensors, env)
-                params[i] = ctypes.addressof(value) + (-ctypes.addressof(value) % 64)
+                recipe, (_, tensor_map) = next(tma)
+                _encode_tma(self._driver, recipe, tensor_map, tensors, env)
             else:
                 number = env[arg.name]
                 if arg.kind == 'int32' and not -_INT32_MAX - 1 <= number <= _INT32_MAX:
-                    raise ValueError(f'{self.entry.kernel}: {arg.name} = {number} does not fit the kernel\'s 32-bit argument')
-                value = _SCALAR_CTYPES[arg.kind](number)
-                params[i] = ctypes.addressof(value)
-            keep_alive.append(value)
+                    raise ValueError(f"{self.entry.kernel}: {arg.name} = {number} does not fit the kernel's 32-bit argument")
+                slot.value = number
+
+    def _launch_one(self, device: int, launch: Launch, fn, grid: tuple[int, int, int], stream: int, params) -> None:
+        drv = self._driver
         block = launch.block
         if not (launch.cooperative or launch.cluster_dims or launch.pdl):
             drv.call('cuLaunchKernel', fn, *grid, *block, launch.dynamic_smem, stream, params, None)
@@ -221,17 +257,23 @@ class LoadedKernel:
         drv.call('cuLaunchKernelEx', ctypes.byref(config), fn, params, None)
 
 
-def _encode_tma(drv: _driver.Driver, recipe, tensors: Mapping[str, torch.Tensor], env: dict[str, int]):
+def _encode_tma(drv: _driver.Driver, recipe, tensor_map, tensors: Mapping[str, torch.Tensor], env: dict[str, int]) -> None:
     """Encode a tensor map for this call: the address and the dynamic dims change from call to call."""
-    storage = (ctypes.c_uint8 * (128 + 64))()  # room to place the 128-byte map on a 64-byte boundary
-    address = ctypes.addressof(storage) + (-ctypes.addressof(storage) % 64)
     rank = recipe.rank
     dims = (ctypes.c_uint64 * rank)(*(compile_expr(d)(env) for d in recipe.global_dims))
-    strides = (ctypes.c_uint64 * max(rank - 1, 1))(*(compile_expr(s)(env) for s in recipe.global_strides))
+    strides = (ctypes.c_uint64 * max(rank - 1, 1))(*(compile_expr(x)(env) for x in recipe.global_strides))
     box = (ctypes.c_uint32 * rank)(*recipe.box_dims)
     elem_strides = (ctypes.c_uint32 * rank)(*recipe.element_strides)
-    tensor_map = _driver.CUtensorMap.from_address(address)
     drv.call('cuTensorMapEncodeTiled', ctypes.byref(tensor_map), recipe.data_type, rank,
              ctypes.c_void_p(tensors[recipe.buffer].data_ptr()), dims, strides, box, elem_strides,
              recipe.interleave, recipe.swizzle, recipe.l2_promotion, recipe.oob_fill)
-    return storage
+
+
+def _current_stream_public(device: int) -> int:
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+# torch's own launchers (Triton's, Inductor's) read the raw stream and device through these; they cost
+# a fraction of a microsecond where the public wrappers build Python objects. Fall back if they vanish.
+_current_stream = getattr(torch._C, '_cuda_getCurrentRawStream', None) or _current_stream_public
+_current_device = getattr(torch._C, '_cuda_getDevice', None) or torch.cuda.current_device

@@ -62,7 +62,7 @@ def cast(
         scale = sf
         multiplier = 1.0 / sf
     q = blocks * multiplier[:, None, :, None]
-    q = q.clamp(-E4M3_MAX, E4M3_MAX).reshape(blocks.shape[0] * blocks.shape[1], -1)[:m, :k]
+    q = q.clamp(-E4M3_MAX, E4M3_MAX).reshape(blocks.shape[0] * blocks.shape[1], blocks.shape[2] * blocks.shape[3])[:m, :k]
     data = q.to(torch.float8_e4m3fn)
     return data if sf is not None else (data, scale.contiguous())
 
