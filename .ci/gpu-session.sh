@@ -10,6 +10,8 @@ WORK=/tmp/tk-work
 steps=${*:-tests bench tune cold}
 mkdir -p "$OUT" "$SITE" "$WORK"
 export PYTHONPATH=$SITE PYTHONUNBUFFERED=1
+# Kernels that exercise launch features no shipped kernel uses (TMA, cooperative, big shared memory).
+[ -d build-launch/sm_90a ] && export TILE_KERNELS_AOT_LAUNCH_TEST_DIR=$PWD/build-launch/sm_90a
 
 python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" dist/*.whl $(ls .whl/*.whl 2>/dev/null) || exit 1
 cp -r tests benchmarks pyproject.toml "$WORK"/

@@ -30,8 +30,8 @@ PER_TOKEN_CAST = KernelDecl(
     factory=per_token_cast.build,
     prebuilt=lambda: [
         dict(in_dtype=d, hidden=h, num_per_channels=128, round_sf=False, aligned=True, num_threads=t, num_vectors=n)
-        for d in ('bfloat16', 'float32') for h in (2880, 4096, 6144, 7168)
-        for t, n in ((128, 1), (128, 2), (128, 4), (256, 1), (256, 2), (64, 4))
+        for d in ('bfloat16', 'float32') for h in (576, 2880, 4096, 6144, 7168)
+        for t, n in ((128, 0), (128, 1), (128, 2), (128, 4), (128, 7), (256, 0))
     ],
     check=lambda num_threads, num_vectors, **spec: per_token_cast.check(**spec),
     pass_configs=per_token_cast.DECL.pass_configs,

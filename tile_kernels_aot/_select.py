@@ -136,9 +136,19 @@ def find_kernel(kernel: str, params: dict[str, ParamValue], device_index: int) -
         return found
 
 
-def has_spec(kernel: str, params: dict[str, ParamValue], device_index: int) -> bool:
-    info = package_for_device(device_index).manifest.kernels.get(kernel)
-    return info is not None and spec_key(info.params, params) in info.entries
+_preferred: dict[tuple, dict[str, ParamValue]] = {}
+
+
+def first_prebuilt(kernel: str, candidates: list[dict[str, ParamValue]], device_index: int) -> dict[str, ParamValue]:
+    """The first of `candidates` (best first) that is prebuilt for the device; if none is, the first
+    one, so that find_kernel reports the spec the call wanted most."""
+    memo_key = (kernel, device_index, *(tuple(c.items()) for c in candidates))
+    chosen = _preferred.get(memo_key)
+    if chosen is None:
+        info = package_for_device(device_index).manifest.kernels.get(kernel)
+        prebuilt = [c for c in candidates if info is not None and spec_key(info.params, c) in info.entries]
+        chosen = _preferred[memo_key] = (prebuilt or candidates)[0]
+    return chosen
 
 
 def prebuilt_specs(kernel: str, device_index: int = 0) -> list[dict[str, ParamValue]]:
@@ -152,3 +162,4 @@ def reset() -> None:
     installed_packages.cache_clear()
     package_for_device.cache_clear()
     _found.clear()
+    _preferred.clear()

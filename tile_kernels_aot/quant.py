@@ -76,8 +76,12 @@ def per_token_cast(
     sf = torch.empty((num_tokens, -(-hidden // num_per_channels)), dtype=torch.float32, device=x.device)
     if num_tokens == 0:
         return out, sf
-    row_bytes = x.stride(0) * x.element_size() if num_tokens > 1 else 0
-    aligned = (x.data_ptr() | row_bytes) % _VECTOR_BYTES == 0
-    params = dict(in_dtype=_IN_DTYPES[x.dtype], hidden=hidden, num_per_channels=num_per_channels, round_sf=round_sf, aligned=aligned)
-    find_kernel('quant.per_token_cast', params, device)(device, {'x': x, 'out': out, 'out_sf': sf})
+    find_kernel('quant.per_token_cast', per_token_cast_spec(x, num_per_channels, round_sf), device)(device, {'x': x, 'out': out, 'out_sf': sf})
     return out, sf
+
+
+def per_token_cast_spec(x: torch.Tensor, num_per_channels: int, round_sf: bool) -> dict:
+    """The spec that serves `x`: the 16-byte vector variant when its pointer and row stride allow it."""
+    row_bytes = x.stride(0) * x.element_size() if x.shape[0] > 1 else 0  # one row: the stride is unused
+    aligned = (x.data_ptr() | row_bytes) % _VECTOR_BYTES == 0
+    return dict(in_dtype=_IN_DTYPES[x.dtype], hidden=x.shape[1], num_per_channels=num_per_channels, round_sf=round_sf, aligned=aligned)

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from tile_kernels_aot import _checks
-from tile_kernels_aot._select import find_kernel, has_spec
+from tile_kernels_aot._select import find_kernel, first_prebuilt
 
 KERNEL = 'transpose.batched_transpose'
 # Any dtype of 1, 2 or 4 bytes: the kernel moves 32-bit words and is specialised on the element size.
@@ -50,32 +48,36 @@ def _batched_transpose(op: str, x: torch.Tensor) -> torch.Tensor:
         raise ValueError(f'{op}: x must have both transposed dimensions divisible by 64, got {num_rows} x {num_cols}')
     _checks.inner_contiguous(op, 'x', x)
     elem_bytes = x.element_size()
-    batch_stride = x.stride(0) * elem_bytes if num_batches > 1 else 0
-    row_stride = x.stride(1) * elem_bytes
-    if x.numel() and (x.data_ptr() | row_stride | batch_stride) % WORD:
+    if x.numel() and address_bits(x) % WORD:
         raise ValueError(f'{op}: x must have its data pointer and row (and batch) strides 4-byte aligned, '
                          f'got pointer {x.data_ptr():#x}, strides {x.stride()} of {elem_bytes}-byte elements')
     device = _checks.on_one_cuda_device(op, x=x)
     out = torch.empty((num_batches, num_cols, num_rows), dtype=x.dtype, device=x.device)
     if out.numel() == 0:
         return out
-    address_bits = x.data_ptr() | row_stride | batch_stride
-    alignment = min(address_bits & -address_bits, 16)  # the largest power of two dividing all three
-    params = _choose_spec(elem_bytes, alignment, num_rows % 128 == 0, num_cols % 128 == 0, device)
-    words = x.as_strided(x.shape, (batch_stride // elem_bytes, x.stride(1), 1)).view(torch.uint32)
-    find_kernel(KERNEL, params, device)(device, {'x': words, 'out': out.view(torch.uint32)})
+    # The batch stride of a single batch never addresses memory: pass 0 so that any value works.
+    words = x.as_strided(x.shape, (x.stride(0) if num_batches > 1 else 0, x.stride(1), 1)).view(torch.uint32)
+    find_kernel(KERNEL, spec_for(x), device)(device, {'x': words, 'out': out.view(torch.uint32)})
     return out
 
 
-@functools.cache
-def _choose_spec(elem_bytes: int, alignment: int, rows_128: bool, cols_128: bool, device: int) -> dict:
-    """The widest vectors the input's alignment allows, on the largest tiles its shape allows."""
+def address_bits(x: torch.Tensor) -> int:
+    """OR of the data pointer and the byte strides that address memory: its lowest set bit is the
+    alignment every access of the transpose can rely on."""
+    elem_bytes = x.element_size()
+    batch_stride = x.stride(0) * elem_bytes if x.shape[0] > 1 else 0
+    return x.data_ptr() | x.stride(1) * elem_bytes | batch_stride
+
+
+def spec_for(x: torch.Tensor) -> dict:
+    """The spec that serves a (B, M, N) input: the widest vectors its alignment allows, on the largest
+    tiles its shape allows, among the prebuilt ones."""
+    elem_bytes, (_, num_rows, num_cols) = x.element_size(), x.shape
+    bits = address_bits(x)
+    alignment = min(bits & -bits, 16)
     candidates = [
         dict(elem_bytes=elem_bytes, vec_bytes=vec_bytes, tile_m=tile_m, tile_n=tile_n)
         for vec_bytes in (16, 8, 4) if elem_bytes <= vec_bytes <= alignment
-        for tile_m, tile_n in ((128, 128), (64, 64)) if (rows_128 or tile_m == 64) and (cols_128 or tile_n == 64)
+        for tile_m, tile_n in ((128, 128), (64, 64)) if num_rows % tile_m == 0 and num_cols % tile_n == 0
     ]
-    for params in candidates:
-        if has_spec(KERNEL, params, device):
-            return params
-    return candidates[0]  # find_kernel raises SpecNotPrebuiltError for it, naming the nearest prebuilt specs
+    return first_prebuilt(KERNEL, candidates, x.device.index)

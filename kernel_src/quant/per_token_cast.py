@@ -4,12 +4,13 @@ Per block: amax = max |x|, clamped = max(amax, 1e-4), sf = clamped / 448 and the
 448 / clamped (two IEEE divisions, as upstream), or with `round_sf` sf rounded up to a power of two and
 the multiplier its exact inverse. out = e4m3_satfinite(x * multiplier).
 
-Each thread owns NUM_VECTORS 16-byte vectors of the flattened (token, padded hidden) space, all loaded
-before any arithmetic so that many loads are in flight. The lanes holding one block are adjacent in a
-warp, so the block amax is a butterfly of `lanes_per_block` shuffles and never touches shared memory.
-Rows are padded to whole blocks, so a block never straddles two tokens; the padding is masked and reads
-as zero, which cannot raise an amax. The row stride is a run-time argument; the `aligned` variant
-assumes a 16-byte aligned pointer and row stride, the other loads element by element.
+A row, padded to whole blocks, is a run of 16-byte vectors. A CTA owns `num_vectors` vectors per thread:
+a slice of one row when rows are long, several whole rows when they are short; the grid is (row groups,
+row slices), so no thread ever divides by a run-time or 64-bit quantity. All of a thread's loads are
+issued before any arithmetic. The lanes holding one block are adjacent in a warp, so the block amax is a
+butterfly of shuffles and never touches shared memory; the padding is masked and reads as zero, which
+cannot raise an amax. The row stride is a run-time argument; the `aligned` variant assumes a 16-byte
+aligned pointer and row stride, the other loads element by element.
 """
 
 from tilelang import language as T
@@ -20,7 +21,6 @@ from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
 E4M3_MAX = 448.0
 E4M3_AMAX_FLOOR = 1e-4
 NUM_THREADS = 128
-NUM_VECTORS = 4
 IN_DTYPES = {'bfloat16': 2, 'float32': 4}
 
 
@@ -33,17 +33,44 @@ def check(in_dtype: str, hidden: int, num_per_channels: int, round_sf: bool, ali
         raise ValueError(f'hidden must be a positive multiple of 16, got {hidden}')
 
 
+def vectors_per_thread(vectors_per_row: int, num_threads: int) -> int:
+    """The count in 1..8 that leaves the fewest idle vector slots per CTA; nearest 4 on a tie."""
+    def idle(n: int) -> float:
+        slots = num_threads * n
+        if vectors_per_row >= slots:
+            return 1 - vectors_per_row / (-(-vectors_per_row // slots) * slots)
+        return 1 - (slots // vectors_per_row) * vectors_per_row / slots
+    return min(range(1, 9), key=lambda n: (round(idle(n), 6), abs(n - 4)))
+
+
 def build(arch: Arch, in_dtype: str, hidden: int, num_per_channels: int, round_sf: bool, aligned: bool,
-          num_threads: int = NUM_THREADS, num_vectors: int = NUM_VECTORS) -> KernelProgram:
+          num_threads: int = NUM_THREADS, num_vectors: int = 0) -> KernelProgram:
     elems_per_vector = 16 // IN_DTYPES[in_dtype]
     lanes_per_block = num_per_channels // elems_per_vector
     padded_hidden = (hidden + num_per_channels - 1) // num_per_channels * num_per_channels
     vectors_per_row = padded_hidden // elems_per_vector
     num_blocks = (hidden + num_per_channels - 1) // num_per_channels
-    vectors_per_cta = num_threads * num_vectors
+    num_vectors = num_vectors or vectors_per_thread(vectors_per_row, num_threads)
+    slots = num_threads * num_vectors
+    rows_per_cta = max(slots // vectors_per_row, 1)
+    slices_per_row = -(-vectors_per_row // slots) if rows_per_cta == 1 else 1
 
     num_tokens = T.dynamic('num_tokens')
     row_stride = T.dynamic('row_stride')
+
+    # Row and column (in elements) of a thread's j-th vector, as plain expressions so that tilelang can
+    # prove the column is a multiple of the vector and emit 16-byte accesses.
+    def row_of(pid_row, j, tid):
+        if rows_per_cta == 1:
+            return pid_row
+        group_row = (j * num_threads + tid) // vectors_per_row
+        # Slots past the last whole row of the group get a row past the end: they are inactive.
+        return T.if_then_else(group_row < rows_per_cta, pid_row * rows_per_cta + group_row, num_tokens)
+
+    def col_of(pid_slice, j, tid):
+        if rows_per_cta == 1:
+            return (pid_slice * slots + j * num_threads + tid) * elems_per_vector
+        return (j * num_threads + tid) % vectors_per_row * elems_per_vector
 
     @T.prim_func
     def per_token_cast(
@@ -51,7 +78,7 @@ def build(arch: Arch, in_dtype: str, hidden: int, num_per_channels: int, round_s
         out: T.Tensor[(num_tokens, hidden), T.float8_e4m3fn],
         out_sf: T.Tensor[(num_tokens, num_blocks), T.float32],
     ):
-        with T.Kernel(T.ceildiv(num_tokens * vectors_per_row, vectors_per_cta), threads=num_threads) as pid:
+        with T.Kernel(T.ceildiv(num_tokens, rows_per_cta), slices_per_row, threads=num_threads) as (pid_row, pid_slice):
             if aligned:
                 T.assume(row_stride % elems_per_vector == 0)
             tid = T.get_thread_binding()
@@ -60,9 +87,7 @@ def build(arch: Arch, in_dtype: str, hidden: int, num_per_channels: int, round_s
             amax = T.alloc_local((num_vectors,), T.float32)
             multiplier = T.alloc_local((num_vectors,), T.float32)
             for j in T.unroll(num_vectors):
-                vector = T.Cast('int64', pid) * vectors_per_cta + j * num_threads + tid
-                row = vector // vectors_per_row
-                col = vector % vectors_per_row * elems_per_vector
+                row, col = row_of(pid_row, j, tid), col_of(pid_slice, j, tid)
                 if row < num_tokens and col < hidden:
                     for e in T.vectorized(elems_per_vector):
                         values[j, e] = x[row, col + e]
@@ -76,9 +101,7 @@ def build(arch: Arch, in_dtype: str, hidden: int, num_per_channels: int, round_s
                 for s in T.unroll(lanes_per_block.bit_length() - 1):
                     amax[j] = T.max(amax[j], T.shfl_xor(amax[j], lanes_per_block >> (s + 1)))
             for j in T.unroll(num_vectors):
-                vector = T.Cast('int64', pid) * vectors_per_cta + j * num_threads + tid
-                row = vector // vectors_per_row
-                col = vector % vectors_per_row * elems_per_vector
+                row, col = row_of(pid_row, j, tid), col_of(pid_slice, j, tid)
                 clamped = T.max(amax[j], T.float32(E4M3_AMAX_FLOOR))
                 sf = T.alloc_var(T.float32)
                 sf = clamped / T.float32(E4M3_MAX)
@@ -89,14 +112,12 @@ def build(arch: Arch, in_dtype: str, hidden: int, num_per_channels: int, round_s
                     multiplier[j] = T.reinterpret((T.uint32(254) - exponent) << T.uint32(23), T.float32)
                 else:
                     multiplier[j] = T.float32(E4M3_MAX) / clamped
-                if row < num_tokens and col < hidden and vector % lanes_per_block == 0:
+                if row < num_tokens and col < hidden and tid % lanes_per_block == 0:
                     out_sf[row, col // num_per_channels] = sf
             for j in T.unroll(num_vectors):
                 for e in T.unroll(elems_per_vector):
                     quantized[j, e] = T.Cast(T.float8_e4m3fn, T.Cast('float32', values[j, e]) * multiplier[j])
-                vector = T.Cast('int64', pid) * vectors_per_cta + j * num_threads + tid
-                row = vector // vectors_per_row
-                col = vector % vectors_per_row * elems_per_vector
+                row, col = row_of(pid_row, j, tid), col_of(pid_slice, j, tid)
                 if row < num_tokens and col < hidden:
                     for e in T.vectorized(elems_per_vector):
                         out[row, col + e] = quantized[j, e]

@@ -3,6 +3,7 @@ import torch
 
 import tile_kernels_aot
 from tile_kernels_aot import reference
+from tile_kernels_aot.quant import per_token_cast_spec
 
 from .helpers import TOKEN_COUNTS, assert_bitwise_equal, calc_diff, check_unbiased, installed_specs, poison_allocator
 
@@ -18,8 +19,7 @@ def input_for(spec: dict, num_tokens: int) -> torch.Tensor:
     base = torch.randn((num_tokens + 1) * (hidden + extra) + offset, device='cuda').to(dtype)
     x = base[offset:offset + num_tokens * (hidden + extra)].view(num_tokens, hidden + extra)[:, :hidden]
     if num_tokens:
-        row_bytes = x.stride(0) * x.element_size() if num_tokens > 1 else 0
-        assert ((x.data_ptr() | row_bytes) % 16 == 0) == spec['aligned'], 'the op would pick another variant'
+        assert per_token_cast_spec(x, spec['num_per_channels'], spec['round_sf']) == spec, 'the op would pick another spec'
     return x
 
 
