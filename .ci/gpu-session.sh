@@ -2,7 +2,7 @@
 # One GPU session on a machine with a GPU and no network: install the wheels built here (dist/), run
 # the GPU tests and the benchmarks from a copy of the checkout outside it (so that imports resolve to
 # the installed wheels, not to the source tree), and leave every log under $OUT.
-#   bash .ci/gpu-session.sh [tests] [bench] [tune] [cold]      (default: all four)
+#   bash .ci/gpu-session.sh [tests] [bench] [tune] [cold] [host]      (default: tests bench tune cold)
 set -uo pipefail
 OUT=${OUT:-/tmp/tk-out}
 SITE=/tmp/tk-site
@@ -30,6 +30,7 @@ for step in $steps; do
     bench) timeout 200 python3 -m benchmarks.run --decode --out "$OUT/bench.jsonl" 2>&1 | tee "$OUT/bench.log" | tail -n 40 || status=1 ;;
     tune)  [ -d "$OLDPWD/build-tune/sm_90a" ] && timeout 90 python3 -m benchmarks.tune "$OLDPWD/build-tune/sm_90a" --out "$OUT/tune.jsonl" 2>&1 | tee "$OUT/tune.log" | tail -n 60 ;;
     cold)  for i in 1 2 3; do python3 benchmarks/cold_start.py; done 2>&1 | tee "$OUT/cold_start.log" ;;
+    host)  timeout 120 python3 -m benchmarks.host_profile 2>&1 | tee "$OUT/host_profile.log" | head -n 45 ;;
   esac
 done
 exit $status

@@ -34,13 +34,19 @@ def check(in_dtype: str, hidden: int, num_per_channels: int, round_sf: bool, ali
 
 
 def vectors_per_thread(vectors_per_row: int, num_threads: int) -> int:
-    """The count in 1..8 that leaves the fewest idle vector slots per CTA; nearest 4 on a tie."""
+    """Vectors per thread (1..7) for rows of `vectors_per_row` vectors, from the H200 sweep in
+    docs/benchmarks.md: rows shorter than a CTA get one vector per thread (several rows per CTA);
+    longer rows get the count that leaves the fewest idle slots per row slice, the largest on a tie
+    (more loads in flight), as long as one slice never spans two rows."""
+    if vectors_per_row < num_threads:
+        return 1
+
     def idle(n: int) -> float:
         slots = num_threads * n
-        if vectors_per_row >= slots:
-            return 1 - vectors_per_row / (-(-vectors_per_row // slots) * slots)
-        return 1 - (slots // vectors_per_row) * vectors_per_row / slots
-    return min(range(1, 9), key=lambda n: (round(idle(n), 6), abs(n - 4)))
+        return 1 - vectors_per_row / (-(-vectors_per_row // slots) * slots)
+
+    fits = [n for n in range(1, 8) if num_threads * n < 2 * vectors_per_row]
+    return min(fits, key=lambda n: (round(idle(n), 6), -n))
 
 
 def build(arch: Arch, in_dtype: str, hidden: int, num_per_channels: int, round_sf: bool, aligned: bool,

@@ -61,6 +61,14 @@ def build(arch: Arch, elem_bytes: int, vec_bytes: int, tile_m: int, tile_n: int,
     row_stride = T.dynamic('row_stride')  # in words
     batch_stride = T.dynamic('batch_stride')  # in words
 
+    def block_origin(pid_m, pid_n, tid, t):
+        """Input row and column (in elements) of the t-th v x v block of a thread."""
+        warp_tile = tid // 32 * tiles_per_warp + t
+        lane = tid % 32
+        row = pid_m * tile_m + warp_tile // warp_tiles_n * warp_m + lane // LANES_ALONG_ROW * v
+        col = pid_n * tile_n + warp_tile % warp_tiles_n * warp_n + lane % LANES_ALONG_ROW * v
+        return row, col
+
     @T.prim_func
     def batched_transpose(
         x: T.StridedTensor[(num_batches, num_rows, row_words), (batch_stride, row_stride, 1), T.uint32],
@@ -72,14 +80,11 @@ def build(arch: Arch, elem_bytes: int, vec_bytes: int, tile_m: int, tile_n: int,
             T.assume(row_stride % vec_words == 0)
             T.assume(batch_stride % vec_words == 0)
             tid = T.get_thread_binding()
-            lane = tid % 32
             src = T.alloc_local((tiles_per_warp, v, vec_words), T.uint32)
             dst = T.alloc_local((tiles_per_warp, v, vec_words), T.uint32)
             # Issue every load of the thread before the first permute, so they are all in flight at once.
             for t in T.unroll(tiles_per_warp):
-                warp_tile = tid // 32 * tiles_per_warp + t
-                row = pid_m * tile_m + warp_tile // warp_tiles_n * warp_m + lane // LANES_ALONG_ROW * v
-                col = pid_n * tile_n + warp_tile % warp_tiles_n * warp_n + lane % LANES_ALONG_ROW * v
+                row, col = block_origin(pid_m, pid_n, tid, t)
                 for i in T.unroll(v):
                     for k in T.vectorized(vec_words):
                         src[t, i, k] = x[pid_b, row + i, col // per_word + k]
@@ -94,9 +99,7 @@ def build(arch: Arch, elem_bytes: int, vec_bytes: int, tile_m: int, tile_n: int,
                             word = word | (element << T.uint32(bits * r))
                         dst[t, j, w] = word
             for t in T.unroll(tiles_per_warp):
-                warp_tile = tid // 32 * tiles_per_warp + t
-                row = pid_m * tile_m + warp_tile // warp_tiles_n * warp_m + lane // LANES_ALONG_ROW * v
-                col = pid_n * tile_n + warp_tile % warp_tiles_n * warp_n + lane % LANES_ALONG_ROW * v
+                row, col = block_origin(pid_m, pid_n, tid, t)
                 for j in T.unroll(v):
                     for w in T.vectorized(vec_words):
                         out[pid_b, col + j, row // per_word + w] = dst[t, j, w]

@@ -1,0 +1,55 @@
+"""Where the host time of one op call goes: each layer timed alone, then a cProfile of the whole call.
+
+    python -m benchmarks.host_profile
+"""
+
+import cProfile
+import pstats
+
+import torch
+
+import tile_kernels_aot
+from tile_kernels_aot import _checks
+from tile_kernels_aot._launch import _current_stream
+from tile_kernels_aot._select import find_kernel
+
+from benchmarks.run import Timer
+
+per_call_us = Timer.host_us
+
+
+def main():
+    scores = torch.randn(1, 256, device='cuda')
+    idx = torch.empty(1, 8, dtype=torch.int64, device='cuda')
+    kernel = find_kernel('moe.topk_gate', {'num_experts': 256, 'num_topk': 8}, 0)
+    tensors = {'scores': scores, 'topk_idx': idx}
+    env = kernel._plan.bind(tensors, {})
+    kernel(0, tensors)  # loads the module and creates this thread's argument block
+    launch, fn, pack = kernel.entry.launches[0], kernel.functions(0)[0], kernel._packs.value[0]
+    rows = {
+        'torch.neg (reference point)': per_call_us(lambda: torch.neg(scores)),
+        'torch.empty(1, 8, int64)': per_call_us(lambda: torch.empty((1, 8), dtype=torch.int64, device=scores.device)),
+        'argument checks': per_call_us(lambda: (_checks.tensor('op', 'scores', scores, ndim=2, dtypes=(torch.float32,)),
+                                                _checks.integer('op', 'num_topk', 8, low=1, high=32), _checks.inner_contiguous('op', 'scores', scores),
+                                                _checks.on_one_cuda_device('op', scores=scores))),
+        'find_kernel (memoised)': per_call_us(lambda: find_kernel('moe.topk_gate', {'num_experts': 256, 'num_topk': 8}, 0)),
+        'bind': per_call_us(lambda: kernel._plan.bind(tensors, {})),
+        'grid + fill': per_call_us(lambda: (tuple(g(env) for g in kernel._grids[0]), kernel._fill(launch, pack, tensors, env))),
+        'current stream': per_call_us(lambda: _current_stream(0)),
+        'cuLaunchKernel via ctypes': per_call_us(lambda: kernel._launch_one(0, launch, fn, (1, 1, 1), _current_stream(0), pack.pointers)),
+        'LoadedKernel call': per_call_us(lambda: kernel(0, tensors)),
+        'topk_gate op': per_call_us(lambda: tile_kernels_aot.moe.topk_gate(scores, 8)),
+    }
+    for name, us in rows.items():
+        print(f'{name:32s} {us:6.2f} us')
+    profile = cProfile.Profile()
+    profile.enable()
+    for _ in range(5000):
+        tile_kernels_aot.moe.topk_gate(scores, 8)
+    profile.disable()
+    torch.cuda.synchronize()
+    pstats.Stats(profile).sort_stats('tottime').print_stats(18)
+
+
+if __name__ == '__main__':
+    main()
