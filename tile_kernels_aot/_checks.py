@@ -35,11 +35,14 @@ def inner_contiguous(op: str, name: str, t: torch.Tensor) -> None:
 
 
 def on_one_cuda_device(op: str, **tensors: torch.Tensor) -> int:
-    """The common CUDA device index of the tensors. Checked last, so shape errors show on CPU too."""
+    """The common CUDA device index of the tensors. Checked last, so shape errors show on CPU too.
+    (is_cuda and get_device() avoid building torch.device objects on this per-call path.)"""
+    index = None
     for name, t in tensors.items():
-        if t.device.type != 'cuda':
+        if not t.is_cuda:
             raise ValueError(f'{op}: {name} must be on a CUDA device, got {t.device}')
-    devices = {t.device for t in tensors.values()}
-    if len(devices) > 1:
-        raise ValueError(f'{op}: tensors must be on one device, got {", ".join(f"{k} on {t.device}" for k, t in tensors.items())}')
-    return devices.pop().index
+        if index is None:
+            index = t.get_device()
+        elif t.get_device() != index:
+            raise ValueError(f'{op}: tensors must be on one device, got {", ".join(f"{k} on {v.device}" for k, v in tensors.items())}')
+    return index

@@ -104,6 +104,12 @@ class Driver:
     def call(self, name: str, *args: Any) -> None:
         self.check(name, getattr(self, '_' + name)(*args))
 
+    def launch(self, fn: CUfunction, grid: tuple[int, int, int], block: tuple[int, int, int], smem: int, stream: int, params) -> None:
+        """cuLaunchKernel, spelled out: this is the one driver call on every op's path."""
+        code = self._cuLaunchKernel(fn, grid[0], grid[1], grid[2], block[0], block[1], block[2], smem, stream, params, None)
+        if code:
+            self.check('cuLaunchKernel', code)
+
     def version(self) -> int:
         v = ctypes.c_int()
         self.call('cuDriverGetVersion', ctypes.byref(v))

@@ -195,22 +195,21 @@ class LoadedKernel:
 
     def _launch_all(self, device: int, tensors: Mapping[str, torch.Tensor], env: dict[str, int]) -> None:
         functions = self._functions.get(device) or self.functions(device)
-        if getattr(_thread_state, 'context_checked', None) != device:
+        if _thread_state.__dict__.get('context_checked') != device:
             # A thread that never touched CUDA has no current context yet; torch binds it on set_device.
             if _driver.driver().current_context_device() is None:
                 torch.cuda.set_device(device)
             _thread_state.context_checked = device
         stream = _current_stream(device)
-        packs = getattr(self._packs, 'value', None)
+        packs = self._packs.__dict__.get('value')
         if packs is None:
             packs = self._packs.value = [_ArgPack(launch) for launch in self.entry.launches]
-        for launch, fn, grid_fns, pack in zip(self.entry.launches, functions, self._grids, packs):
-            grid = tuple(g(env) for g in grid_fns)
-            if 0 in grid:
-                continue
-            for axis, (g, limit) in enumerate(zip(grid, _MAX_GRID)):
-                if not 0 < g <= limit:
-                    raise ValueError(f'{launch.symbol}: grid dimension {axis} is {g}, outside 1..{limit}')
+        for launch, fn, (gx, gy, gz), pack in zip(self.entry.launches, functions, self._grids, packs):
+            grid = (gx(env), gy(env), gz(env))
+            if not (grid[0] and grid[1] and grid[2]):
+                continue  # an empty grid: nothing to do
+            if not (0 < grid[0] <= _MAX_GRID[0] and 0 < grid[1] <= _MAX_GRID[1] and 0 < grid[2] <= _MAX_GRID[2]):
+                raise ValueError(f'{launch.symbol}: grid {grid} is outside 1..{_MAX_GRID}')
             self._fill(launch, pack, tensors, env)
             self._launch_one(device, launch, fn, grid, stream, pack.pointers)
 
@@ -232,7 +231,7 @@ class LoadedKernel:
         drv = self._driver
         block = launch.block
         if not (launch.cooperative or launch.cluster_dims or launch.pdl):
-            drv.call('cuLaunchKernel', fn, *grid, *block, launch.dynamic_smem, stream, params, None)
+            drv.launch(fn, grid, block, launch.dynamic_smem, stream, params)
             return
         if launch.cooperative:
             per_sm = drv.max_active_blocks(fn, block[0] * block[1] * block[2], launch.dynamic_smem)

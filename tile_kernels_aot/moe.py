@@ -28,7 +28,7 @@ def topk_gate(scores: torch.Tensor, num_topk: int) -> torch.Tensor:
     _checks.integer(op, 'num_topk', num_topk, low=1, high=min(num_experts, MAX_TOPK))
     _checks.inner_contiguous(op, 'scores', scores)
     device = _checks.on_one_cuda_device(op, scores=scores)
-    topk_idx = torch.empty((num_tokens, num_topk), dtype=torch.int64, device=scores.device)
+    topk_idx = scores.new_empty((num_tokens, num_topk), dtype=torch.int64)
     if num_tokens == 0:
         return topk_idx
     kernel = find_kernel('moe.topk_gate', {'num_experts': num_experts, 'num_topk': num_topk}, device)

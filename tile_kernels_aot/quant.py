@@ -72,8 +72,8 @@ def per_token_cast(
         raise ValueError(f'{op}: x must have hidden divisible by 16, got {hidden}')
     _checks.inner_contiguous(op, 'x', x)
     device = _checks.on_one_cuda_device(op, x=x)
-    out = torch.empty((num_tokens, hidden), dtype=torch.float8_e4m3fn, device=x.device)
-    sf = torch.empty((num_tokens, -(-hidden // num_per_channels)), dtype=torch.float32, device=x.device)
+    out = x.new_empty((num_tokens, hidden), dtype=torch.float8_e4m3fn)
+    sf = x.new_empty((num_tokens, -(-hidden // num_per_channels)), dtype=torch.float32)
     if num_tokens == 0:
         return out, sf
     find_kernel('quant.per_token_cast', per_token_cast_spec(x, num_per_channels, round_sf), device)(device, {'x': x, 'out': out, 'out_sf': sf})

@@ -52,7 +52,7 @@ def _batched_transpose(op: str, x: torch.Tensor) -> torch.Tensor:
         raise ValueError(f'{op}: x must have its data pointer and row (and batch) strides 4-byte aligned, '
                          f'got pointer {x.data_ptr():#x}, strides {x.stride()} of {elem_bytes}-byte elements')
     device = _checks.on_one_cuda_device(op, x=x)
-    out = torch.empty((num_batches, num_cols, num_rows), dtype=x.dtype, device=x.device)
+    out = x.new_empty((num_batches, num_cols, num_rows))
     if out.numel() == 0:
         return out
     # The batch stride of a single batch never addresses memory: pass 0 so that any value works.
