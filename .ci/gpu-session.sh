@@ -2,7 +2,7 @@
 # One GPU session on a machine with a GPU and no network: install the wheels built here (dist/), run
 # the GPU tests and the benchmarks from a copy of the checkout outside it (so that imports resolve to
 # the installed wheels, not to the source tree), and leave every log under $OUT.
-#   bash .ci/gpu-session.sh [tests] [bench] [tune] [cold] [host]      (default: tests bench tune cold)
+#   bash .ci/gpu-session.sh [tests] [bench] [tune] [cold] [pip] [host]      (default: tests bench tune cold)
 set -uo pipefail
 OUT=${OUT:-/tmp/tk-out}
 SITE=/tmp/tk-site
@@ -30,6 +30,10 @@ for step in $steps; do
     bench) timeout 200 python3 -m benchmarks.run --decode --out "$OUT/bench.jsonl" 2>&1 | tee "$OUT/bench.log" | tail -n 40 || status=1 ;;
     tune)  [ -d "$OLDPWD/build-tune/sm_90a" ] && timeout 90 python3 -m benchmarks.tune "$OLDPWD/build-tune/sm_90a" --out "$OUT/tune.jsonl" 2>&1 | tee "$OUT/tune.log" | tail -n 60 ;;
     cold)  for i in 1 2 3; do python3 benchmarks/cold_start.py; done 2>&1 | tee "$OUT/cold_start.log" ;;
+    pip)   # The user's path, into the machine's own Python (it is thrown away after the session): pip
+           # resolves the meta package, the runtime and the arch wheels from dist/ and torch from what is installed.
+           (env -u PYTHONPATH python3 -m pip install --no-index --find-links "$OLDPWD/dist" tile-kernels-aot && cd / \
+            && env -u PYTHONPATH python3 -c 'import torch, tile_kernels_aot as tk; s = torch.randn(4, 256, device="cuda"); print("pip install ok:", tk.__file__, tk.moe.topk_gate(s, 8).tolist()[0])') 2>&1 | tee "$OUT/pip_install.log" || status=1 ;;
     host)  timeout 120 python3 -m benchmarks.host_profile 2>&1 | tee "$OUT/host_profile.log" | head -n 45 ;;
   esac
 done

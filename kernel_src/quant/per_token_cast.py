@@ -63,6 +63,7 @@ def build(arch: Arch, in_dtype: str, hidden: int, num_per_channels: int, round_s
 
     num_tokens = T.dynamic('num_tokens')
     row_stride = T.dynamic('row_stride')
+    load_loop = T.vectorized if aligned else T.unroll  # unaligned rows load element by element
 
     # Row and column (in elements) of a thread's j-th vector, as plain expressions so that tilelang can
     # prove the column is a multiple of the vector and emit 16-byte accesses.
@@ -95,7 +96,7 @@ def build(arch: Arch, in_dtype: str, hidden: int, num_per_channels: int, round_s
             for j in T.unroll(num_vectors):
                 row, col = row_of(pid_row, j, tid), col_of(pid_slice, j, tid)
                 if row < num_tokens and col < hidden:
-                    for e in T.vectorized(elems_per_vector):
+                    for e in load_loop(elems_per_vector):
                         values[j, e] = x[row, col + e]
                 else:
                     for e in T.vectorized(elems_per_vector):
