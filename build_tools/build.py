@@ -11,6 +11,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import fnmatch
+import functools
 import json
 import multiprocessing
 import os
@@ -19,10 +20,10 @@ from pathlib import Path
 
 from build_tools import ninja, wheels
 from build_tools.util import BuildError, sha256_bytes, stable_json, write_if_different
-from kernel_src.decl import ARCHS, Arch, KernelDecl
+from kernel_src.decl import Arch, KernelDecl
 from tile_kernels_aot._cubin import cubin_sm, target_sm
 from tile_kernels_aot._manifest import (
-    KernelInfo, Manifest, entry_from_plain, expr_vars, manifest_from_json, manifest_to_json,
+    KernelInfo, Manifest, entry_from_plain, manifest_from_json, manifest_to_json,
 )
 from tile_kernels_aot._version import __version__
 
@@ -122,9 +123,14 @@ def plan(args: BuildArgs) -> list[Job]:
 def kernel_sources_hash(decl: KernelDecl) -> str:
     """Hash of the sources that define a kernel's code: its family package and the shared kernel_src
     modules. models.py only decides which specs exist, so editing it re-lowers nothing."""
+    return _sources_hash(decl.factory.__module__)
+
+
+@functools.cache
+def _sources_hash(module: str) -> str:
     import importlib
 
-    family = Path(importlib.import_module(decl.factory.__module__).__file__).parent
+    family = Path(importlib.import_module(module).__file__).parent
     files = sorted(family.glob('*.py')) + sorted(p for p in KERNEL_SRC.glob('*.py') if p.name != 'models.py')
     return sha256_bytes(b''.join(f'{p.parent.name}/{p.name}'.encode() + b'\0' + p.read_bytes() for p in files))
 
@@ -135,10 +141,16 @@ def toolchain() -> dict:
     return {'tilelang': tilelang.__version__, 'nvcc': ninja.nvcc_version()}
 
 
+LOWERING_CODE = Path(__file__).with_name('lower.py')
+
+
 def job_input_hash(job: Job, sources_hash: str, tools: dict) -> str:
+    """Everything a job's .cu and launch metadata depend on: the kernel's sources, the spec, the target,
+    the pass configs, tilelang, and our own lowering code (which decides what the metadata holds)."""
     return sha256_bytes(stable_json({
         'kernel': job.decl.name, 'params': job.params, 'target': job.arch.target, 'sources': sources_hash,
         'pass_configs': dict(job.decl.pass_configs), 'tilelang': tools['tilelang'],
+        'lowering': sha256_bytes(LOWERING_CODE.read_bytes()),
     }).encode())
 
 
@@ -180,20 +192,7 @@ def _lower_stale(jobs: list[Job], build_dir: Path, n_workers: int, tools: dict, 
         raise BuildError(f'{len(failures)} kernel(s) failed to lower:\n\n' + '\n\n'.join(failures))
 
 
-def _check_launch_meta(job: Job, meta: dict) -> None:
-    bound = {e for b in meta['buffers'] for e in b['shape'] + b['strides'] if isinstance(e, str)}
-    known = bound | {s['name'] for s in meta['scalars']}
-    for b in meta['buffers']:
-        for e in b['shape'] + b['strides']:
-            if expr_vars(e) - bound:
-                raise BuildError(f'{job.label}: buffer {b["name"]} uses {sorted(expr_vars(e) - bound)}, which no buffer dim defines')
-    for launch in meta['launches']:
-        for e in launch['grid']:
-            if expr_vars(e) - known:
-                raise BuildError(f'{job.label}: grid uses unknown {sorted(expr_vars(e) - known)}')
-
-
-def write_manifests(jobs: list[Job], build_dir: Path, tools: dict, flags_by_job: dict) -> dict[str, Path]:
+def write_manifests(jobs: list[Job], build_dir: Path, tools: dict) -> dict[str, Path]:
     include_names = list(ninja.include_dirs())
     paths = {}
     for arch in sorted({j.arch for j in jobs}, key=lambda a: a.target):
@@ -201,7 +200,6 @@ def write_manifests(jobs: list[Job], build_dir: Path, tools: dict, flags_by_job:
         kernel_provenance: dict[str, dict] = {}
         for job in (j for j in jobs if j.arch == arch):
             meta = json.loads(job.path(build_dir, '.json').read_text())
-            _check_launch_meta(job, meta)
             cubin_path = job.path(build_dir, '.cubin')
             data = cubin_path.read_bytes()
             if cubin_sm(data) != target_sm(arch.target):
@@ -216,7 +214,7 @@ def write_manifests(jobs: list[Job], build_dir: Path, tools: dict, flags_by_job:
             kernel_provenance[job.decl.name] = {
                 'pass_configs': dict(job.decl.pass_configs),
                 'kernel_sources_sha256': kernel_sources_hash(job.decl),
-                'nvcc_flags': flags_by_job[job.ident] + [f'-I{name}' for name in include_names],
+                'nvcc_flags': ninja.device_flags(arch, dict(job.decl.pass_configs)) + [f'-I{name}' for name in include_names],
             }
         manifest = Manifest(
             target=arch.target, package=wheels.arch_dist_name(arch), version=__version__,
@@ -241,18 +239,14 @@ def build(args: BuildArgs) -> list[Path]:
           f'(tilelang {tools["tilelang"]}, nvcc {tools["nvcc"]})', flush=True)
     _lower_stale(jobs, build_dir, max(1, min(args.jobs, len(jobs))), tools, args.registry)
 
-    flags_by_job = {job.ident: ninja.device_flags(job.arch, dict(job.decl.pass_configs)) for job in jobs}
-    compiles = [(job.path(build_dir, '.cu'), job.path(build_dir, '.cubin'), flags_by_job[job.ident]) for job in jobs]
+    compiles = [(job.path(build_dir, '.cu'), job.path(build_dir, '.cubin'), ninja.device_flags(job.arch, dict(job.decl.pass_configs))) for job in jobs]
     ninja.write_ninja(build_dir, compiles)
     ninja.run_ninja(build_dir, args.jobs, [c[1] for c in compiles])
 
-    manifests = write_manifests(jobs, build_dir, tools, flags_by_job)
+    manifests = write_manifests(jobs, build_dir, tools)
     built: list[Path] = []
     if args.wheels:
         built = wheels.build_wheels(jobs, manifests, build_dir, Path(args.out).resolve())
     print(f'done in {time.monotonic() - start:.1f}s', flush=True)
     return built
 
-
-def all_archs() -> tuple[Arch, ...]:
-    return ARCHS

@@ -16,6 +16,7 @@ import tvm
 from tvm import tirx
 
 from kernel_src.decl import Arch, KernelDecl
+from tile_kernels_aot._manifest import expr_vars
 
 _TIR_BINARY = {
     tirx.Add: '+',
@@ -100,8 +101,8 @@ def _tma_recipes(host_func: tirx.PrimFunc, data_to_buffer: dict[str, str]) -> di
     return recipes
 
 
-def _launches(art: Any, func: tirx.PrimFunc, data_to_buffer: dict[str, str]) -> list[dict]:
-    (host_gv, host_func), = art.host_mod.functions.items()
+def _launches(art: Any, data_to_buffer: dict[str, str]) -> list[dict]:
+    ((_, host_func),) = art.host_mod.functions.items()
     if host_func.attrs and host_func.attrs.get('l2_persistent_map'):
         raise LoweringError('l2_persistent_map is not supported by the loader')
     host_text = str(host_func)
@@ -165,14 +166,25 @@ def lower(decl: KernelDecl, params: dict, arch: Arch) -> Lowered:
         art = tilelang.lower(func, target=target)
     buffers = _buffers(func, dict(program.alignment))
     data_to_buffer = {func.buffer_map[p].data.name: func.buffer_map[p].name for p in func.params if p in func.buffer_map}
-    bound = {e for b in buffers for e in b['shape'] + b['strides'] if isinstance(e, str)}
     scalars = [dict(name=p.name, kind=str(p.dtype)) for p in func.params if p not in func.buffer_map]
-    launches = _launches(art, func, data_to_buffer)
-    for launch in launches:
-        for a in launch['args']:
-            if a['kind'] in ('int32', 'int64', 'float32') and a['name'] not in bound and all(s['name'] != a['name'] for s in scalars):
-                raise LoweringError(f'{decl.name}: scalar {a["name"]} is neither a buffer dim nor a program parameter')
-    return Lowered(source=art.kernel_source, launch=dict(buffers=buffers, scalars=scalars, launches=launches))
+    launch = dict(buffers=buffers, scalars=scalars, launches=_launches(art, data_to_buffer))
+    _check_solvable(launch)
+    return Lowered(source=art.kernel_source, launch=launch)
+
+
+def _check_solvable(launch: dict) -> None:
+    """The loader reads every dynamic dim off a tensor (a bare name in some buffer's shape or stride)
+    or takes it as a scalar argument; refuse a program whose shapes, grid or arguments need anything else."""
+    bound = {e for b in launch['buffers'] for e in b['shape'] + b['strides'] if isinstance(e, str)}
+    known = bound | {s['name'] for s in launch['scalars']}
+    for b in launch['buffers']:
+        for e in b['shape'] + b['strides']:
+            if expr_vars(e) - bound:
+                raise LoweringError(f'buffer {b["name"]} uses {sorted(expr_vars(e) - bound)}, which no buffer dim defines')
+    for kernel in launch['launches']:
+        unknown = set().union(*(expr_vars(g) for g in kernel['grid'])) | {a['name'] for a in kernel['args'] if a['kind'] in ('int32', 'int64', 'float32')}
+        if unknown - known:
+            raise LoweringError(f'{kernel["symbol"]}: {sorted(unknown - known)} are neither buffer dims nor program parameters')
 
 
 def lower_job(job: tuple[str, str, dict, str]) -> tuple[str, Lowered | None, str | None]:

@@ -74,7 +74,7 @@ class _BindingPlan:
                 env[var] = strides[dim] if is_stride else shape[dim]
             for is_stride, dim, value in constants:
                 if (strides[dim] if is_stride else shape[dim]) != value and not (is_stride and shape[dim] <= 1):
-                    self._mismatch(name, is_stride, dim, value, value, shape, strides)
+                    self._mismatch(name, is_stride, dim, value, value, shape, strides)  # expr is the constant
             for is_stride, dim, fn, expr in derived:
                 expected = fn(env)
                 if (strides[dim] if is_stride else shape[dim]) != expected and not (is_stride and shape[dim] <= 1):
@@ -101,18 +101,39 @@ class _ArgPack:
     def __init__(self, launch: Launch) -> None:
         self.slots = []
         self.pointers = (ctypes.c_void_p * max(len(launch.args), 1))()
-        self.tma_slots = []
+        recipes = iter(launch.tma)
         for i, arg in enumerate(launch.args):
             if arg.kind == 'tma':
-                storage = (ctypes.c_uint8 * (128 + 64))()  # a 128-byte map placed on a 64-byte boundary
-                address = ctypes.addressof(storage) + (-ctypes.addressof(storage) % 64)
-                self.tma_slots.append((storage, _driver.CUtensorMap.from_address(address)))
-                self.slots.append(storage)
-                self.pointers[i] = address
+                slot = _TmaSlot(next(recipes))
+                self.slots.append(slot)
+                self.pointers[i] = slot.address
             else:
                 value = (ctypes.c_void_p if arg.kind == 'ptr' else _SCALAR_CTYPES[arg.kind])()
                 self.slots.append(value)
                 self.pointers[i] = ctypes.addressof(value)
+
+
+class _TmaSlot:
+    """A tensor map re-encoded on every call (the address and the dynamic dims change), kept where the
+    kernel parameter block points: 128 bytes on a 64-byte boundary."""
+
+    def __init__(self, recipe) -> None:
+        self.recipe = recipe
+        self.dims = [compile_expr(d) for d in recipe.global_dims]
+        self.strides = [compile_expr(x) for x in recipe.global_strides]
+        self.storage = (ctypes.c_uint8 * (128 + 64))()
+        self.address = ctypes.addressof(self.storage) + (-ctypes.addressof(self.storage) % 64)
+        self.tensor_map = _driver.CUtensorMap.from_address(self.address)
+
+    def encode(self, drv: _driver.Driver, tensors: Mapping[str, torch.Tensor], env: dict[str, int]) -> None:
+        r = self.recipe
+        dims = (ctypes.c_uint64 * r.rank)(*(d(env) for d in self.dims))
+        strides = (ctypes.c_uint64 * max(r.rank - 1, 1))(*(x(env) for x in self.strides))
+        box = (ctypes.c_uint32 * r.rank)(*r.box_dims)
+        elem_strides = (ctypes.c_uint32 * r.rank)(*r.element_strides)
+        drv.call('cuTensorMapEncodeTiled', ctypes.byref(self.tensor_map), r.data_type, r.rank,
+                 ctypes.c_void_p(tensors[r.buffer].data_ptr()), dims, strides, box, elem_strides,
+                 r.interleave, r.swizzle, r.l2_promotion, r.oob_fill)
 
 
 class LoadedKernel:
@@ -129,6 +150,7 @@ class LoadedKernel:
         self._lock = threading.Lock()
         self._packs = threading.local()  # argument blocks, one set per thread
         self._driver: _driver.Driver | None = None
+        self._resident_blocks: dict[tuple[int, str], int] = {}
 
     # -- loading -------------------------------------------------------------------------------
 
@@ -151,12 +173,7 @@ class LoadedKernel:
 
     def _load(self, device: int) -> list:
         drv = self._driver = _driver.driver()
-        current = drv.current_context_device()
-        if current is None:
-            torch.cuda.set_device(device)  # binds the device's primary context to this thread
-            current = drv.current_context_device()
-        if current != device:
-            raise TileKernelsAOTError(f'the current CUDA context is on device {current}, expected {device}')
+        _ensure_context(device)
         module = drv.load_module(self.image())
         functions = []
         for launch in self.entry.launches:
@@ -168,8 +185,12 @@ class LoadedKernel:
                 drv.set_function_attribute(fn, _driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, launch.dynamic_smem)
             if launch.cluster_dims and launch.cluster_dims[0] * launch.cluster_dims[1] * launch.cluster_dims[2] > 8:
                 drv.set_function_attribute(fn, _driver.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)
-            if launch.cooperative and not drv.device_attribute(_driver.CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH, device):
-                raise TileKernelsAOTError(f'{launch.symbol} needs a cooperative launch, which device {device} does not support')
+            if launch.cooperative:
+                if not drv.device_attribute(_driver.CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH, device):
+                    raise TileKernelsAOTError(f'{launch.symbol} needs a cooperative launch, which device {device} does not support')
+                # A cooperative grid must be co-resident: remember how many blocks can be, per device.
+                per_sm = drv.max_active_blocks(fn, launch.block[0] * launch.block[1] * launch.block[2], launch.dynamic_smem)
+                self._resident_blocks[(device, launch.symbol)] = per_sm * drv.device_attribute(_driver.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device)
             functions.append(fn)
         return functions
 
@@ -195,11 +216,8 @@ class LoadedKernel:
 
     def _launch_all(self, device: int, tensors: Mapping[str, torch.Tensor], env: dict[str, int]) -> None:
         functions = self._functions.get(device) or self.functions(device)
-        if _thread_state.__dict__.get('context_checked') != device:
-            # A thread that never touched CUDA has no current context yet; torch binds it on set_device.
-            if _driver.driver().current_context_device() is None:
-                torch.cuda.set_device(device)
-            _thread_state.context_checked = device
+        if _thread_state.__dict__.get('device') != device:
+            _ensure_context(device)
         stream = _current_stream(device)
         packs = self._packs.__dict__.get('value')
         if packs is None:
@@ -214,13 +232,11 @@ class LoadedKernel:
             self._launch_one(device, launch, fn, grid, stream, pack.pointers)
 
     def _fill(self, launch: Launch, pack: _ArgPack, tensors: Mapping[str, torch.Tensor], env: dict[str, int]) -> None:
-        tma = iter(zip(launch.tma, pack.tma_slots))
         for arg, slot in zip(launch.args, pack.slots):
             if arg.kind == 'ptr':
                 slot.value = tensors[arg.name].data_ptr()
             elif arg.kind == 'tma':
-                recipe, (_, tensor_map) = next(tma)
-                _encode_tma(self._driver, recipe, tensor_map, tensors, env)
+                slot.encode(self._driver, tensors, env)
             else:
                 number = env[arg.name]
                 if arg.kind == 'int32' and not -_INT32_MAX - 1 <= number <= _INT32_MAX:
@@ -234,10 +250,9 @@ class LoadedKernel:
             drv.launch(fn, grid, block, launch.dynamic_smem, stream, params)
             return
         if launch.cooperative:
-            per_sm = drv.max_active_blocks(fn, block[0] * block[1] * block[2], launch.dynamic_smem)
-            sms = drv.device_attribute(_driver.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device)
-            if grid[0] * grid[1] * grid[2] > per_sm * sms:
-                raise ValueError(f'{launch.symbol}: a cooperative grid of {grid} exceeds the {per_sm * sms} blocks that fit on device {device}')
+            resident = self._resident_blocks[(device, launch.symbol)]
+            if grid[0] * grid[1] * grid[2] > resident:
+                raise ValueError(f'{launch.symbol}: a cooperative grid of {grid} exceeds the {resident} blocks that fit on device {device} at once')
         attrs = []
         if launch.cooperative:
             a = _driver.CUlaunchAttribute(id=_driver.CU_LAUNCH_ATTRIBUTE_COOPERATIVE)
@@ -256,16 +271,16 @@ class LoadedKernel:
         drv.call('cuLaunchKernelEx', ctypes.byref(config), fn, params, None)
 
 
-def _encode_tma(drv: _driver.Driver, recipe, tensor_map, tensors: Mapping[str, torch.Tensor], env: dict[str, int]) -> None:
-    """Encode a tensor map for this call: the address and the dynamic dims change from call to call."""
-    rank = recipe.rank
-    dims = (ctypes.c_uint64 * rank)(*(compile_expr(d)(env) for d in recipe.global_dims))
-    strides = (ctypes.c_uint64 * max(rank - 1, 1))(*(compile_expr(x)(env) for x in recipe.global_strides))
-    box = (ctypes.c_uint32 * rank)(*recipe.box_dims)
-    elem_strides = (ctypes.c_uint32 * rank)(*recipe.element_strides)
-    drv.call('cuTensorMapEncodeTiled', ctypes.byref(tensor_map), recipe.data_type, rank,
-             ctypes.c_void_p(tensors[recipe.buffer].data_ptr()), dims, strides, box, elem_strides,
-             recipe.interleave, recipe.swizzle, recipe.l2_promotion, recipe.oob_fill)
+def _ensure_context(device: int) -> None:
+    """Make sure this thread's current CUDA context is `device`'s primary context (the one torch uses).
+    A thread that never touched CUDA has none yet; torch's set_device binds it."""
+    drv = _driver.driver()
+    if drv.current_context_device() is None:
+        torch.cuda.set_device(device)
+    current = drv.current_context_device()
+    if current != device:
+        raise TileKernelsAOTError(f'the current CUDA context is on device {current}, expected device {device}')
+    _thread_state.device = device
 
 
 def _current_stream_public(device: int) -> int:

@@ -50,10 +50,6 @@ class ArchPackage:
         return loaded
 
 
-def _target_of_dir(root: Path) -> str:
-    return json.loads((root / 'manifest.json').read_text())['target']
-
-
 @functools.cache
 def installed_packages() -> tuple[ArchPackage, ...]:
     """Every arch package visible to this process; directories from the environment come first."""
@@ -62,8 +58,8 @@ def installed_packages() -> tuple[ArchPackage, ...]:
         root = Path(entry)
         if not (root / 'manifest.json').is_file():
             raise FileNotFoundError(f'{KERNEL_DIRS_ENV} names {root}, which has no manifest.json')
-        target = _target_of_dir(root)
-        found.setdefault(target, ArchPackage(target, root, f'{KERNEL_DIRS_ENV} ({root})'))
+        manifest = manifest_from_json((root / 'manifest.json').read_text())  # its target says which arch it serves
+        found.setdefault(manifest.target, ArchPackage(manifest.target, root, f'{KERNEL_DIRS_ENV} ({root})', manifest))
     for target in _arch.KNOWN_TARGETS:
         root = find_arch_package(target)
         if target not in found and root is not None:
@@ -105,14 +101,19 @@ def _distance(a: dict[str, ParamValue], b: dict[str, ParamValue]) -> tuple[int, 
 
 def _not_prebuilt(package: ArchPackage, kernel: str, params: dict[str, ParamValue]) -> SpecNotPrebuiltError:
     info = package.manifest.kernels.get(kernel)
-    nearest = []
+    nearest: list[str] = []
     if info is not None:
         ranked = sorted(info.entries.values(), key=lambda e: (_distance(params, e.params), e.key))
         nearest = [e.key for e in ranked[:3]]
     spec_json = json.dumps([{'kernel': kernel, 'params': params}])
-    arch_flag = _arch.parse_target(package.target)
-    command = f'python -m build_tools --arch sm{arch_flag[0]}{arch_flag[1]} --kernels {kernel} --specs my_specs.json'
+    major, minor, _ = _arch.parse_target(package.target)
+    command = f'python -m build_tools --arch sm{major}{minor} --kernels {kernel} --specs my_specs.json'
     return SpecNotPrebuiltError(kernel, package.target, params, nearest, command, spec_json)
+
+
+def _kernel_info(kernel: str, device_index: int):
+    package = package_for_device(device_index)
+    return package, package.manifest.kernels.get(kernel)
 
 
 _found: dict[tuple, LoadedKernel] = {}
@@ -125,11 +126,8 @@ def find_kernel(kernel: str, params: dict[str, ParamValue], device_index: int) -
     if found is not None:
         return found
     with _lock:
-        package = package_for_device(device_index)
-        info = package.manifest.kernels.get(kernel)
-        if info is None:
-            raise _not_prebuilt(package, kernel, params)
-        entry = info.entries.get(spec_key(info.params, params))
+        package, info = _kernel_info(kernel, device_index)
+        entry = info.entries.get(spec_key(info.params, params)) if info is not None else None
         if entry is None:
             raise _not_prebuilt(package, kernel, params)
         found = _found[memo_key] = package.kernel(entry)
@@ -145,7 +143,7 @@ def first_prebuilt(kernel: str, candidates: list[dict[str, ParamValue]], device_
     memo_key = (kernel, device_index, *(tuple(c.items()) for c in candidates))
     chosen = _preferred.get(memo_key)
     if chosen is None:
-        info = package_for_device(device_index).manifest.kernels.get(kernel)
+        _, info = _kernel_info(kernel, device_index)
         prebuilt = [c for c in candidates if info is not None and spec_key(info.params, c) in info.entries]
         chosen = _preferred[memo_key] = (prebuilt or candidates)[0]
     return chosen
@@ -153,7 +151,7 @@ def first_prebuilt(kernel: str, candidates: list[dict[str, ParamValue]], device_
 
 def prebuilt_specs(kernel: str, device_index: int = 0) -> list[dict[str, ParamValue]]:
     """The specs of `kernel` installed for a device, in manifest order (used by tests and benchmarks)."""
-    info = package_for_device(device_index).manifest.kernels.get(kernel)
+    _, info = _kernel_info(kernel, device_index)
     return [] if info is None else [dict(e.params) for _, e in sorted(info.entries.items())]
 
 
