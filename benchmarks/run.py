@@ -117,9 +117,56 @@ def per_token_cast_case(spec, tokens):
     return f'T={tokens}', fn, nbytes(x, out, sf)
 
 
+def topk_sum_case(spec, tokens):
+    g, per_group, topk_sum, topk_groups = spec['num_groups'], spec['experts_per_group'], spec['num_topk_sum'], spec['num_topk_groups']
+    scores = torch.randn(tokens, g, per_group, device='cuda')
+    fn = lambda: tile_kernels_aot.moe.topk_sum_and_topk_group_idx(scores, topk_sum, topk_groups)  # noqa: E731
+    return f'T={tokens}', fn, nbytes(scores, fn())
+
+
+def routing_indices(tokens, num_topk=8, num_experts=256):
+    return torch.rand(tokens, num_experts, device='cuda').topk(num_topk, dim=-1).indices
+
+
+def normalize_weight_case(spec, tokens):
+    weights = torch.rand(tokens, 8, device='cuda')
+    fn = lambda: tile_kernels_aot.moe.normalize_weight(weights)  # noqa: E731
+    return f'T={tokens}, K=8', fn, nbytes(weights, *fn())
+
+
+def group_count_case(spec, tokens):
+    idx = routing_indices(tokens).to(getattr(torch, spec['index_dtype']))
+    fn = lambda: tile_kernels_aot.moe.group_count(idx, 256)  # noqa: E731
+    return f'T={tokens}, K=8, E=256', fn, nbytes(idx, fn())
+
+
+def aux_fi_case(spec, tokens):
+    idx = routing_indices(tokens).to(getattr(torch, spec['index_dtype']))
+    fn = lambda: tile_kernels_aot.moe.aux_fi(idx, 256, 8)  # noqa: E731
+    return f'T={tokens}, K=8, E=256', fn, nbytes(idx, fn())
+
+
+def unique_case(spec, tokens):
+    idx = (routing_indices(tokens) // 32).to(getattr(torch, spec['index_dtype']))  # group ids, with repeats
+    fn = lambda: tile_kernels_aot.moe.inplace_unique_group_indices(idx, 8)  # noqa: E731
+    return f'T={tokens}, K=8, G=8', fn, 2 * nbytes(idx)
+
+
+def mask_by_tp_case(spec, tokens):
+    idx = routing_indices(tokens).to(getattr(torch, spec['index_dtype']))
+    fn = lambda: tile_kernels_aot.moe.mask_indices_by_tp(idx, 256, 8, 1, 2)  # noqa: E731
+    return f'T={tokens}, K=8', fn, nbytes(idx, fn())
+
+
 CASES = {
     'transpose.batched_transpose': transpose_case,
     'moe.topk_gate': topk_case,
+    'moe.topk_sum_and_topk_group_idx': topk_sum_case,
+    'moe.normalize_weight': normalize_weight_case,
+    'moe.group_count': group_count_case,
+    'moe.aux_fi': aux_fi_case,
+    'moe.inplace_unique_group_indices': unique_case,
+    'moe.mask_indices_by_tp': mask_by_tp_case,
     'quant.per_token_cast': per_token_cast_case,
 }
 

@@ -122,7 +122,8 @@ def plan(args: BuildArgs) -> list[Job]:
 
 def kernel_sources_hash(decl: KernelDecl) -> str:
     """Hash of the sources that define a kernel's code: its family package and the shared kernel_src
-    modules. models.py only decides which specs exist, so editing it re-lowers nothing."""
+    modules. models.py and registry.py only decide which specs and kernels exist, so editing them
+    re-lowers nothing."""
     return _sources_hash(decl.factory.__module__)
 
 
@@ -131,7 +132,7 @@ def _sources_hash(module: str) -> str:
     import importlib
 
     family = Path(importlib.import_module(module).__file__).parent
-    files = sorted(family.glob('*.py')) + sorted(p for p in KERNEL_SRC.glob('*.py') if p.name != 'models.py')
+    files = sorted(family.glob('*.py')) + sorted(p for p in KERNEL_SRC.glob('*.py') if p.name not in ('models.py', 'registry.py'))
     return sha256_bytes(b''.join(f'{p.parent.name}/{p.name}'.encode() + b'\0' + p.read_bytes() for p in files))
 
 

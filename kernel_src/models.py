@@ -21,12 +21,13 @@ class MoEModel:
     scoring: str = 'softmax'
     num_shared_experts: int = 0
     routed_scaling_factor: float = 1.0
+    group_topk_sum: int = 0  # how a group is scored for group-limited routing: its top-1 (1) or top-2 sum (2)
 
 
 MODELS: tuple[MoEModel, ...] = (
-    MoEModel('DeepSeek-V3', 7168, 256, 8, 2048, 8, 4, 'sigmoid', 1, 2.5),
-    MoEModel('DeepSeek-V3.2', 7168, 256, 8, 2048, 8, 4, 'sigmoid', 1, 2.5),
-    MoEModel('DeepSeek-V2', 5120, 160, 6, 1536, 8, 3, 'softmax', 2, 16.0),
+    MoEModel('DeepSeek-V3', 7168, 256, 8, 2048, 8, 4, 'sigmoid', 1, 2.5, group_topk_sum=2),  # noaux_tc
+    MoEModel('DeepSeek-V3.2', 7168, 256, 8, 2048, 8, 4, 'sigmoid', 1, 2.5, group_topk_sum=2),
+    MoEModel('DeepSeek-V2', 5120, 160, 6, 1536, 8, 3, 'softmax', 2, 16.0, group_topk_sum=1),  # group_limited_greedy
     MoEModel('DeepSeek-V2-Lite', 2048, 64, 6, 1408, 1, 1, 'softmax', 2, 1.0),
     MoEModel('Kimi-K2', 7168, 384, 8, 2048, 1, 1, 'sigmoid', 1, 2.827),
     MoEModel('Qwen3-30B-A3B', 2048, 128, 8, 768),
@@ -46,8 +47,22 @@ UPSTREAM_TOPK_GATE: tuple[tuple[int, int], ...] = (
 )
 
 
+# topk_sum_and_topk_group_idx in upstream's tests: experts {72, 256} x groups {4, 8, 12, 16} (where they
+# divide) x top-1/top-2 sums x {2, 4} groups kept.
+UPSTREAM_GROUP_GATE: tuple[tuple[int, int, int, int], ...] = tuple(
+    (g, e // g, s, k) for e in (72, 256) for g in (4, 8, 12, 16) if e % g == 0 for s in (1, 2) for k in (2, 4)
+)
+
+
 def hidden_sizes() -> list[int]:
     return sorted({m.hidden for m in MODELS} | set(UPSTREAM_HIDDEN_SIZES))
+
+
+def group_gate_shapes() -> list[tuple[int, int, int, int]]:
+    """(groups, experts per group, top-k summed, groups kept) of every model with group-limited routing."""
+    ours = {(m.num_groups, m.num_experts // m.num_groups, m.group_topk_sum, m.num_topk_groups)
+            for m in MODELS if m.num_groups > 1 and m.num_topk_groups < m.num_groups}
+    return sorted(ours | set(UPSTREAM_GROUP_GATE))
 
 
 def gate_shapes() -> list[tuple[int, int]]:

@@ -63,3 +63,10 @@ def test_every_declared_kernel_has_valid_unique_specs():
         assert len(set(stems)) == len(stems), f'{decl.name}: two specs share a file name'
         for s in specs:
             assert parse_spec_key(decl.params, decl.key(s)) == s
+
+
+def test_every_kernel_has_a_benchmark_case():
+    from benchmarks.run import CASES
+    from kernel_src.registry import DECLS
+
+    assert set(CASES) == set(DECLS)

@@ -4,7 +4,13 @@ Also importable as ``tile_kernels_aot.torch``, the name upstream TileKernels use
 """
 
 from tile_kernels_aot.reference.cast import cast, cast_back
+from tile_kernels_aot.reference.moe import (
+    aux_fi, group_count, inplace_unique_group_indices, mask_indices_by_tp, normalize_weight, topk_sum_and_topk_group_idx,
+)
 from tile_kernels_aot.reference.topk import stable_topk
 from tile_kernels_aot.reference.transpose import batched_transpose, transpose
 
-__all__ = ['batched_transpose', 'cast', 'cast_back', 'stable_topk', 'transpose']
+__all__ = [
+    'aux_fi', 'batched_transpose', 'cast', 'cast_back', 'group_count', 'inplace_unique_group_indices', 'mask_indices_by_tp',
+    'normalize_weight', 'stable_topk', 'topk_sum_and_topk_group_idx', 'transpose',
+]

@@ -1,0 +1,32 @@
+"""Run-time configuration shared with upstream TileKernels: the SM count that persistent grids use.
+
+Kernels that loop over tokens with a fixed grid (group_count, aux_fi) size it as 2 x the SM count at
+every call; it is a launch argument, not baked into the binary, so set_num_sms takes effect at once and
+one binary serves GPUs of any size. Results do not depend on it.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+_num_sms = 0
+
+
+@functools.cache
+def get_device_num_sms(device: int | None = None) -> int:
+    index = torch.cuda.current_device() if device is None else device
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def set_num_sms(num_sms: int) -> None:
+    """Use `num_sms` SMs for persistent grids (0 restores the device's own count)."""
+    global _num_sms
+    if isinstance(num_sms, bool) or not isinstance(num_sms, int) or num_sms < 0:
+        raise ValueError(f'set_num_sms: num_sms must be a non-negative int, got {num_sms!r}')
+    _num_sms = num_sms
+
+
+def get_num_sms(device: int | None = None) -> int:
+    return _num_sms or get_device_num_sms(device)
