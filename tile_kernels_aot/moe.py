@@ -59,7 +59,8 @@ def topk_sum_and_topk_group_idx(scores: torch.Tensor, num_topk_sum: int, num_top
     _checks.integer(op, 'num_groups (scores.shape[1])', num_groups, low=1, high=MAX_GATE_GROUPS)
     _checks.integer(op, 'num_topk_sum', num_topk_sum, low=1, high=min(2, per_group))
     _checks.integer(op, 'num_topk_groups', num_topk_groups, low=1, high=num_groups)
-    if per_group > 1 and (scores.stride(2) != 1 or scores.stride(1) != per_group):
+    # The kernel reads row t as one run of num_groups * per_group scores.
+    if (num_groups > 1 and scores.stride(1) != per_group) or (per_group > 1 and scores.stride(2) != 1):
         raise ValueError(f'{op}: scores must be contiguous in its last two dimensions, got strides {scores.stride()}')
     device = _checks.on_one_cuda_device(op, scores=scores)
     out = scores.new_empty((num_tokens, num_topk_groups), dtype=torch.int64)

@@ -124,3 +124,9 @@ def test_ops_validate_before_touching_a_device():
         tk.quant.per_token_cast(torch.zeros(4, 128, dtype=torch.bfloat16), 'e4m3', 100)
     with pytest.raises(TypeError, match='per_token_cast: x must be a torch.Tensor, got list'):
         tk.quant.per_token_cast([1.0], 'e4m3', 128)
+    with pytest.raises(ValueError, match='scores must be contiguous in its last two dimensions'):
+        tk.moe.topk_sum_and_topk_group_idx(torch.randn(4, 8, 32).transpose(1, 2), 2, 4)
+    with pytest.raises(ValueError, match='topk_sum_and_topk_group_idx: scores must be on a CUDA device'):
+        tk.moe.topk_sum_and_topk_group_idx(torch.randn(4, 8, 32), 2, 4)
+    with pytest.raises(ValueError, match='group_count: group_idx must be on a CUDA device'):
+        tk.moe.group_count(torch.zeros(4, 8, dtype=torch.int64), 256)
