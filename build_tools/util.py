@@ -16,10 +16,6 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def sha256_file(path: Path) -> str:
-    return sha256_bytes(Path(path).read_bytes())
-
-
 def stable_json(obj: object) -> str:
     return json.dumps(obj, sort_keys=True, separators=(',', ':'))
 

@@ -27,10 +27,6 @@ class Arch:
         return int(self.target[3:].rstrip('af'))
 
     @property
-    def major(self) -> int:
-        return self.sm // 10
-
-    @property
     def cli_name(self) -> str:
         return f'sm{self.sm}'
 

@@ -57,7 +57,6 @@ class CUtensorMap(ctypes.Structure):
 
 _SIGNATURES: dict[str, tuple[Any, ...]] = {
     'cuInit': (ctypes.c_uint,),
-    'cuDriverGetVersion': (ctypes.POINTER(ctypes.c_int),),
     'cuGetErrorName': (CUresult, ctypes.POINTER(ctypes.c_char_p)),
     'cuGetErrorString': (CUresult, ctypes.POINTER(ctypes.c_char_p)),
     'cuCtxGetCurrent': (ctypes.POINTER(CUcontext),),
@@ -109,11 +108,6 @@ class Driver:
         code = self._cuLaunchKernel(fn, grid[0], grid[1], grid[2], block[0], block[1], block[2], smem, stream, params, None)
         if code:
             self.check('cuLaunchKernel', code)
-
-    def version(self) -> int:
-        v = ctypes.c_int()
-        self.call('cuDriverGetVersion', ctypes.byref(v))
-        return v.value
 
     def current_context_device(self) -> int | None:
         ctx = CUcontext()
