@@ -15,13 +15,12 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.run import Timer, copy_bandwidth, nbytes
+from benchmarks.run import DTYPE_OF_SIZE, Timer, copy_bandwidth, nbytes
 from tile_kernels_aot import reference
 from tile_kernels_aot._launch import LoadedKernel
 from tile_kernels_aot._manifest import manifest_from_json
 
 TOKENS = 8192
-DTYPE_OF_SIZE = {1: torch.float8_e4m3fn, 2: torch.bfloat16, 4: torch.float32}
 
 
 def transpose_inputs(p):

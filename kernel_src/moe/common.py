@@ -1,5 +1,7 @@
 """What several MoE kernels share."""
 
+from kernel_src.decl import param
+
 INDEX_DTYPES = ('int64', 'int32')  # expert / group index tensors, as torch gives them
 
 
@@ -10,3 +12,6 @@ def check_index_dtype(index_dtype: str) -> None:
 
 def index_dtype_specs() -> list[dict]:
     return [{'index_dtype': d} for d in INDEX_DTYPES]
+
+
+INDEX_DTYPE_PARAMS = (param('index_dtype', 'str', ''),)  # the spec schema of kernels specialised on it alone

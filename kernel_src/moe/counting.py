@@ -12,8 +12,8 @@ run-time arguments: one binary serves every model and every GPU size.
 from tilelang import language as T
 from tvm import tirx  # after tilelang, which puts its bundled tvm on the path
 
-from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
-from kernel_src.moe.common import check_index_dtype, index_dtype_specs
+from kernel_src.decl import Arch, KernelDecl, KernelProgram
+from kernel_src.moe.common import INDEX_DTYPE_PARAMS, check_index_dtype, index_dtype_specs
 
 THREADS = 128
 MAX_BINS = 1024
@@ -82,8 +82,7 @@ def build_aux_fi(arch: Arch, index_dtype: str) -> KernelProgram:
     return KernelProgram(aux_fi, alignment={'topk_idx': 4, 'counts': 4, 'out': 4})
 
 
-PARAMS = (param('index_dtype', 'str', ''),)
 PASS_CONFIGS = {'tl.disable_warp_specialized': True}
 
-GROUP_COUNT = KernelDecl('moe.group_count', PARAMS, build_group_count, index_dtype_specs, check_index_dtype, PASS_CONFIGS)
-AUX_FI = KernelDecl('moe.aux_fi', PARAMS, build_aux_fi, index_dtype_specs, check_index_dtype, PASS_CONFIGS)
+GROUP_COUNT = KernelDecl('moe.group_count', INDEX_DTYPE_PARAMS, build_group_count, index_dtype_specs, check_index_dtype, PASS_CONFIGS)
+AUX_FI = KernelDecl('moe.aux_fi', INDEX_DTYPE_PARAMS, build_aux_fi, index_dtype_specs, check_index_dtype, PASS_CONFIGS)

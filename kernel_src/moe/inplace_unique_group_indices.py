@@ -9,8 +9,8 @@ One thread per token keeps the indices seen so far as a bitmask of WORDS 64-bit 
 from tilelang import language as T
 from tvm import tirx  # after tilelang, which puts its bundled tvm on the path
 
-from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
-from kernel_src.moe.common import check_index_dtype, index_dtype_specs
+from kernel_src.decl import Arch, KernelDecl, KernelProgram
+from kernel_src.moe.common import INDEX_DTYPE_PARAMS, check_index_dtype, index_dtype_specs
 
 THREADS = 128
 WORDS = 16  # groups up to 1024
@@ -48,7 +48,7 @@ def build(arch: Arch, index_dtype: str) -> KernelProgram:
 
 DECL = KernelDecl(
     name='moe.inplace_unique_group_indices',
-    params=(param('index_dtype', 'str', ''),),
+    params=INDEX_DTYPE_PARAMS,
     factory=build,
     prebuilt=index_dtype_specs,
     check=check_index_dtype,

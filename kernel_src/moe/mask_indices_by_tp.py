@@ -8,8 +8,8 @@ four rank parameters are run-time arguments.
 
 from tilelang import language as T
 
-from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
-from kernel_src.moe.common import check_index_dtype, index_dtype_specs
+from kernel_src.decl import Arch, KernelDecl, KernelProgram
+from kernel_src.moe.common import INDEX_DTYPE_PARAMS, check_index_dtype, index_dtype_specs
 
 THREADS = 128
 
@@ -46,7 +46,7 @@ def build(arch: Arch, index_dtype: str) -> KernelProgram:
 
 DECL = KernelDecl(
     name='moe.mask_indices_by_tp',
-    params=(param('index_dtype', 'str', ''),),
+    params=INDEX_DTYPE_PARAMS,
     factory=build,
     prebuilt=index_dtype_specs,
     check=check_index_dtype,
