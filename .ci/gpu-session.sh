@@ -2,38 +2,48 @@
 # One GPU session on a machine with a GPU and no network: install the wheels built here (dist/), run
 # the GPU tests and the benchmarks from a copy of the checkout outside it (so that imports resolve to
 # the installed wheels, not to the source tree), and leave every log under $OUT.
-#   bash .ci/gpu-session.sh [tests] [bench] [tune] [cold] [pip] [host]      (default: tests bench tune cold)
+#   bash .ci/gpu-session.sh [tests] [bench] [tune] [cold] [pip] [host] [upstream] [profile]   (default: tests bench tune cold)
 set -uo pipefail
 OUT=${OUT:-/tmp/tk-out}
 SITE=/tmp/tk-site
 WORK=/tmp/tk-work
 steps=${*:-tests bench tune cold}
+DIST=${DIST:-dist}          # the wheels to install
+TESTS=${TESTS:-tests/gpu}   # pytest selection
+KERNELS=${KERNELS:-*}       # benchmark selection (a glob over kernel names)
 mkdir -p "$OUT" "$SITE" "$WORK"
 export PYTHONPATH=$SITE PYTHONUNBUFFERED=1
 # Kernels that exercise launch features no shipped kernel uses (TMA, cooperative, big shared memory).
 [ -d build-launch/sm_90a ] && export TILE_KERNELS_AOT_LAUNCH_TEST_DIR=$PWD/build-launch/sm_90a
 
-python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" dist/*.whl $(ls .whl/*.whl 2>/dev/null) || exit 1
+python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" $DIST/*.whl $(ls .whl/*.whl 2>/dev/null) || exit 1
 cp -r tests benchmarks pyproject.toml "$WORK"/
 {
   date -u +%Y-%m-%dT%H:%M:%SZ
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader
   python3 -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda)'
-  ls dist
+  ls $DIST
 } | tee "$OUT/environment.txt"
 
 status=0
 cd "$WORK"
 for step in $steps; do
   case $step in
-    tests) timeout 300 python3 -m pytest tests/gpu -q -p no:cacheprovider -rfEs --junitxml="$OUT/junit.xml" 2>&1 | tee "$OUT/pytest.log" | tail -n 25 || status=1 ;;
-    bench) timeout 200 python3 -m benchmarks.run --decode --out "$OUT/bench.jsonl" 2>&1 | tee "$OUT/bench.log" | tail -n 40 || status=1 ;;
+    tests) timeout 300 python3 -m pytest $TESTS -q -p no:cacheprovider -rfEs --junitxml="$OUT/junit.xml" 2>&1 | tee "$OUT/pytest.log" | tail -n 25 || status=1 ;;
+    bench) timeout 200 python3 -m benchmarks.run --decode --kernels "$KERNELS" --out "$OUT/bench.jsonl" 2>&1 | tee "$OUT/bench.log" | tail -n 40 || status=1 ;;
     tune)  [ -d "$OLDPWD/build-tune/sm_90a" ] && timeout 90 python3 -m benchmarks.tune "$OLDPWD/build-tune/sm_90a" --out "$OUT/tune.jsonl" 2>&1 | tee "$OUT/tune.log" | tail -n 60 ;;
     cold)  for i in 1 2 3; do python3 benchmarks/cold_start.py; done 2>&1 | tee "$OUT/cold_start.log" ;;
     pip)   # The user's path, into the machine's own Python (it is thrown away after the session): pip
            # resolves the meta package, the runtime and the arch wheels from dist/ and torch from what is installed.
-           (env -u PYTHONPATH python3 -m pip install --no-index --find-links "$OLDPWD/dist" tile-kernels-aot && cd / \
+           (env -u PYTHONPATH python3 -m pip install --no-index --find-links "$OLDPWD/$DIST" tile-kernels-aot && cd / \
             && env -u PYTHONPATH python3 -c 'import torch, tile_kernels_aot as tk; s = torch.randn(4, 256, device="cuda"); print("pip install ok:", tk.__file__, tk.moe.topk_gate(s, 8).tolist()[0])') 2>&1 | tee "$OUT/pip_install.log" || status=1 ;;
+    upstream) # Upstream TileKernels (JIT) on the same inputs, from the pack of ../shared/tools/pack-upstream-for-device.sh.
+           mkdir -p /tmp/tk-up && tar -xJf "$OLDPWD/.upstream/tk-upstream.tar.xz" -C /tmp/tk-up \
+           && PYTHONPATH=$SITE:/tmp/tk-up CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} TILELANG_CACHE_DIR=/tmp/tlcache TILELANG_PRINT_ON_COMPILATION=0 \
+              timeout 300 python3 -m benchmarks.upstream --kernels "$KERNELS" --out "$OUT/upstream.jsonl" 2>&1 | grep -v '^\[' | tee "$OUT/upstream.log" | tail -n 30 || status=1 ;;
+    profile) # per-launch device times, ours and upstream's (needs the upstream step's unpacked /tmp/tk-up)
+           PYTHONPATH=$SITE:/tmp/tk-up CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} TILELANG_CACHE_DIR=/tmp/tlcache TILELANG_PRINT_ON_COMPILATION=0 \
+              timeout 200 python3 -m benchmarks.profile_kernels --kernels "$KERNELS" 2>&1 | grep -v '^\[' | tee "$OUT/profile.log" | tail -n 40 ;;
     host)  timeout 120 python3 -m benchmarks.host_profile 2>&1 | tee "$OUT/host_profile.log" | head -n 45 ;;
   esac
 done

@@ -1,4 +1,4 @@
-"""Markdown tables from one GPU session's logs (bench.jsonl, cold_start.log), for docs/.
+"""Markdown tables from one GPU session's logs (bench.jsonl, upstream.jsonl, cold_start.log), for docs/.
 
     python benchmarks/report.py RUN_DIR > table.md
 """
@@ -33,6 +33,19 @@ def main(run_dir: str) -> None:
                 line += ' ' + ' / '.join(f'{d[t]["graph_us"]:.1f}' for t in sorted(d, key=int)) + ' |'
                 line += ' ' + ' / '.join(f'{d[t]["host_us"]:.1f}' for t in sorted(d, key=int)) + ' |'
             print(line)
+        print()
+    upstream = root / 'upstream.jsonl'
+    if upstream.exists():
+        up = [json.loads(line) for line in upstream.read_text().splitlines()]
+        print(f'### Against upstream TileKernels v1 (JIT), same inputs, same process (upstream import {up[0]["upstream_import_s"]:.1f} s)\n')
+        print('| kernel | shape | same result | ours (us) | upstream (us) | ours / upstream | upstream first call (s) |')
+        print('|' + ' --- |' * 7)
+        for r in up[1:]:
+            if 'error' in r:
+                print(f'| {r["kernel"]} | | failed: {r["error"].splitlines()[0][:120]} | | | | |')
+                continue
+            print(f'| {r["kernel"]} | {r["shape"]} | {"yes" if r["same_result"] else "**no**"} | {r["ours_us"]:.1f} | '
+                  f'{r["upstream_us"]:.1f} | {r["ours_us"] / r["upstream_us"]:.2f} | {r["upstream_first_call_s"]:.2f} |')
         print()
     cold = root / 'cold_start.log'
     if cold.exists():

@@ -107,14 +107,32 @@ def topk_case(spec, tokens):
     return f'T={tokens}', lambda: tile_kernels_aot.moe.topk_gate(scores, spec['num_topk']), nbytes(scores, out)
 
 
+def _cast_config(spec):
+    """Upstream's benchmark configurations: e4m3 with 128 and e2m1 with 32 channels per scale factor (or
+    one per row), row-major float32 scale factors, or column-major packed UE8M0 ones with round_sf."""
+    npc = 7168 if spec.get('per_row') else 128 if spec['fmt'] == 'e4m3' else 32
+    packed = spec['sf_format'] == 'ue8m0'
+    return npc, dict(use_tma_aligned_col_major_sf=packed, round_sf=packed, use_packed_ue8m0=packed)
+
+
 def per_token_cast_case(spec, tokens):
     dtype = {'bfloat16': torch.bfloat16, 'float32': torch.float32}[spec['in_dtype']]
     extra = 0 if spec['aligned'] else 1
     # The unaligned variant serves inputs whose pointer or row stride is not a multiple of 16 bytes.
-    x = torch.randn(tokens, spec['hidden'] + extra, device='cuda').to(dtype)[:, extra:]
-    fn = lambda: tile_kernels_aot.quant.per_token_cast(x, 'e4m3', spec['num_per_channels'], round_sf=spec['round_sf'])  # noqa: E731
+    x = torch.randn(tokens, 7168 + extra, device='cuda').to(dtype)[:, extra:]
+    npc, flags = _cast_config(spec)
+    fn = lambda: tile_kernels_aot.quant.per_token_cast(x, spec['fmt'], npc, **flags)  # noqa: E731
     out, sf = fn()
-    return f'T={tokens}', fn, nbytes(x, out, sf)
+    return f'T={tokens}, H=7168, {npc} per sf', fn, nbytes(x, out, sf)
+
+
+def cast_back_case(spec, tokens):
+    x = torch.randn(tokens, 7168, device='cuda', dtype=torch.bfloat16)
+    npc, flags = _cast_config(spec)
+    q = tile_kernels_aot.quant.per_token_cast(x, spec['fmt'], npc, **flags)
+    out_fmt = {'bfloat16': 'bf16', 'float32': 'fp32'}[spec['out_dtype']]
+    fn = lambda: tile_kernels_aot.quant.per_token_cast_back(q, out_fmt, npc)  # noqa: E731
+    return f'T={tokens}, H=7168, {npc} per sf', fn, nbytes(*q, fn())
 
 
 def topk_sum_case(spec, tokens):
@@ -122,6 +140,20 @@ def topk_sum_case(spec, tokens):
     scores = torch.randn(tokens, g, per_group, device='cuda')
     fn = lambda: tile_kernels_aot.moe.topk_sum_and_topk_group_idx(scores, topk_sum, topk_groups)  # noqa: E731
     return f'T={tokens}', fn, nbytes(scores, fn())
+
+
+def top2_sum_gate_case(spec, tokens):
+    """Sigmoid scoring with everything a DeepSeek-V3 deployment passes: a token mask, one shared expert
+    as a routed slot through a replica map with 32 extra experts, EP 4 x TP 2 seen from TP rank 1."""
+    e, k = spec['num_experts'], spec['num_topk']
+    shared = 1 if e % k == 0 else 0
+    logits, bias = torch.randn(tokens, e, device='cuda'), torch.randn(e, device='cuda')
+    physical_map = torch.arange(e + shared, dtype=torch.int32, device='cuda')[:, None].repeat(1, 33)
+    counts = torch.ones(e + shared, dtype=torch.int32, device='cuda')
+    mask = torch.ones(tokens, dtype=torch.bool, device='cuda')
+    args = (logits, bias, k, spec['num_topk_groups'], spec['num_groups'], shared > 0, shared, 2.5, 0, 4, 1, 2, 'sigmoid')
+    fn = lambda: tile_kernels_aot.moe.top2_sum_gate(*args, mask=mask, to_physical_map=physical_map, logical_count=counts)  # noqa: E731
+    return f'T={tokens}', fn, nbytes(logits, bias, mask, *fn())
 
 
 def routing_indices(tokens, num_topk=8, num_experts=256):
@@ -158,16 +190,181 @@ def mask_by_tp_case(spec, tokens):
     return f'T={tokens}, K=8', fn, nbytes(idx, fn())
 
 
+
+def _fused_routing(tokens, num_topk=8, num_experts=256, alignment=128):
+    idx = routing_indices(tokens, num_topk, num_experts)
+    p2e, _, _, t2p, *_ = tile_kernels_aot.moe.get_fused_mapping(idx, num_experts, 0, alignment)
+    return idx, p2e, t2p
+
+
+def fused_mapping_case(spec, tokens):
+    idx = routing_indices(tokens).to(getattr(torch, spec['index_dtype']))
+    # With the host sync that trims the outputs, as upstream times it; decode sizes skip it, since
+    # they are timed inside a captured CUDA graph.
+    no_sync = tokens in DECODE_TOKENS
+    fn = lambda: tile_kernels_aot.moe.get_fused_mapping(idx, 256, 0, 128, force_no_sync=no_sync)  # noqa: E731
+    return f'T={tokens}, K=8, E=256, align 128' + (', no sync' if no_sync else ''), fn, nbytes(idx, *fn()[:7])
+
+
+def expand_case(spec, tokens):
+    dtype = DTYPE_OF_SIZE[spec['elem_bytes']]
+    _, p2e, t2p = _fused_routing(tokens)
+    extra = 0 if spec['aligned'] else 1  # the unaligned spec serves rows off 16-byte boundaries
+    x = torch.randn(tokens, 7168 + extra, device='cuda').to(dtype)[:, extra:]
+    fn = lambda: tile_kernels_aot.moe.expand_to_fused(x, t2p, p2e)  # noqa: E731
+    return f'T={tokens}, H=7168, K=8, E=256', fn, nbytes(x, t2p, p2e, fn())
+
+
+def reduce_case(spec, tokens):
+    dtype = {'bfloat16': torch.bfloat16, 'float32': torch.float32}[spec['in_dtype']]
+    fp8_format = '' if spec['out_dtype'] == 'same' else 'e4m3'
+    _, p2e, t2p = _fused_routing(tokens)
+    x = torch.randn(p2e.shape[0], 7168, device='cuda').to(dtype)
+    weights = torch.rand(t2p.shape, device='cuda')
+    fn = lambda: tile_kernels_aot.moe.reduce_fused(x, weights, t2p, fp8_format)  # noqa: E731
+    read = int((t2p >= 0).sum()) * 7168 * x.element_size()  # only routed rows are read
+    return f'T={tokens}, H=7168, K=8, weights', fn, read + nbytes(t2p, weights, fn())
+
+
+def _swiglu_layout(rows, num_topk=8):
+    """Every one of `rows` fused rows routed, for rows // num_topk tokens: (pos_to_token_topk, weights,
+    pos_to_expert, token_topk_to_pos)."""
+    tokens = max(-(-rows // num_topk), 1)
+    p2tt = torch.arange(rows, dtype=torch.int32, device='cuda')
+    t2p = torch.full((tokens, num_topk), -1, dtype=torch.int32, device='cuda')
+    t2p.view(-1)[:rows] = p2tt
+    return p2tt, torch.rand(tokens, num_topk, device='cuda'), torch.zeros(rows, dtype=torch.int32, device='cuda'), t2p
+
+
+def swiglu_forward_case(spec, tokens):
+    """DeepSeek-V3's expert width (2048), weights, pos_to_expert, clamp 10 with counters: the full path."""
+    dtype = {'bfloat16': torch.bfloat16, 'float32': torch.float32}[spec['in_dtype']]
+    hidden = 2048
+    npc = hidden if spec['per_row'] else 128
+    packed = spec['sf_format'] == 'ue8m0'
+    x = torch.randn(tokens, 2 * hidden, device='cuda').to(dtype)
+    p2tt, weights, p2e, _ = _swiglu_layout(tokens)
+    count = torch.zeros(3, dtype=torch.int64, device='cuda')
+    fn = lambda: tile_kernels_aot.quant.swiglu_forward_and_per_token_cast(  # noqa: E731
+        x, 'e4m3', npc, p2tt, weights, p2e, use_tma_aligned_col_major_sf=packed, round_sf=True, use_packed_ue8m0=packed,
+        swiglu_clamp_value=10.0, clamped_count=count)
+    return f'T={tokens}, H={hidden}, npc={npc}', fn, nbytes(x, p2tt, weights, p2e, *fn())
+
+
+def swiglu_channel_case(spec, tokens):
+    tokens = max(tokens // 128 * 128, 128)
+    x = torch.randn(tokens, 2 * 2048, device='cuda').bfloat16()
+    fn = lambda: tile_kernels_aot.quant.swiglu_forward_and_per_channel_cast_and_transpose(  # noqa: E731
+        x, 'e4m3', 128, round_sf=True, without_transpose=not spec['transpose'], swiglu_clamp_value=10.0)
+    return f'T={tokens}, H=2048, npt=128', fn, nbytes(x, *fn())
+
+
+def swiglu_backward_case(spec, tokens):
+    hidden = 2048
+    data = torch.randn(tokens, 2 * hidden, device='cuda').to(torch.float8_e4m3fn)
+    sf = torch.rand(tokens, 2 * hidden // 128, device='cuda')
+    grad = torch.randn(tokens, hidden, device='cuda').bfloat16()
+    p2tt, weights, _, t2p = _swiglu_layout(tokens)
+    fn = lambda: tile_kernels_aot.quant.swiglu_backward_and_per_token_cast(  # noqa: E731
+        (data, sf), grad, weights, p2tt, t2p, 128, round_sf=True, swiglu_clamp_value=10.0)
+    out, (q, q_sf), x_grad, weight_grad = fn()
+    return f'T={tokens}, H={hidden}, npc=128', fn, nbytes(data, sf, grad, weights, p2tt, t2p, out, q, q_sf, x_grad, weight_grad)
+
+
+def per_block_cast_case(spec, tokens):
+    dtype = {'bfloat16': torch.bfloat16, 'float32': torch.float32}[spec['in_dtype']]
+    x = torch.randn(tokens, 7168, device='cuda').to(dtype)
+    block = (spec['block_m'], spec['block_k'])
+    packed = spec['sf_format'] == 'ue8m0'
+    flags = dict(use_tma_aligned_col_major_sf=packed, round_sf=packed, use_packed_ue8m0=packed)
+    fn = lambda: tile_kernels_aot.quant.per_block_cast(x, spec['fmt'], block, **flags)  # noqa: E731
+    return f'T={tokens}, H=7168, block {block}', fn, nbytes(x, *fn())
+
+
+def per_block_cast_lossless_case(spec, tokens):
+    """e2m1 with (1, 32) scale factors, as upstream's test, re-encoded on the spec's output blocks."""
+    block = (spec['block_m'], spec['block_k'])
+    in_packed, packed = spec['in_sf_format'] == 'ue8m0', spec['sf_format'] == 'ue8m0'
+    x = torch.randn(tokens, 7168, device='cuda')
+    q = tile_kernels_aot.reference.cast(x, 'e2m1', (1, 32), round_sf=True, use_tma_aligned_col_major_sf=in_packed, use_packed_ue8m0=in_packed)
+    fn = lambda: tile_kernels_aot.quant.per_block_cast_lossless(q, 'e4m3', (1, 32), block, use_tma_aligned_col_major_sf=packed,  # noqa: E731
+                                                                  use_packed_ue8m0=packed)
+    return f'T={tokens}, H=7168, (1, 32) -> {block}', fn, nbytes(*q, *fn())
+
+
+def per_channel_fused_case(spec, tokens):
+    """H 7168; the gather reads `tokens` input rows in random order (with repeats, every 5th row -1), the
+    e4m3 input comes with its (1, 128) scale factors."""
+    hidden, num_tokens = 7168, -(-tokens // 128) * 128
+    x = torch.randn(num_tokens, hidden, device='cuda')
+    if spec['in_dtype'] == 'float8_e4m3fn':
+        from tile_kernels_aot import reference
+
+        x, npc = reference.cast(x.bfloat16(), 'e4m3', (1, 128)), 128
+    else:
+        x, npc = x.to(getattr(torch, spec['in_dtype'])), None
+    pos = None
+    if spec['gather']:
+        pos = torch.randint(0, num_tokens, (num_tokens,), dtype=torch.int32, device='cuda')
+        pos[::5] = -1
+    fn = lambda: tile_kernels_aot.quant.per_channel_cast_fused(x, 'e4m3', 128, num_per_channels=npc, pos_to_token=pos)  # noqa: E731
+    inputs = x if isinstance(x, tuple) else (x,)
+    return f'T={num_tokens} H={hidden}', fn, nbytes(*inputs, *fn(), *(() if pos is None else (pos,)))
+
+
+def per_channel_transpose_case(spec, tokens):
+    x = torch.randn(-(-tokens // 128) * 128, 7168, device='cuda').bfloat16()
+    fn = lambda: tile_kernels_aot.quant.per_channel_cast_and_transpose(x, 'e4m3', spec['num_per_tokens'])  # noqa: E731
+    return f'T={x.shape[0]} H=7168', fn, nbytes(x, *fn())
+
+
+def e5m6_cast_case(spec, tokens):
+    from tile_kernels_aot._e5m6 import per_token_cast_to_e5m6
+
+    extra = 0 if spec['aligned'] else 1  # the unaligned variant serves rows that are not 16-byte aligned
+    x = torch.randn(tokens, 7168 + extra, device='cuda').to(getattr(torch, spec['in_dtype']))[:, extra:]
+    packed = spec['sf_format'] == 'ue8m0'
+    fn = lambda: per_token_cast_to_e5m6(x, 7168, packed, True, packed)  # noqa: E731
+    return f'T={tokens} H=7168', fn, nbytes(x, *fn())
+
+
+def e5m6_cast_back_case(spec, tokens):
+    from tile_kernels_aot._e5m6 import cast_back_from_e5m6, per_token_cast_to_e5m6
+
+    packed = spec['sf_format'] == 'ue8m0'
+    data, sf = per_token_cast_to_e5m6(torch.randn(tokens, 7168, device='cuda').bfloat16(), 7168, packed, True, packed)
+    if not spec['aligned']:  # 4- but not 16-byte aligned data
+        moved = torch.empty(data.numel() + 4, dtype=torch.uint8, device='cuda')[4:].view(data.shape)
+        data = moved.copy_(data)
+    fmt = 'bf16' if spec['out_dtype'] == 'bfloat16' else 'fp32'
+    fn = lambda: cast_back_from_e5m6((data, sf), fmt, (1, 7168))  # noqa: E731
+    return f'T={tokens} H=7168', fn, nbytes(data, sf, fn())
+
+
 CASES = {
     'transpose.batched_transpose': transpose_case,
     'moe.topk_gate': topk_case,
     'moe.topk_sum_and_topk_group_idx': topk_sum_case,
+    'moe.top2_sum_gate': top2_sum_gate_case,
     'moe.normalize_weight': normalize_weight_case,
     'moe.group_count': group_count_case,
     'moe.aux_fi': aux_fi_case,
     'moe.inplace_unique_group_indices': unique_case,
     'moe.mask_indices_by_tp': mask_by_tp_case,
     'quant.per_token_cast': per_token_cast_case,
+    'quant.swiglu_forward_and_per_token_cast': swiglu_forward_case,
+    'quant.swiglu_forward_and_per_channel_cast_and_transpose': swiglu_channel_case,
+    'quant.swiglu_backward_and_per_token_cast': swiglu_backward_case,
+    'quant.cast_back': cast_back_case,
+    'moe.get_fused_mapping': fused_mapping_case,
+    'moe.expand_to_fused': expand_case,
+    'moe.reduce_fused': reduce_case,
+    'quant.per_block_cast': per_block_cast_case,
+    'quant.per_block_cast_lossless': per_block_cast_lossless_case,
+    'quant.per_channel_cast_fused': per_channel_fused_case,
+    'quant.per_channel_cast_and_transpose': per_channel_transpose_case,
+    'quant.per_token_cast_to_e5m6': e5m6_cast_case,
+    'quant.cast_back_e5m6': e5m6_cast_back_case,
 }
 
 

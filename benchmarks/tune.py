@@ -31,14 +31,21 @@ def transpose_inputs(p):
 
 
 def cast_inputs(p):
-    x = torch.randn(TOKENS, p['hidden'], device='cuda').to(getattr(torch, p['in_dtype']))
-    out = torch.empty(TOKENS, p['hidden'], dtype=torch.float8_e4m3fn, device='cuda')
-    sf = torch.empty(TOKENS, -(-p['hidden'] // p['num_per_channels']), device='cuda')
+    """e4m3 with 128 or e2m1 with 32 channels per scale factor, row-major float32 scale factors."""
+    from tile_kernels_aot.quant import _magic
+
+    x = torch.randn(TOKENS, 7168, device='cuda').to(getattr(torch, p['in_dtype']))
+    npc = 128 if p['fmt'] == 'e4m3' else 32
+    out = torch.empty(TOKENS, 7168 // 2 if p['fmt'] == 'e2m1' else 7168, dtype=torch.int8 if p['fmt'] == 'e2m1' else torch.float8_e4m3fn, device='cuda')
+    sf = torch.empty(TOKENS, 7168 // npc, device='cuda')
+    vectors_per_row = 7168 * x.element_size() // 16
+    magic, shift = _magic(vectors_per_row)
+    scalars = dict(vectors_per_row=vectors_per_row, row_magic=magic, row_shift=shift, npc_log2=npc.bit_length() - 1, round_sf=0, mode=0)
 
     def ok():
-        ref, ref_sf = reference.cast(x, 'e4m3', (1, p['num_per_channels']))
+        ref, ref_sf = reference.cast(x, p['fmt'], (1, npc))
         return torch.equal(out.view(torch.uint8), ref.view(torch.uint8)) and torch.equal(sf, ref_sf)
-    return {'x': x, 'out': out, 'out_sf': sf}, {}, ok, nbytes(x, out, sf)
+    return {'x': x, 'out': out, 'out_sf': sf}, scalars, ok, nbytes(x, out, sf)
 
 
 def topk_inputs(p):
@@ -47,7 +54,22 @@ def topk_inputs(p):
     return {'scores': scores, 'topk_idx': idx}, {}, lambda: torch.equal(idx, reference.stable_topk(scores, p['num_topk'])), nbytes(scores, idx)
 
 
-INPUTS = {'tune.transpose': transpose_inputs, 'tune.per_token_cast': cast_inputs, 'tune.topk_gate': topk_inputs}
+def reduce_inputs(p):
+    """bf16 H 7168, 8192 tokens routed to 8 of 256 experts, segments aligned to 128, with weights."""
+    import tile_kernels_aot
+
+    idx = torch.rand(TOKENS, 256, device='cuda').topk(8, dim=-1).indices
+    _, _, _, t2p, *_ = tile_kernels_aot.moe.get_fused_mapping(idx, 256, 0, 128)
+    x = torch.randn(int(t2p.max()) + 1, 7168, device='cuda').bfloat16()
+    weights = torch.rand(TOKENS, 8, device='cuda')
+    out = torch.empty(TOKENS, 7168, dtype=torch.bfloat16, device='cuda')
+    dummy = torch.ones(1, device='cuda')
+    tensors = {'x': x, 'x_sf': dummy, 'topk_weights': weights, 'token_topk_to_pos': t2p, 'sf': dummy, 'out': out}
+    ok = lambda: torch.equal(out, reference.reduce_fused(x, weights, t2p))  # noqa: E731
+    return tensors, dict(with_weights=1, with_x_sf=0, with_sf=0), ok, nbytes(weights, t2p, out) + TOKENS * 8 * 7168 * 2
+
+
+INPUTS = {'tune.transpose': transpose_inputs, 'tune.per_token_cast': cast_inputs, 'tune.topk_gate': topk_inputs, 'tune.reduce_fused': reduce_inputs}
 
 
 def main() -> int:

@@ -6,7 +6,7 @@ Build them into their own folder and time them with benchmarks/tune.py; they nev
 """
 
 from kernel_src.decl import KernelDecl, param
-from kernel_src.moe import topk_gate
+from kernel_src.moe import reduce_fused, topk_gate
 from kernel_src.quant import per_token_cast
 from kernel_src.transpose import batched_transpose
 
@@ -29,9 +29,9 @@ PER_TOKEN_CAST = KernelDecl(
     params=per_token_cast.DECL.params + (param('num_threads', 'int', 't'), param('num_vectors', 'int', 'n')),
     factory=per_token_cast.build,
     prebuilt=lambda: [
-        dict(in_dtype=d, hidden=h, num_per_channels=128, round_sf=False, aligned=True, num_threads=t, num_vectors=n)
-        for d in ('bfloat16', 'float32') for h in (576, 2880, 4096, 6144, 7168)
-        for t, n in ((128, 0), (128, 1), (128, 2), (128, 4), (128, 7), (256, 0))
+        dict(in_dtype=d, fmt=f, sf_format='f32', per_row=False, aligned=True, num_threads=t, num_vectors=n)
+        for d in ('bfloat16', 'float32') for f in ('e4m3', 'e2m1')
+        for t, n in ((128, 2), (128, 4), (128, 7), (256, 2), (256, 4))
     ],
     check=lambda num_threads, num_vectors, **spec: per_token_cast.check(**spec),
     pass_configs=per_token_cast.DECL.pass_configs,
@@ -46,4 +46,16 @@ TOPK_GATE = KernelDecl(
     pass_configs=topk_gate.DECL.pass_configs,
 )
 
-DECLS = {d.name: d for d in (TRANSPOSE, PER_TOKEN_CAST, TOPK_GATE)}
+REDUCE_FUSED = KernelDecl(
+    name='tune.reduce_fused',
+    params=reduce_fused.DECL.params + (param('threads', 'int', 't'), param('vectors', 'int', 'v'), param('topk_in_flight', 'int', 'f')),
+    factory=reduce_fused.build,
+    prebuilt=lambda: [
+        dict(in_dtype='bfloat16', out_dtype='same', threads=t, vectors=v, topk_in_flight=f)
+        for t, v, f in ((128, 2, 4), (64, 2, 4), (64, 2, 8), (128, 1, 8), (128, 4, 4), (256, 1, 8), (128, 7, 2))
+    ],
+    check=lambda threads, vectors, topk_in_flight, **spec: reduce_fused.check(**spec),
+    pass_configs=reduce_fused.DECL.pass_configs,
+)
+
+DECLS = {d.name: d for d in (TRANSPOSE, PER_TOKEN_CAST, TOPK_GATE, REDUCE_FUSED)}

@@ -1,8 +1,14 @@
 """Every kernel declaration, by name. Adding a kernel means adding its declaration here, nothing more."""
 
 from kernel_src.decl import KernelDecl
-from kernel_src.moe import counting, inplace_unique_group_indices, mask_indices_by_tp, normalize_weight, topk_gate, topk_sum_and_topk_group_idx
-from kernel_src.quant import per_token_cast
+from kernel_src.moe import (
+    counting, inplace_unique_group_indices, mask_indices_by_tp, normalize_weight, top2_sum_gate, topk_gate, topk_sum_and_topk_group_idx,
+)
+from kernel_src.moe import expand_to_fused, fused_mapping, reduce_fused
+from kernel_src.quant import cast_back, per_token_cast
+from kernel_src.quant import swiglu
+from kernel_src.quant import per_block_cast, per_block_cast_lossless
+from kernel_src.quant import e5m6, per_channel_cast
 from kernel_src.transpose import batched_transpose
 
 DECLS: dict[str, KernelDecl] = {
@@ -11,11 +17,25 @@ DECLS: dict[str, KernelDecl] = {
         batched_transpose.DECL,
         topk_gate.DECL,
         topk_sum_and_topk_group_idx.DECL,
+        top2_sum_gate.DECL,
         normalize_weight.DECL,
         counting.GROUP_COUNT,
         counting.AUX_FI,
         inplace_unique_group_indices.DECL,
         mask_indices_by_tp.DECL,
         per_token_cast.DECL,
+        per_channel_cast.FUSED,
+        per_channel_cast.TRANSPOSE,
+        e5m6.CAST,
+        e5m6.CAST_BACK,
+        cast_back.DECL,
+        swiglu.FORWARD,
+        swiglu.CHANNEL,
+        swiglu.BACKWARD,
+        fused_mapping.DECL,
+        expand_to_fused.DECL,
+        reduce_fused.DECL,
+        per_block_cast.DECL,
+        per_block_cast_lossless.DECL,
     )
 }

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 from tile_kernels_aot import _checks
 from tile_kernels_aot._select import find_kernel
-from tile_kernels_aot.config import get_num_sms
+from tile_kernels_aot.config import get_device_num_sms, get_num_sms
 
 MAX_TOPK = 32  # topk_gate: one warp per token; lane k writes the k-th winner
 MAX_GROUP_COUNT_BINS = 1024  # group_count / aux_fi keep a 1024-bin histogram in shared memory
@@ -72,6 +74,174 @@ def topk_sum_and_topk_group_idx(scores: torch.Tensor, num_topk_sum: int, num_top
     return out
 
 
+SCORING_FUNCS = {'sigmoid': 0, 'sqrtsoftplus': 1, 'softmax': 2}  # top2_sum_gate's run-time scoring id
+MAX_GATE_EXPERTS = 1024  # top2_sum_gate: a warp holds a token's scores in registers
+MAX_REPLICAS = 65535  # top2_sum_gate hashes to a replica in 32-bit arithmetic, exact up to this many
+_absent: dict = {}  # (device, num_topk) -> one-element stand-ins for top2_sum_gate's optional tensors
+
+
+def _placeholders(device: torch.device, num_topk: int) -> dict[str, torch.Tensor]:
+    """Tensors the kernel binds but never reads when the matching has_* flag is 0. Made once per device,
+    so that CUDA graphs captured with them stay valid."""
+    key = (device, num_topk)
+    if key not in _absent:
+        flag = torch.zeros((1,), dtype=torch.bool, device=device)
+        count = torch.ones((1,), dtype=torch.int32, device=device)
+        _absent[key] = {'mask': flag, 'fix_routing_mask': flag, 'to_physical_map': count.view(1, 1), 'logical_count': count,
+                        'unmapped_topk_idx': torch.zeros((1, num_topk), dtype=torch.int64, device=device)}
+    return _absent[key]
+
+
+def _optional(op: str, name: str, t: object, shape: tuple[int, ...], dtype: torch.dtype) -> None:
+    _checks.tensor(op, name, t, ndim=len(shape), dtypes=(dtype,))
+    if tuple(t.shape) != shape:
+        raise ValueError(f'{op}: {name} must have shape {shape}, got {tuple(t.shape)}')
+
+
+def top2_sum_gate(
+    logits: torch.Tensor,
+    bias: torch.Tensor,
+    num_topk: int,
+    num_topk_groups: int,
+    num_groups: int,
+    use_shared_as_routed: bool,
+    num_shared_experts: int,
+    routed_scaling_factor: float,
+    ep_rank: int,
+    num_ep_ranks: int,
+    tp_rank: int,
+    num_tp_ranks: int,
+    scoring_func: str,
+    mask: Optional[torch.Tensor] = None,
+    fix_routing_mask: Optional[torch.Tensor] = None,
+    to_physical_map: Optional[torch.Tensor] = None,
+    logical_count: Optional[torch.Tensor] = None,
+    unmapped_topk_idx: Optional[torch.Tensor] = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepSeek-V3 style routing: score, rank with bias, keep the best groups, pick the top-k, weigh.
+
+    Per routed token ``t`` (``mask[t]``, default all): scores ``s`` are ``sigmoid(l)``,
+    ``sqrt(softplus(l))`` or ``softmax(l)``; experts rank by ``s + bias`` (softmax: ``l + bias``). With
+    grouping (``num_groups != num_topk_groups``) only the ``num_topk_groups`` groups with the largest sum of
+    their two best ranking scores compete. The ``num_topk`` best experts (ties to the lower index; with
+    ``fix_routing_mask[t]``, the indices already in ``unmapped_topk_idx[t]``) get weights
+    ``s_k / (1e-20 + s_0 + ... + s_{K-1}) * routed_scaling_factor``. With ``use_shared_as_routed``,
+    ``num_shared_experts`` slots with ids ``E .. E+S-1`` and weight 1 follow. ``to_physical_map`` maps each
+    logical id to replica ``(ep_rank + t * 23333) % logical_count[id]`` (``t`` the row, masked rows
+    included). Last, ids on other tensor-parallel ranks become -1 and the others are renumbered as
+    ``mask_indices_by_tp`` does, with ``(E + extra experts) // num_ep_ranks`` experts per rank. Masked-out
+    rows get ids -1 and weights 0.
+
+    Args:
+        logits: ``[num_tokens, E]`` float32 CUDA tensor, contiguous, 16-byte aligned, finite (a
+            device-side assert fires otherwise); ``E`` a multiple of 4, at most 1024.
+        bias: ``[E]`` float32, contiguous; used for ranking only.
+        num_topk: routed experts per token, ``num_topk + shared slots <= 32``.
+        num_topk_groups, num_groups: both 0 (or equal) for no grouping; else ``num_groups <= 32`` dividing
+            ``E`` into groups of at most 32 experts.
+        use_shared_as_routed, num_shared_experts: append ``num_shared_experts`` (1 or 2, dividing
+            ``num_topk``) shared-expert slots; needs a ``to_physical_map`` with at least that many extra
+            replicas, as upstream.
+        routed_scaling_factor: multiplies the normalised routed weights.
+        ep_rank, num_ep_ranks, tp_rank, num_tp_ranks: this rank's place in expert/tensor parallelism.
+        scoring_func: ``'sigmoid'``, ``'sqrtsoftplus'`` or ``'softmax'``.
+        mask: ``[num_tokens]`` bool; False rows are not routed.
+        fix_routing_mask: ``[num_tokens]`` bool; True rows reuse ``unmapped_topk_idx`` (which must be given).
+        to_physical_map: ``[E + S, 1 + extra]`` int32, contiguous; with ``logical_count`` ``[E + S]`` int32.
+        unmapped_topk_idx: ``[num_tokens, num_topk]`` int64, contiguous in ``num_topk``; receives the
+            logical routed ids (-1 on masked rows).
+
+    Returns:
+        ``(topk_idx, topk_weights)``: int64 and float32, ``[num_tokens, num_topk + S]``.
+    """
+    op = 'top2_sum_gate'
+    _checks.tensor(op, 'logits', logits, ndim=2, dtypes=(torch.float32,))
+    num_tokens, num_experts = logits.shape
+    if num_experts % 4 or not 4 <= num_experts <= MAX_GATE_EXPERTS:
+        raise ValueError(f'{op}: logits must have a multiple of 4 experts in [4, {MAX_GATE_EXPERTS}], got {num_experts}')
+    if num_tokens and (not logits.is_contiguous() or logits.data_ptr() % 16):
+        raise ValueError(f'{op}: logits must be contiguous and 16-byte aligned (it is read in float4 vectors)')
+    _checks.tensor(op, 'bias', bias, ndim=1, dtypes=(torch.float32,))
+    if bias.shape[0] != num_experts or not bias.is_contiguous() or bias.data_ptr() % 16:
+        raise ValueError(f'{op}: bias must be a contiguous, 16-byte aligned [{num_experts}] tensor, got shape {tuple(bias.shape)}')
+    if scoring_func not in SCORING_FUNCS:
+        raise ValueError(f'{op}: scoring_func must be one of {sorted(SCORING_FUNCS)}, got {scoring_func!r}')
+    _checks.integer(op, 'num_topk', num_topk, low=1, high=min(num_experts, MAX_TOPK))
+    _checks.integer(op, 'num_groups', num_groups, low=0, high=MAX_GATE_GROUPS)
+    _checks.integer(op, 'num_topk_groups', num_topk_groups, low=0, high=num_groups)
+    if (num_groups == 0) != (num_topk_groups == 0):
+        raise ValueError(f'{op}: num_groups and num_topk_groups must both be 0 or both positive, got {num_groups} and {num_topk_groups}')
+    if num_groups == num_topk_groups:
+        num_groups = num_topk_groups = 0  # every group kept: no grouping
+    elif num_experts % num_groups or num_experts // num_groups > 32:
+        raise ValueError(f'{op}: num_groups must divide the {num_experts} experts into groups of at most 32, got {num_groups}')
+    elif num_topk_groups * (num_experts // num_groups) < num_topk:
+        raise ValueError(f'{op}: the {num_topk_groups} kept groups hold fewer than num_topk={num_topk} experts')
+    if not isinstance(use_shared_as_routed, bool):
+        raise TypeError(f'{op}: use_shared_as_routed must be a bool, got {type(use_shared_as_routed).__name__}')
+    if use_shared_as_routed:
+        _checks.integer(op, 'num_shared_experts', num_shared_experts, low=1, high=2)
+        if num_topk % num_shared_experts or num_experts % (num_topk // num_shared_experts):
+            raise ValueError(f'{op}: with use_shared_as_routed, num_shared_experts must divide num_topk and num_topk // num_shared_experts '
+                             f'must divide the {num_experts} experts, got {num_shared_experts} and {num_topk}')
+    num_shared = num_shared_experts if use_shared_as_routed else 0
+    num_slots = num_topk + num_shared
+    if num_slots > MAX_TOPK:
+        raise ValueError(f'{op}: num_topk plus shared slots must be at most {MAX_TOPK}, got {num_slots}')
+    if not isinstance(routed_scaling_factor, (int, float)) or isinstance(routed_scaling_factor, bool):
+        raise TypeError(f'{op}: routed_scaling_factor must be a float, got {type(routed_scaling_factor).__name__}')
+    _checks.integer(op, 'num_ep_ranks', num_ep_ranks, low=1)
+    _checks.integer(op, 'ep_rank', ep_rank, low=0, high=num_ep_ranks - 1)
+    _checks.integer(op, 'num_tp_ranks', num_tp_ranks, low=1)
+    _checks.integer(op, 'tp_rank', tp_rank, low=0, high=num_tp_ranks - 1)
+    num_logical = num_experts + num_shared
+    tensors = {'logits': logits, 'bias': bias}
+    if mask is not None:
+        _optional(op, 'mask', mask, (num_tokens,), torch.bool)
+        tensors['mask'] = mask.contiguous()
+    if (to_physical_map is None) != (logical_count is None):
+        raise ValueError(f'{op}: to_physical_map and logical_count must be given together')
+    num_extra = 0
+    if to_physical_map is not None:
+        _checks.tensor(op, 'to_physical_map', to_physical_map, ndim=2, dtypes=(torch.int32,))
+        if to_physical_map.shape[0] != num_logical or not to_physical_map.is_contiguous():
+            raise ValueError(f'{op}: to_physical_map must be contiguous with {num_logical} rows (routed + shared experts), got shape {tuple(to_physical_map.shape)}')
+        _optional(op, 'logical_count', logical_count, (num_logical,), torch.int32)
+        num_extra = to_physical_map.shape[1] - 1
+        if num_extra + 1 > MAX_REPLICAS:
+            raise ValueError(f'{op}: to_physical_map may have at most {MAX_REPLICAS} replicas per expert, got {num_extra + 1}')
+        tensors.update(to_physical_map=to_physical_map, logical_count=logical_count.contiguous())
+    if num_shared > num_extra:
+        raise ValueError(f'{op}: {num_shared} shared experts as routed need a to_physical_map with at least as many extra replicas, got {num_extra}')
+    experts_per_rank = (num_experts + num_extra) // num_ep_ranks
+    if experts_per_rank < 1:
+        raise ValueError(f'{op}: num_ep_ranks={num_ep_ranks} leaves no expert per rank')
+    if unmapped_topk_idx is not None:
+        _optional(op, 'unmapped_topk_idx', unmapped_topk_idx, (num_tokens, num_topk), torch.int64)
+        _checks.inner_contiguous(op, 'unmapped_topk_idx', unmapped_topk_idx)
+        tensors['unmapped_topk_idx'] = unmapped_topk_idx
+    if fix_routing_mask is not None:
+        if unmapped_topk_idx is None:
+            raise ValueError(f'{op}: fix_routing_mask needs unmapped_topk_idx, the indices to reuse')
+        _optional(op, 'fix_routing_mask', fix_routing_mask, (num_tokens,), torch.bool)
+        tensors['fix_routing_mask'] = fix_routing_mask.contiguous()
+    device = _checks.on_one_cuda_device(op, **tensors)
+    topk_idx = logits.new_empty((num_tokens, num_slots), dtype=torch.int64)
+    topk_weights = logits.new_empty((num_tokens, num_slots))
+    if num_tokens == 0:
+        return topk_idx, topk_weights
+    spec = dict(num_experts=num_experts, num_topk=num_topk, num_groups=num_groups, num_topk_groups=num_topk_groups)
+    kernel = find_kernel('moe.top2_sum_gate', spec, device)
+    scalars = {
+        'scoring': SCORING_FUNCS[scoring_func], 'routed_scaling_factor': float(routed_scaling_factor),
+        'has_mask': mask is not None, 'has_fix': fix_routing_mask is not None, 'has_unmapped': unmapped_topk_idx is not None,
+        'has_map': to_physical_map is not None, 'ep_rank': ep_rank, 'experts_per_rank': experts_per_rank,
+        'experts_per_dp': experts_per_rank * num_tp_ranks, 'tp_rank': tp_rank, 'num_tp_ranks': num_tp_ranks,
+    }
+    kernel(device, {**_placeholders(logits.device, num_topk), **tensors, 'topk_idx': topk_idx, 'topk_weights': topk_weights}, scalars)
+    return topk_idx, topk_weights
+
+
 def normalize_weight(topk_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Normalise each token's top-k weights to sum to one.
 
@@ -104,8 +274,9 @@ def _index_tensor(op: str, name: str, t: object) -> torch.Tensor:
 
 
 def _persistent_blocks(num_tokens: int, device: int) -> int:
-    """Blocks of a grid-stride loop over tokens: 2 per SM, fewer when there are fewer tokens."""
-    return max(1, min(2 * get_num_sms(device), -(-num_tokens // 128)))
+    """Blocks of a grid-stride loop over tokens: 2 per SM, fewer when there are fewer than 32 tokens a
+    block (spreading the loads over every SM matters more than the idle threads)."""
+    return max(1, min(2 * get_num_sms(device), -(-num_tokens // 32)))
 
 
 def group_count(group_idx: torch.Tensor, num_groups: int) -> torch.Tensor:
@@ -154,7 +325,7 @@ def aux_fi(topk_idx: torch.Tensor, num_experts: int, num_aux_topk: int) -> torch
     if num_tokens == 0:
         return torch.zeros((num_experts,), dtype=torch.float32, device=topk_idx.device)  # as upstream
     out = torch.empty((num_experts,), dtype=torch.float32, device=topk_idx.device)
-    counts = torch.zeros((num_experts,), dtype=torch.int32, device=topk_idx.device)
+    counts = torch.zeros((num_experts + 1,), dtype=torch.int32, device=topk_idx.device)  # + the kernel's ticket
     kernel = find_kernel('moe.aux_fi', {'index_dtype': INDEX_DTYPES[topk_idx.dtype]}, device)
     kernel(device, {'topk_idx': topk_idx, 'counts': counts, 'out': out},
            {'num_aux_topk': num_aux_topk, 'num_blocks': _persistent_blocks(num_tokens, device)})
@@ -206,4 +377,307 @@ def mask_indices_by_tp(indices: torch.Tensor, n: int, num_ep_ranks: int, tp_rank
         kernel = find_kernel('moe.mask_indices_by_tp', {'index_dtype': INDEX_DTYPES[indices.dtype]}, device)
         scalars = {'per_gpu': per_gpu, 'per_dp': num_tp_ranks * per_gpu, 'num_tp_ranks': num_tp_ranks, 'tp_rank': tp_rank}
         kernel(device, {'indices': indices, 'masked_indices': out}, scalars)
+    return out
+
+
+# -- the fused (expert-major) layout ---------------------------------------------------------------
+
+MAX_FUSED_EXPERTS = 1024  # get_fused_mapping: per-warp histograms of 1024 bins in shared memory
+MAX_EXPAND_TOPK = 64  # expand_to_fused: a token's positions are staged in shared memory
+_INT32_LIMIT = 2**31 - 1  # positions and flat pair indices are int32 in the kernels
+_EXPAND_CARRIERS = {1: torch.uint8, 2: torch.float16, 4: torch.int32}  # bit-for-bit stand-ins by element size
+_REDUCE_IN = {torch.float32: 'float32', torch.bfloat16: 'bfloat16'}
+_fused_absent: dict = {}  # device -> stand-ins for absent optional tensors, never read by the kernels
+
+
+def _fused_placeholders(device: torch.device) -> dict[str, torch.Tensor]:
+    """Made once per device, so that CUDA graphs captured with them stay valid."""
+    if device not in _fused_absent:
+        one = torch.ones((1,), dtype=torch.float32, device=device)
+        _fused_absent[device] = {'no_sf': torch.empty((1, 0), dtype=torch.int32, device=device), 'one': one, 'one_2d': one.view(1, 1)}
+    return _fused_absent[device]
+
+
+def _contiguous(op: str, name: str, t: torch.Tensor) -> None:
+    if not t.is_contiguous():
+        raise ValueError(f'{op}: {name} must be contiguous, got strides {t.stride()} for shape {tuple(t.shape)}')
+
+
+def _fused_maps(op: str, token_topk_to_pos: object, pos_to_expert: object | None, num_tokens: int | None) -> None:
+    _checks.tensor(op, 'token_topk_to_pos', token_topk_to_pos, ndim=2, dtypes=(torch.int32,))
+    _contiguous(op, 'token_topk_to_pos', token_topk_to_pos)
+    if num_tokens is not None and token_topk_to_pos.shape[0] != num_tokens:
+        raise ValueError(f'{op}: token_topk_to_pos has {token_topk_to_pos.shape[0]} rows, x has {num_tokens} tokens')
+    if token_topk_to_pos.shape[1] < 1:
+        raise ValueError(f'{op}: token_topk_to_pos must have at least one column (num_topk >= 1)')
+    if pos_to_expert is not None:
+        _checks.tensor(op, 'pos_to_expert', pos_to_expert, ndim=1, dtypes=(torch.int32,))
+        _contiguous(op, 'pos_to_expert', pos_to_expert)
+        if pos_to_expert.shape[0] > _INT32_LIMIT:
+            raise ValueError(f'{op}: pos_to_expert has {pos_to_expert.shape[0]} positions, more than int32 positions can address')
+
+
+def get_fused_mapping(
+    topk_idx: torch.Tensor, num_experts: int, num_expanded_tokens: int, alignment: int, force_no_sync: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, list[int]]:
+    """Build the expert-major ("fused") layout of a routing.
+
+    Expert ``e`` owns positions ``[expert_start[e], expert_end[e])``, experts in index order, a segment
+    of ``align(count_e, alignment)`` positions. Each (token, k) pair with ``topk_idx[t, k] >= 0`` gets one
+    position in its expert's segment; within a segment the pairs are in ascending ``t * num_topk + k``
+    order (upstream leaves the order implementation-defined; this one is also independent of
+    ``config.set_num_sms``). Padding positions hold -1 in all three ``pos_to_*`` arrays.
+
+    Args:
+        topk_idx: ``[num_tokens, num_topk]`` int64 (or int32) CUDA tensor of expert indices in
+            ``[-1, num_experts)``, contiguous in ``num_topk``; negative entries are not routed. An index
+            of ``num_experts`` or more fails a device-side assert.
+        num_experts: experts, at most 1024.
+        num_expanded_tokens: positions in the fused buffer. ``0`` sizes it by upstream's bound
+            ``(T*K + (alignment-1)*E) // alignment * alignment``; then, unless ``force_no_sync``, the
+            outputs are trimmed to the positions used, which reads the counts back (a host sync). A
+            non-zero value too small for the routing fails a device-side assert.
+        alignment: segment alignment, >= 1.
+        force_no_sync: with ``num_expanded_tokens == 0``, keep the bound-sized buffers and skip the sync.
+            (Upstream allocates zero positions in that case and writes past them.)
+
+    Returns:
+        ``(pos_to_expert, pos_to_token, pos_to_token_topk, token_topk_to_pos, expert_start, expert_end,
+        num_tokens_per_expert, num_tokens_per_expert_list)``: int32 ``[N]`` x 3 (``pos_to_token_topk``
+        holds ``t * num_topk + k``), int32 ``[num_tokens, num_topk]`` (-1 for unrouted pairs), int32
+        ``[num_experts]`` x 3 (``num_tokens_per_expert`` holds the *aligned* counts), and those counts
+        as a list when the host synced, else ``[]``.
+    """
+    op = 'get_fused_mapping'
+    _index_tensor(op, 'topk_idx', topk_idx)
+    num_tokens, num_topk = topk_idx.shape
+    _checks.integer(op, 'num_experts', num_experts, low=1, high=MAX_FUSED_EXPERTS)
+    _checks.integer(op, 'num_expanded_tokens', num_expanded_tokens, low=0, high=_INT32_LIMIT)
+    _checks.integer(op, 'alignment', alignment, low=1, high=_INT32_LIMIT)
+    if not isinstance(force_no_sync, bool):
+        raise TypeError(f'{op}: force_no_sync must be a bool, got {type(force_no_sync).__name__}')
+    if num_topk < 1:
+        raise ValueError(f'{op}: topk_idx must have at least one column (num_topk >= 1)')
+    if num_tokens * num_topk > _INT32_LIMIT:
+        raise ValueError(f'{op}: {num_tokens} x {num_topk} pairs exceed the int32 range the kernel indexes with')
+    device = _checks.on_one_cuda_device(op, topk_idx=topk_idx)
+    should_sync = num_expanded_tokens == 0 and not force_no_sync
+    if num_expanded_tokens == 0:
+        num_expanded_tokens = (num_tokens * num_topk + (alignment - 1) * num_experts) // alignment * alignment
+        if num_expanded_tokens > _INT32_LIMIT:
+            raise ValueError(f'{op}: the fused buffer bound {num_expanded_tokens} exceeds the int32 range; pass num_expanded_tokens')
+
+    # One block per SM at most: a block (256 threads, ~37 KB of shared memory) always fits on an SM, so the
+    # cooperative grid is co-resident. Fewer blocks for small inputs (about 1024 pairs or positions per
+    # block): the grid barrier and the all-blocks prefix read get cheaper, and the result is the same.
+    sms = min(get_num_sms(device), get_device_num_sms(device))
+    num_blocks = max(1, min(sms, -(-max(num_tokens * num_topk, num_expanded_tokens) // 1024)))
+    new = topk_idx.new_empty
+    pos_to_expert, pos_to_token, pos_to_token_topk = (new((num_expanded_tokens,), dtype=torch.int32) for _ in range(3))
+    token_topk_to_pos = new((num_tokens, num_topk), dtype=torch.int32)
+    expert_start, expert_end, num_tokens_per_expert = (new((num_experts,), dtype=torch.int32) for _ in range(3))
+    block_counts = new((num_blocks, num_experts), dtype=torch.int32)
+    tensors = {
+        'topk_idx': topk_idx, 'pos_to_expert': pos_to_expert, 'pos_to_token': pos_to_token, 'pos_to_token_topk': pos_to_token_topk,
+        'token_topk_to_pos': token_topk_to_pos, 'expert_start': expert_start, 'expert_end': expert_end,
+        'num_tokens_per_expert': num_tokens_per_expert, 'block_counts': block_counts,
+    }
+    kernel = find_kernel('moe.get_fused_mapping', {'index_dtype': INDEX_DTYPES[topk_idx.dtype]}, device)
+    kernel(device, tensors, {'alignment': alignment})
+    counts: list[int] = []
+    if should_sync:
+        counts = num_tokens_per_expert.tolist()
+        used = sum(counts)
+        pos_to_expert, pos_to_token, pos_to_token_topk = pos_to_expert[:used], pos_to_token[:used], pos_to_token_topk[:used]
+    return pos_to_expert, pos_to_token, pos_to_token_topk, token_topk_to_pos, expert_start, expert_end, num_tokens_per_expert, counts
+
+
+def _expand(x: torch.Tensor, x_sf: torch.Tensor | None, out_sf: torch.Tensor | None,
+            token_topk_to_pos: torch.Tensor, pos_to_expert: torch.Tensor, device: int) -> torch.Tensor:
+    num_tokens, hidden = x.shape
+    num_expanded = pos_to_expert.shape[0]
+    size = x.element_size()
+    out = x.new_empty((num_expanded, hidden))
+    if num_tokens + num_expanded == 0:
+        return out
+    # 16-byte vectors when every row start is 16-byte aligned; element by element otherwise.
+    aligned = hidden * size % 16 == 0 and x.data_ptr() % 16 == 0 and (num_tokens <= 1 or x.stride(0) * size % 16 == 0)
+    carrier = _EXPAND_CARRIERS[size]
+    if x_sf is None:
+        x_sf = out_sf = _fused_placeholders(x.device)['no_sf']
+    tensors = {'x': x.view(carrier), 'x_sf': x_sf, 'out': out.view(carrier), 'out_sf': out_sf,
+               'token_topk_to_pos': token_topk_to_pos, 'pos_to_expert': pos_to_expert}
+    find_kernel('moe.expand_to_fused', {'elem_bytes': size, 'aligned': aligned}, device)(device, tensors)
+    return out
+
+
+def _expand_inputs(op: str, x: object, token_topk_to_pos: object, pos_to_expert: object) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f'{op}: x must be a torch.Tensor, got {type(x).__name__}')
+    if x.dim() != 2:
+        raise ValueError(f'{op}: x must have 2 dimensions, got shape {tuple(x.shape)}')
+    if x.element_size() not in _EXPAND_CARRIERS:
+        raise TypeError(f'{op}: x must have 1-, 2- or 4-byte elements, got {str(x.dtype).removeprefix("torch.")}')
+    _checks.inner_contiguous(op, 'x', x)
+    _fused_maps(op, token_topk_to_pos, pos_to_expert, x.shape[0])
+    if token_topk_to_pos.shape[1] > MAX_EXPAND_TOPK:
+        raise ValueError(f'{op}: num_topk must be at most {MAX_EXPAND_TOPK}, got {token_topk_to_pos.shape[1]}')
+
+
+def expand_to_fused(x: torch.Tensor, token_topk_to_pos: torch.Tensor, pos_to_expert: torch.Tensor) -> torch.Tensor:
+    """Copy token rows into the fused layout: ``out[token_topk_to_pos[t, k]] = x[t]`` where the position
+    is >= 0, and zero rows where ``pos_to_expert < 0``. Rows neither routed to nor marked -1 are left
+    uninitialised (a layout from get_fused_mapping has none).
+
+    Args:
+        x: ``[num_tokens, hidden]`` CUDA tensor of any 1-, 2- or 4-byte dtype, contiguous in ``hidden``
+            (the row stride is free).
+        token_topk_to_pos: ``[num_tokens, num_topk]`` int32, contiguous, ``num_topk <= 64``.
+        pos_to_expert: ``[num_expanded_tokens]`` int32, contiguous.
+
+    Returns:
+        ``[num_expanded_tokens, hidden]`` contiguous, of x's dtype; bits are copied unchanged.
+    """
+    op = 'expand_to_fused'
+    _expand_inputs(op, x, token_topk_to_pos, pos_to_expert)
+    device = _checks.on_one_cuda_device(op, x=x, token_topk_to_pos=token_topk_to_pos, pos_to_expert=pos_to_expert)
+    return _expand(x, None, None, token_topk_to_pos, pos_to_expert, device)
+
+
+def expand_to_fused_with_sf(
+    x: tuple[torch.Tensor, torch.Tensor], num_per_channels: int, token_topk_to_pos: torch.Tensor, pos_to_expert: torch.Tensor,
+    use_tma_aligned_col_major_sf: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """expand_to_fused for quantised activations: the data rows and their scale-factor rows move alike.
+
+    Args:
+        x: ``(data, sf)``: data ``[num_tokens, hidden]`` (any 1-, 2- or 4-byte dtype, contiguous); sf
+            contiguous (row-major), either float32 ``[num_tokens, ceil(hidden / num_per_channels)]`` or
+            packed UE8M0 int32 ``[num_tokens, ceil(ceil(hidden / num_per_channels) / 4)]``, which needs
+            ``use_tma_aligned_col_major_sf``.
+        num_per_channels: 32 or 128.
+        token_topk_to_pos, pos_to_expert: as expand_to_fused.
+        use_tma_aligned_col_major_sf: return the SF as the ``[N, hidden_sf]`` view, strides
+            ``(1, align(N, 4))``, of a ``[hidden_sf, align(N, 4)]`` buffer (upstream's layout); else row-major.
+
+    Returns:
+        ``(out, out_sf)``; padding rows (``pos_to_expert < 0``) are zero in both.
+    """
+    op = 'expand_to_fused_with_sf'
+    if not isinstance(x, tuple) or len(x) != 2:
+        raise TypeError(f'{op}: x must be a (data, sf) tuple, got {type(x).__name__}')
+    data, sf = x
+    _expand_inputs(op, data, token_topk_to_pos, pos_to_expert)
+    _contiguous(op, 'x[0] (data)', data)
+    _checks.tensor(op, 'x[1] (sf)', sf, ndim=2, dtypes=(torch.float32, torch.int32))
+    _contiguous(op, 'x[1] (sf)', sf)
+    if num_per_channels not in (32, 128):
+        raise ValueError(f'{op}: num_per_channels must be 32 or 128, got {num_per_channels!r}')
+    if not isinstance(use_tma_aligned_col_major_sf, bool):
+        raise TypeError(f'{op}: use_tma_aligned_col_major_sf must be a bool, got {type(use_tma_aligned_col_major_sf).__name__}')
+    num_tokens, hidden = data.shape
+    hidden_sf = -(-hidden // num_per_channels)
+    if sf.dtype == torch.int32:
+        hidden_sf = -(-hidden_sf // 4)
+        if not use_tma_aligned_col_major_sf:
+            raise ValueError(f'{op}: packed UE8M0 (int32) scale factors need use_tma_aligned_col_major_sf=True')
+    if tuple(sf.shape) != (num_tokens, hidden_sf):
+        raise ValueError(f'{op}: sf must have shape {(num_tokens, hidden_sf)} for hidden {hidden} and {num_per_channels} per channel, got {tuple(sf.shape)}')
+    device = _checks.on_one_cuda_device(op, data=data, sf=sf, token_topk_to_pos=token_topk_to_pos, pos_to_expert=pos_to_expert)
+    num_expanded = pos_to_expert.shape[0]
+    if use_tma_aligned_col_major_sf:
+        out_sf = sf.new_empty((hidden_sf, (num_expanded + 3) // 4 * 4))[:, :num_expanded].T
+    else:
+        out_sf = sf.new_empty((num_expanded, hidden_sf))
+    out = _expand(data, sf.view(torch.int32), out_sf.view(torch.int32), token_topk_to_pos, pos_to_expert, device)
+    return out, out_sf
+
+
+def reduce_fused(
+    x: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+    topk_weights: Optional[torch.Tensor],
+    token_topk_to_pos: torch.Tensor,
+    fp8_format: str = '',
+    sf: Optional[torch.Tensor] = None,
+    out: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """Sum each token's rows of the fused layout back, weighted:
+
+        acc = 0; for k ascending with pos = token_topk_to_pos[t, k] >= 0:
+            acc = fma(x[pos], w[t, k] * x_sf[pos], acc)          (float32, one rounding each)
+        out[t] = cast(acc * sf[0]) with fp8 output and sf, else cast(acc)
+
+    (a missing weight or x_sf is 1). The e4m3 cast saturates to +-448, NaN stays NaN.
+
+    Args:
+        x: ``[num_expanded_tokens, hidden]`` float32 or bfloat16, contiguous in ``hidden`` with 16-byte
+            aligned rows (hidden a multiple of 16 bytes), or ``(x, x_sf)`` with x_sf float32 ``[num_expanded_tokens]``.
+        topk_weights: ``[num_tokens, num_topk]`` float32 contiguous in ``num_topk``, or None.
+        token_topk_to_pos: ``[num_tokens, num_topk]`` int32, contiguous; -1 skips a slot.
+        fp8_format: ``''`` (output in x's dtype) or ``'e4m3'``.
+        sf: float32 ``[1]`` output scale, only with ``fp8_format='e4m3'``.
+        out: optional ``[num_tokens, hidden]`` output of that dtype, contiguous in ``hidden``, rows aligned like x's.
+
+    Returns:
+        ``out`` (allocated contiguous when not given).
+    """
+    op = 'reduce_fused'
+    x_sf = None
+    if isinstance(x, tuple):
+        if len(x) != 2:
+            raise TypeError(f'{op}: x must be a tensor or an (x, x_sf) tuple')
+        x, x_sf = x
+    _checks.tensor(op, 'x', x, ndim=2, dtypes=tuple(_REDUCE_IN))
+    _checks.inner_contiguous(op, 'x', x)
+    num_expanded, hidden = x.shape
+    _fused_maps(op, token_topk_to_pos, None, None)
+    num_tokens, num_topk = token_topk_to_pos.shape
+    vec = 16 // x.element_size()
+    if hidden % vec:
+        raise ValueError(f'{op}: hidden must be a multiple of {vec} (16-byte rows), got {hidden}')
+    if x.data_ptr() % 16 or (num_expanded > 1 and x.stride(0) % vec):
+        raise ValueError(f'{op}: x rows must start on 16-byte boundaries (data_ptr {x.data_ptr():#x}, row stride {x.stride(0)})')
+    if x_sf is not None:
+        _checks.tensor(op, 'x_sf', x_sf, ndim=1, dtypes=(torch.float32,))
+        _contiguous(op, 'x_sf', x_sf)
+        if x_sf.shape[0] != num_expanded:
+            raise ValueError(f'{op}: x_sf must have {num_expanded} entries (one per row of x), got {x_sf.shape[0]}')
+    if topk_weights is not None:
+        _checks.tensor(op, 'topk_weights', topk_weights, ndim=2, dtypes=(torch.float32,))
+        _checks.inner_contiguous(op, 'topk_weights', topk_weights)
+        if tuple(topk_weights.shape) != (num_tokens, num_topk):
+            raise ValueError(f'{op}: topk_weights must have shape {(num_tokens, num_topk)}, got {tuple(topk_weights.shape)}')
+    if fp8_format == 'e4m3':
+        out_dtype = torch.float8_e4m3fn
+    elif fp8_format == '':
+        out_dtype = x.dtype
+        if sf is not None:
+            raise ValueError(f"{op}: sf is only for fp8 output (fp8_format='e4m3')")
+    else:
+        raise ValueError(f"{op}: fp8_format must be '' or 'e4m3', got {fp8_format!r}")
+    if sf is not None:
+        _checks.tensor(op, 'sf', sf, ndim=1, dtypes=(torch.float32,))
+        if sf.shape[0] != 1:
+            raise ValueError(f'{op}: sf must have shape (1,), got {tuple(sf.shape)}')
+    out_vec = 16 // x.element_size()  # elements per thread store: 16 bytes, or 8 / 4 bytes of e4m3
+    out_align = out_vec * (1 if fp8_format else x.element_size())
+    if out is None:
+        out = x.new_empty((num_tokens, hidden), dtype=out_dtype)
+    else:
+        _checks.tensor(op, 'out', out, ndim=2, dtypes=(out_dtype,))
+        if tuple(out.shape) != (num_tokens, hidden):
+            raise ValueError(f'{op}: out must have shape {(num_tokens, hidden)}, got {tuple(out.shape)}')
+        _checks.inner_contiguous(op, 'out', out)
+        if out.data_ptr() % out_align or (num_tokens > 1 and out.stride(0) % out_vec):
+            raise ValueError(f'{op}: out rows must start on {out_align}-byte boundaries (data_ptr {out.data_ptr():#x}, row stride {out.stride(0)})')
+    tensors = {'x': x, 'token_topk_to_pos': token_topk_to_pos, 'out': out}
+    device = _checks.on_one_cuda_device(op, **tensors, **{k: v for k, v in (('x_sf', x_sf), ('topk_weights', topk_weights), ('sf', sf)) if v is not None})
+    if num_tokens == 0 or hidden == 0:
+        return out
+    absent = _fused_placeholders(x.device)
+    tensors.update(x_sf=absent['one'] if x_sf is None else x_sf, sf=absent['one'] if sf is None else sf,
+                   topk_weights=absent['one_2d'] if topk_weights is None else topk_weights)
+    scalars = {'with_weights': int(topk_weights is not None), 'with_x_sf': int(x_sf is not None), 'with_sf': int(sf is not None)}
+    spec = {'in_dtype': _REDUCE_IN[x.dtype], 'out_dtype': 'same' if fp8_format == '' else 'float8_e4m3fn'}
+    find_kernel('moe.reduce_fused', spec, device)(device, tensors, scalars)
     return out

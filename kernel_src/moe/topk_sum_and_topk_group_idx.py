@@ -2,15 +2,16 @@
 the sum of its two largest (2), and return the num_topk_groups best groups, best first, ties to the
 lower group index.
 
-One warp per token; lane g < num_groups reads group g's scores (adjacent in memory) and keeps its top
-two; the rank of each group is the number of groups that beat it, counted with shuffles, and the lanes
-whose rank is below num_topk_groups write their group index at that rank.
+One warp per token. The warp copies the token's scores to its row of shared memory in coalesced loads,
+then kernel_src/moe/warp_select.rank_groups has lane g < num_groups score group g and count the groups
+that beat it; the lanes whose rank is below num_topk_groups write their group index at that rank.
 """
 
 from tilelang import language as T
 
 from kernel_src import models
 from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
+from kernel_src.moe.warp_select import rank_groups
 
 WARPS_PER_BLOCK = 4
 
@@ -26,6 +27,8 @@ def check(num_groups: int, experts_per_group: int, num_topk_sum: int, num_topk_g
 
 def build(arch: Arch, num_groups: int, experts_per_group: int, num_topk_sum: int, num_topk_groups: int) -> KernelProgram:
     num_tokens, row_stride = T.dynamic('num_tokens'), T.dynamic('row_stride')
+    num_experts = num_groups * experts_per_group
+    per_lane = (num_experts + 31) // 32
 
     @T.prim_func
     def topk_sum_and_topk_group_idx(
@@ -35,30 +38,18 @@ def build(arch: Arch, num_groups: int, experts_per_group: int, num_topk_sum: int
         with T.Kernel(T.ceildiv(num_tokens, WARPS_PER_BLOCK), threads=32 * WARPS_PER_BLOCK) as pid:
             tid = T.get_thread_binding()
             lane = tid % 32
-            token = pid * WARPS_PER_BLOCK + tid // 32
-            top1 = T.alloc_var(T.float32)
-            top2 = T.alloc_var(T.float32)
-            group_score = T.alloc_var(T.float32)
-            rank = T.alloc_var(T.int32)
+            warp = tid // 32
+            token = pid * WARPS_PER_BLOCK + warp
+            rows = T.alloc_shared((WARPS_PER_BLOCK, num_experts), T.float32)
+            rank = T.alloc_local((1,), T.int32)
             if token < num_tokens:
-                top1 = -T.infinity(T.float32)
-                top2 = -T.infinity(T.float32)
-                if lane < num_groups:
-                    for i in T.unroll(experts_per_group):
-                        value = scores[token, lane * experts_per_group + i]
-                        if value > top1:
-                            top2 = top1
-                            top1 = value
-                        elif value > top2:
-                            top2 = value
-                group_score = top1 if num_topk_sum == 1 else top1 + top2
-                rank = 0
-                for g in T.unroll(num_groups):
-                    other = T.shfl_sync(group_score, g)
-                    if other > group_score or (other == group_score and g < lane):
-                        rank = rank + 1
-                if lane < num_groups and rank < num_topk_groups:
-                    group_topk_idx[token, rank] = T.Cast('int64', lane)
+                for i in T.unroll(per_lane):
+                    if lane + 32 * i < num_experts:
+                        rows[warp, lane + 32 * i] = scores[token, lane + 32 * i]
+                T.sync_warp()
+                rank_groups(rows, warp, lane, num_groups, experts_per_group, num_topk_sum, rank)
+                if lane < num_groups and rank[0] < num_topk_groups:
+                    group_topk_idx[token, rank[0]] = T.Cast('int64', lane)
 
     return KernelProgram(topk_sum_and_topk_group_idx, alignment={'scores': 4, 'group_topk_idx': 8})
 
@@ -75,5 +66,6 @@ DECL = KernelDecl(
     factory=build,
     prebuilt=prebuilt,
     check=check,
-    pass_configs={'tl.disable_warp_specialized': True},
+    # Each warp writes and reads only its own shared row, ordered by __syncwarp.
+    pass_configs={'tl.disable_warp_specialized': True, 'tl.disable_thread_storage_sync': True},
 )

@@ -1,157 +1,259 @@
-"""quant.per_token_cast to e4m3 with row-major fp32 scale factors, blocks of (1, num_per_channels).
+"""quant.per_token_cast: bf16/fp32 rows to e4m3 or e2m1 with one scale factor per (1, num_per_channels) block.
 
-Per block: amax = max |x|, clamped = max(amax, 1e-4), sf = clamped / 448 and the multiplier
-448 / clamped (two IEEE divisions, as upstream), or with `round_sf` sf rounded up to a power of two and
-the multiplier its exact inverse. out = e4m3_satfinite(x * multiplier).
+Per block: amax = max |x|, clamped = max(amax, floor), sf = clamped / max and the multiplier max / clamped
+(two IEEE divisions, as upstream), or with `round_sf` sf rounded up to a power of two and the multiplier
+its exact inverse. e4m3: max 448, floor 1e-4, out = e4m3_satfinite(x * multiplier). e2m1: max 6, floor
+6 * 2^-126, out = e2m1 RTNE saturated at 6, two codes per byte, the even column in the low nibble.
 
-A row, padded to whole blocks, is a run of 16-byte vectors. A CTA owns `num_vectors` vectors per thread:
-a slice of one row when rows are long, several whole rows when they are short; the grid is (row groups,
-row slices), so no thread ever divides by a run-time or 64-bit quantity. All of a thread's loads are
-issued before any arithmetic. The lanes holding one block are adjacent in a warp, so the block amax is a
-butterfly of shuffles and never touches shared memory; the padding is masked and reads as zero, which
-cannot raise an amax. The row stride is a run-time argument; the `aligned` variant assumes a 16-byte
-aligned pointer and row stride, the other loads element by element.
+Only the number format, the scale-factor storage (float32, or packed UE8M0 bytes), the input dtype, the
+input alignment and whether a block is a whole row are compile time. The hidden size, the block width
+(16..128, a power of two), round_sf, the scale-factor strides (row-major or TMA-aligned column-major
+float32) and the mode (cast, scale factors only, or cast with precomputed scale factors, whose multiplier
+is 1 / sf) are run-time arguments, so a handful of binaries serve every model.
+
+Layout (`per_row=False`): each row is padded to whole blocks and cut into 16-byte vectors; the vectors of
+all rows form one flat sequence of `num_tokens * vectors_per_row`, and CTA b owns vectors
+[b * slots, (b + 1) * slots) with thread t holding vectors b * slots + j * 128 + t. So no slot is idle
+whatever the hidden size, and a block's lanes are adjacent in a warp (a row is a whole number of blocks),
+which makes the block amax a butterfly of shuffles. The row of a flat vector index comes from a
+multiply-shift by a host-computed magic number, not a division. Padding reads as zero, which cannot raise
+an amax. `per_row=True` (num_per_channels == hidden) gives a row to a CTA, up to 16 vectors per thread,
+and reduces the amax through shared memory.
+
+The `aligned` variant assumes a 16-byte aligned pointer and row stride; the other loads element by
+element. Every store is masked against the buffer dims, so no run-time argument can make it write
+out of bounds.
 """
 
 from tilelang import language as T
 
-from kernel_src import models
 from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
 
-E4M3_MAX = 448.0
-E4M3_AMAX_FLOOR = 1e-4
 NUM_THREADS = 128
+NUM_VECTORS = 4  # vectors per thread in the flat layout: 64 bytes of loads in flight
+ROW_VECTORS = 16  # per_row: vectors per thread, so rows of up to 128 * 16 vectors (16384 bf16, 8192 fp32)
 IN_DTYPES = {'bfloat16': 2, 'float32': 4}
+FORMATS = {'e4m3': (448.0, 1e-4), 'e2m1': (6.0, 6.0 * 2.0**-126)}  # (max, amax floor)
+SF_FORMATS = ('f32', 'ue8m0')
+MODE_CAST, MODE_SF_ONLY, MODE_PRECOMPUTED = 0, 1, 2
+
+# e2m1 round-to-nearest-even with saturation, as thresholds on |v|: code = number of thresholds passed,
+# with `>` where the tie goes down to the even code and `>=` where it goes up to it
+# (codes 0..7 are 0, 0.5, 1, 1.5, 2, 3, 4, 6).
+E2M1_THRESHOLDS = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, False), (3.5, True), (5.0, False))
 
 
-def check(in_dtype: str, hidden: int, num_per_channels: int, round_sf: bool, aligned: bool) -> None:
+def check(in_dtype: str, fmt: str, sf_format: str, per_row: bool, aligned: bool) -> None:
     if in_dtype not in IN_DTYPES:
         raise ValueError(f'in_dtype must be one of {sorted(IN_DTYPES)}, got {in_dtype!r}')
-    if num_per_channels not in (16, 32, 64, 128):
-        raise ValueError(f'num_per_channels must be 16, 32, 64 or 128, got {num_per_channels}')
-    if hidden <= 0 or hidden % 16:
-        raise ValueError(f'hidden must be a positive multiple of 16, got {hidden}')
+    if fmt not in FORMATS:
+        raise ValueError(f'fmt must be one of {sorted(FORMATS)}, got {fmt!r}')
+    if sf_format not in SF_FORMATS:
+        raise ValueError(f'sf_format must be one of {SF_FORMATS}, got {sf_format!r}')
 
 
-def vectors_per_thread(vectors_per_row: int, num_threads: int) -> int:
-    """Vectors per thread (1..7) for rows of `vectors_per_row` vectors, from the H200 sweep in
-    docs/benchmarks.md: rows shorter than a CTA get one vector per thread (several rows per CTA);
-    longer rows get the count that leaves the fewest idle slots per row slice, the largest on a tie
-    (more loads in flight), as long as one slice never spans two rows."""
-    if vectors_per_row < num_threads:
-        return 1
-
-    def idle(n: int) -> float:
-        slots = num_threads * n
-        return 1 - vectors_per_row / (-(-vectors_per_row // slots) * slots)
-
-    fits = [n for n in range(1, 8) if num_threads * n < 2 * vectors_per_row]
-    return min(fits, key=lambda n: (round(idle(n), 6), -n))
+def e2m1_code(v):
+    """The 4-bit e2m1 code of float32 v as an int32 (sign in bit 3), bit-exact with the reference's RTNE."""
+    a = T.abs(v)
+    code = T.Cast('int32', T.reinterpret(v, T.uint32) >> T.uint32(31)) * 8
+    for threshold, inclusive in E2M1_THRESHOLDS:
+        code = code + T.Cast('int32', (a >= T.float32(threshold)) if inclusive else (a > T.float32(threshold)))
+    return code
 
 
-def build(arch: Arch, in_dtype: str, hidden: int, num_per_channels: int, round_sf: bool, aligned: bool,
+def build(arch: Arch, in_dtype: str, fmt: str, sf_format: str, per_row: bool, aligned: bool,
           num_threads: int = NUM_THREADS, num_vectors: int = 0) -> KernelProgram:
-    elems_per_vector = 16 // IN_DTYPES[in_dtype]
-    lanes_per_block = num_per_channels // elems_per_vector
-    padded_hidden = (hidden + num_per_channels - 1) // num_per_channels * num_per_channels
-    vectors_per_row = padded_hidden // elems_per_vector
-    num_blocks = (hidden + num_per_channels - 1) // num_per_channels
-    num_vectors = num_vectors or vectors_per_thread(vectors_per_row, num_threads)
+    elem_bytes = IN_DTYPES[in_dtype]
+    epv = 16 // elem_bytes  # elements per vector
+    fp4 = fmt == 'e2m1'
+    packed = sf_format == 'ue8m0'
+    fmax, floor = FORMATS[fmt]
+    num_vectors = num_vectors or (ROW_VECTORS if per_row else NUM_VECTORS)
     slots = num_threads * num_vectors
-    rows_per_cta = max(slots // vectors_per_row, 1)
-    slices_per_row = -(-vectors_per_row // slots) if rows_per_cta == 1 else 1
-
-    num_tokens = T.dynamic('num_tokens')
-    row_stride = T.dynamic('row_stride')
+    num_warps = num_threads // 32
     load_loop = T.vectorized if aligned else T.unroll  # unaligned rows load element by element
 
-    # Row and column (in elements) of a thread's j-th vector, as plain expressions so that tilelang can
-    # prove the column is a multiple of the vector and emit 16-byte accesses.
-    def row_of(pid_row, j, tid):
-        if rows_per_cta == 1:
-            return pid_row
-        group_row = (j * num_threads + tid) // vectors_per_row
-        # Slots past the last whole row of the group get a row past the end: they are inactive.
-        return T.if_then_else(group_row < rows_per_cta, pid_row * rows_per_cta + group_row, num_tokens)
+    num_tokens = T.dynamic('num_tokens')
+    hidden = T.dynamic('hidden')
+    row_stride = T.dynamic('row_stride')
+    num_sf_blocks = T.dynamic('num_sf_blocks')
+    sf_stride_t = T.dynamic('sf_stride_t')
+    sf_stride_k = T.dynamic('sf_stride_k')
+    num_sf_words = T.dynamic('num_sf_words')
+    sf_word_stride = T.dynamic('sf_word_stride')
+    out_type = (num_tokens, hidden // 2) if fp4 else (num_tokens, hidden)
+    out_dtype = T.int8 if fp4 else T.float8_e4m3fn
+    if packed:
+        # The bytes of the int32 words: word w of token t holds the UE8M0 exponents of blocks 4w..4w+3.
+        sf_type = T.StridedTensor[(num_sf_words, num_tokens * 4), (sf_word_stride, 1), T.uint8]
+    else:
+        sf_type = T.StridedTensor[(num_tokens, num_sf_blocks), (sf_stride_t, sf_stride_k), T.float32]
 
-    def col_of(pid_slice, j, tid):
-        if rows_per_cta == 1:
-            return (pid_slice * slots + j * num_threads + tid) * elems_per_vector
-        return (j * num_threads + tid) % vectors_per_row * elems_per_vector
+    @T.macro
+    def scale(amax, round_sf, sf, multiplier, j):
+        """sf[j] (float32, or the UE8M0 byte as a float) and multiplier[j] of a block of that amax."""
+        clamped = T.max(amax, T.float32(floor))
+        sf_f = T.alloc_var(T.float32)
+        sf_f = clamped / T.float32(fmax)
+        if packed or round_sf != 0:  # UE8M0 scale factors are powers of two: the op requires round_sf
+            # (bits - 1) >> 23, plus one, is the biased exponent of the power of two at or above sf.
+            exponent = ((T.reinterpret(sf_f, T.uint32) - T.uint32(1)) >> T.uint32(23)) + T.uint32(1)
+            multiplier[j] = T.reinterpret((T.uint32(254) - exponent) << T.uint32(23), T.float32)
+            if packed:
+                sf[j] = T.Cast(T.float32, exponent)
+            else:
+                sf[j] = T.reinterpret(exponent << T.uint32(23), T.float32)
+        else:
+            multiplier[j] = T.float32(fmax) / clamped
+            sf[j] = sf_f
+
+    # Row and column (in elements) of a thread's j-th vector, as plain expressions (not local arrays) so that
+    # tilelang can prove the column a multiple of the vector and emit 16-byte accesses. Flat layout: row =
+    # v // vectors_per_row by a multiply-shift (exact for v < 2^31, see tile_kernels_aot.quant); vectors
+    # past the last row get a row of num_tokens or more, which the masks treat as inactive.
+    def where(pid, j, tid, vectors_per_row, row_magic, row_shift):
+        if per_row:
+            return pid, (j * num_threads + tid) * epv
+        v = pid * slots + j * num_threads + tid
+        row = T.Cast('int32', (T.Cast('int64', v) * row_magic) >> T.Cast('int64', row_shift))
+        return row, (v - row * vectors_per_row) * epv
 
     @T.prim_func
     def per_token_cast(
         x: T.StridedTensor[(num_tokens, hidden), (row_stride, 1), in_dtype],
-        out: T.Tensor[(num_tokens, hidden), T.float8_e4m3fn],
-        out_sf: T.Tensor[(num_tokens, num_blocks), T.float32],
+        out: T.Tensor[out_type, out_dtype],
+        out_sf: sf_type,
+        vectors_per_row: T.int32,
+        row_magic: T.int64,
+        row_shift: T.int32,
+        npc_log2: T.int32,
+        round_sf: T.int32,
+        mode: T.int32,
     ):
-        with T.Kernel(T.ceildiv(num_tokens, rows_per_cta), slices_per_row, threads=num_threads) as (pid_row, pid_slice):
+        with T.Kernel(num_tokens if per_row else T.ceildiv(num_tokens * vectors_per_row, slots), threads=num_threads) as pid:
+            T.assume(hidden % 16 == 0)
             if aligned:
-                T.assume(row_stride % elems_per_vector == 0)
+                T.assume(row_stride % epv == 0)
             tid = T.get_thread_binding()
-            values = T.alloc_local((num_vectors, elems_per_vector), in_dtype)
-            quantized = T.alloc_local((num_vectors, elems_per_vector), T.float8_e4m3fn)
+            values = T.alloc_local((num_vectors, epv), in_dtype)
             amax = T.alloc_local((num_vectors,), T.float32)
             multiplier = T.alloc_local((num_vectors,), T.float32)
+            sf = T.alloc_local((num_vectors,), T.float32)
+            lanes_log2 = npc_log2 - (epv.bit_length() - 1)  # lanes per block, log2
+
             for j in T.unroll(num_vectors):
-                row, col = row_of(pid_row, j, tid), col_of(pid_slice, j, tid)
+                row, col = where(pid, j, tid, vectors_per_row, row_magic, row_shift)
                 if row < num_tokens and col < hidden:
-                    for e in load_loop(elems_per_vector):
+                    for e in load_loop(epv):
                         values[j, e] = x[row, col + e]
                 else:
-                    for e in T.vectorized(elems_per_vector):
+                    for e in T.vectorized(epv):
                         values[j, e] = T.cast(0, in_dtype)
             for j in T.unroll(num_vectors):
                 amax[j] = T.float32(0)
-                for e in T.unroll(elems_per_vector):
+                for e in T.unroll(epv):
                     amax[j] = T.max(amax[j], T.abs(T.Cast('float32', values[j, e])))
-                for s in T.unroll(lanes_per_block.bit_length() - 1):
-                    amax[j] = T.max(amax[j], T.shfl_xor(amax[j], lanes_per_block >> (s + 1)))
-            for j in T.unroll(num_vectors):
-                row, col = row_of(pid_row, j, tid), col_of(pid_slice, j, tid)
-                clamped = T.max(amax[j], T.float32(E4M3_AMAX_FLOOR))
-                sf = T.alloc_var(T.float32)
-                sf = clamped / T.float32(E4M3_MAX)
-                if round_sf:
-                    # (bits - 1) >> 23, plus one, is ceil(log2(sf)) for a positive normal sf.
-                    exponent = ((T.reinterpret(sf, T.uint32) - T.uint32(1)) >> T.uint32(23)) + T.uint32(1)
-                    sf = T.reinterpret(exponent << T.uint32(23), T.float32)
-                    multiplier[j] = T.reinterpret((T.uint32(254) - exponent) << T.uint32(23), T.float32)
-                else:
-                    multiplier[j] = T.float32(E4M3_MAX) / clamped
-                if row < num_tokens and col < hidden and tid % lanes_per_block == 0:
-                    out_sf[row, col // num_per_channels] = sf
-            for j in T.unroll(num_vectors):
-                for e in T.unroll(elems_per_vector):
-                    quantized[j, e] = T.Cast(T.float8_e4m3fn, T.Cast('float32', values[j, e]) * multiplier[j])
-                row, col = row_of(pid_row, j, tid), col_of(pid_slice, j, tid)
-                if row < num_tokens and col < hidden:
-                    for e in T.vectorized(elems_per_vector):
-                        out[row, col + e] = quantized[j, e]
 
-    return KernelProgram(per_token_cast, alignment={'x': 16 if aligned else IN_DTYPES[in_dtype], 'out': 16, 'out_sf': 4})
+            if per_row:
+                red = T.alloc_shared((num_warps,), T.float32)
+                # One block per row: thread maxima, then a warp butterfly, then across warps.
+                for j in T.unroll(1, num_vectors):
+                    amax[0] = T.max(amax[0], amax[j])
+                for s in T.unroll(5):
+                    amax[0] = T.max(amax[0], T.shfl_xor(amax[0], 16 >> s))
+                if tid % 32 == 0:
+                    red[tid // 32] = amax[0]
+                T.sync_threads()
+                for w in T.unroll(num_warps):
+                    amax[0] = T.max(amax[0], red[w])
+                if mode == MODE_PRECOMPUTED:
+                    if not packed:
+                        if num_sf_blocks > 0:
+                            multiplier[0] = T.float32(1) / out_sf[pid, 0]
+                else:
+                    scale(amax[0], round_sf, sf, multiplier, 0)
+                    if tid == 0:
+                        if packed:
+                            if num_sf_words > 0:
+                                out_sf[0, pid * 4] = T.Cast(T.uint8, sf[0])
+                                for b in T.unroll(1, 4):
+                                    out_sf[0, pid * 4 + b] = T.uint8(0)  # the unused bytes of the word
+                        elif num_sf_blocks > 0:
+                            out_sf[pid, 0] = sf[0]
+                for j in T.unroll(1, num_vectors):
+                    multiplier[j] = multiplier[0]
+            else:
+                # Block amax: a butterfly over the block's 2^lanes_log2 adjacent lanes (a uniform branch).
+                for j in T.unroll(num_vectors):
+                    for s in T.unroll(5):
+                        if s < lanes_log2:
+                            amax[j] = T.max(amax[j], T.shfl_xor(amax[j], 1 << s))
+                for j in T.unroll(num_vectors):
+                    row, col = where(pid, j, tid, vectors_per_row, row_magic, row_shift)
+                    block = col >> npc_log2
+                    if mode == MODE_PRECOMPUTED:
+                        if not packed:
+                            if row < num_tokens and col < hidden and block < num_sf_blocks:
+                                multiplier[j] = T.float32(1) / out_sf[row, block]
+                    else:
+                        scale(amax[j], round_sf, sf, multiplier, j)
+                        if row < num_tokens and col < hidden and (tid & ((1 << lanes_log2) - 1)) == 0:
+                            if packed:
+                                if (block >> 2) < num_sf_words:
+                                    out_sf[(block >> 2), row * 4 + (block & 3)] = T.Cast(T.uint8, sf[j])
+                                    # The last block of a row zeroes the rest of its word (upstream leaves
+                                    # those bytes unset; zeros make the output deterministic).
+                                    if col + (1 << npc_log2) >= hidden:
+                                        for b in T.unroll(1, 4):
+                                            if (block & 3) + b < 4:
+                                                out_sf[(block >> 2), row * 4 + (block & 3) + b] = T.uint8(0)
+                            elif block < num_sf_blocks:
+                                out_sf[row, block] = sf[j]
+
+            if mode != MODE_SF_ONLY:
+                for j in T.unroll(num_vectors):
+                    row, col = where(pid, j, tid, vectors_per_row, row_magic, row_shift)
+                    if row < num_tokens and col < hidden:
+                        if fp4:
+                            packed_bytes = T.alloc_local((epv // 2,), T.int8)
+                            for e in T.unroll(epv // 2):
+                                lo = e2m1_code(T.Cast('float32', values[j, 2 * e]) * multiplier[j])
+                                hi = e2m1_code(T.Cast('float32', values[j, 2 * e + 1]) * multiplier[j])
+                                packed_bytes[e] = T.Cast(T.int8, lo | (hi << 4))
+                            for e in T.vectorized(epv // 2):
+                                out[row, col // 2 + e] = packed_bytes[e]
+                        else:
+                            quantized = T.alloc_local((epv,), T.float8_e4m3fn)
+                            for e in T.unroll(epv):
+                                quantized[e] = T.Cast(T.float8_e4m3fn, T.Cast('float32', values[j, e]) * multiplier[j])
+                            for e in T.vectorized(epv):
+                                out[row, col + e] = quantized[e]
+
+    return KernelProgram(per_token_cast, alignment={'x': 16 if aligned else elem_bytes, 'out': 16, 'out_sf': 1 if packed else 4})
 
 
 def prebuilt():
     for in_dtype in IN_DTYPES:
-        for hidden in models.hidden_sizes():
-            for num_per_channels in (32, 128):
-                for round_sf in (False, True):
-                    for aligned in (True, False):
-                        yield dict(in_dtype=in_dtype, hidden=hidden, num_per_channels=num_per_channels, round_sf=round_sf, aligned=aligned)
+        for fmt in FORMATS:
+            for sf_format in SF_FORMATS:
+                yield dict(in_dtype=in_dtype, fmt=fmt, sf_format=sf_format, per_row=False, aligned=True)
+                yield dict(in_dtype=in_dtype, fmt=fmt, sf_format=sf_format, per_row=False, aligned=False)
+                yield dict(in_dtype=in_dtype, fmt=fmt, sf_format=sf_format, per_row=True, aligned=True)
 
 
 DECL = KernelDecl(
     name='quant.per_token_cast',
     params=(
         param('in_dtype', 'str', ''),
-        param('hidden', 'int', 'h'),
-        param('num_per_channels', 'int', 'c'),
-        param('round_sf', 'bool', 'rsf'),
+        param('fmt', 'str', ''),
+        param('sf_format', 'str', 'sf'),
+        param('per_row', 'bool', 'row'),
         param('aligned', 'bool', 'al'),
     ),
     factory=build,
     prebuilt=prebuilt,
     check=check,
-    pass_configs={'tl.disable_warp_specialized': True, 'tl.enable_lower_ldgstg': True},
+    # Every access is masked explicitly (against the buffer dims); tilelang's own per-element guards would
+    # stop the 16-byte vectorisation, since it cannot prove that a vector never straddles the run-time hidden.
+    pass_configs={'tl.disable_warp_specialized': True, 'tl.enable_lower_ldgstg': True, 'tl.disable_safe_memory_legalize': True},
 )

@@ -70,3 +70,11 @@ def test_every_kernel_has_a_benchmark_case():
     from kernel_src.registry import DECLS
 
     assert set(CASES) == set(DECLS)
+
+
+def test_every_kernel_is_compared_with_upstream():
+    # Every kernel here reimplements an upstream TileKernels v1 kernel; benchmarks/upstream.py runs both.
+    from benchmarks.upstream import CASES
+    from kernel_src.registry import DECLS
+
+    assert set(CASES) == set(DECLS)

@@ -10,60 +10,123 @@ from .helpers import TOKEN_COUNTS, assert_bitwise_equal, calc_diff, check_unbias
 pytestmark = pytest.mark.gpu
 
 DTYPES = {'bfloat16': torch.bfloat16, 'float32': torch.float32}
+# A short row, a row that is not a whole number of 128-wide blocks, and the largest model row
+# (kernel_src/models.py); the hidden size is a run-time argument of every binary.
+HIDDEN_SIZES = (576, 2880, 7168)
+BLOCK_WIDTHS = (16, 32, 64, 128)
+ROUND_TRIP_BOUND = {'e4m3': 1e-3, 'e2m1': 2e-2}
 
 
-def input_for(spec: dict, num_tokens: int) -> torch.Tensor:
+def input_for(spec: dict, num_tokens: int, hidden: int) -> torch.Tensor:
     """Strided rows either 16-byte aligned (aligned specs) or not (the element-wise variant)."""
-    dtype, hidden = DTYPES[spec['in_dtype']], spec['hidden']
+    dtype = DTYPES[spec['in_dtype']]
     offset, extra = (0, 64) if spec['aligned'] else (1, 1)
     base = torch.randn((num_tokens + 1) * (hidden + extra) + offset, device='cuda').to(dtype)
-    x = base[offset:offset + num_tokens * (hidden + extra)].view(num_tokens, hidden + extra)[:, :hidden]
-    if num_tokens:
-        assert per_token_cast_spec(x, spec['num_per_channels'], spec['round_sf']) == spec, 'the op would pick another spec'
-    return x
+    return base[offset:offset + num_tokens * (hidden + extra)].view(num_tokens, hidden + extra)[:, :hidden]
 
 
-@pytest.mark.parametrize('spec', installed_specs('quant.per_token_cast'))
+def layouts(spec: dict) -> list[tuple[bool, bool, bool]]:
+    """(use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0) combinations the spec serves."""
+    if spec['sf_format'] == 'ue8m0':
+        return [(True, True, True)]
+    return [(col_major, round_sf, False) for col_major in (False, True) for round_sf in (False, True)]
+
+
+def block_widths(spec: dict, hidden: int) -> tuple[int, ...]:
+    if spec['per_row']:
+        return (hidden,) if hidden % 64 == 0 and hidden not in BLOCK_WIDTHS else ()
+    return BLOCK_WIDTHS
+
+
+def sf_storage(num_tokens: int, num_blocks: int, col_major: bool, packed: bool) -> tuple[tuple[int, ...], torch.dtype]:
+    if packed:
+        return (-(-num_blocks // 4), -(-num_tokens * 4 // 16) * 16), torch.uint8
+    return ((num_blocks, -(-num_tokens // 4) * 4) if col_major else (num_tokens, num_blocks)), torch.float32
+
+
+@pytest.mark.parametrize('hidden', HIDDEN_SIZES)
 @pytest.mark.parametrize('num_tokens', TOKEN_COUNTS)
-def test_per_token_cast_bitwise(spec, num_tokens):
-    npc, round_sf = spec['num_per_channels'], spec['round_sf']
-    x = input_for(spec, num_tokens)
-    num_blocks = -(-spec['hidden'] // npc)
-    poison_allocator(((num_tokens, spec['hidden']), torch.float8_e4m3fn), ((num_tokens, num_blocks), torch.float32))
-    out, sf = tile_kernels_aot.quant.per_token_cast(x, 'e4m3', npc, round_sf=round_sf)
-    out_ref, sf_ref = reference.cast(x, 'e4m3', (1, npc), round_sf=round_sf)
-    assert_bitwise_equal(out, out_ref)
-    assert_bitwise_equal(sf, sf_ref)
-    back = reference.cast_back((out, sf), 'fp32', (1, npc))
-    assert calc_diff(back, x.float()) < 1e-3
-    if num_tokens >= 63:
-        check_unbiased(back, x.float())
+@pytest.mark.parametrize('spec', installed_specs('quant.per_token_cast'))
+def test_per_token_cast_bitwise(spec, num_tokens, hidden):
+    fmt = spec['fmt']
+    x = input_for(spec, num_tokens, hidden)
+    for npc in block_widths(spec, hidden):
+        for col_major, round_sf, packed in layouts(spec):
+            if num_tokens:
+                assert per_token_cast_spec(x, fmt, npc, packed) == spec, 'the op would pick another spec'
+            num_blocks = -(-hidden // npc)
+            out_shape = (num_tokens, hidden // 2) if fmt == 'e2m1' else (num_tokens, hidden)
+            poison_allocator((out_shape, torch.uint8), sf_storage(num_tokens, num_blocks, col_major, packed))
+            flags = dict(use_tma_aligned_col_major_sf=col_major, round_sf=round_sf, use_packed_ue8m0=packed)
+            out, sf = tile_kernels_aot.quant.per_token_cast(x, fmt, npc, **flags)
+            out_ref, sf_ref = reference.cast(x, fmt, (1, npc), **flags)
+            assert_bitwise_equal(out, out_ref)
+            assert_bitwise_equal(sf, sf_ref)
+
+            poison_allocator(sf_storage(num_tokens, num_blocks, col_major, packed))
+            assert_bitwise_equal(tile_kernels_aot.quant.per_token_cast_with_sf_only(x, fmt, npc, **flags), sf_ref)
+            if not packed:
+                # Upstream uses row-major precomputed scale factors; any strides work here.
+                precomputed = tile_kernels_aot.quant.per_token_cast_with_precomputed_sf(x, fmt, npc, sf)
+                assert_bitwise_equal(precomputed, reference.cast(x, fmt, (1, npc), sf=sf))
+
+            back = reference.cast_back((out, sf), 'fp32', (1, npc))
+            assert calc_diff(back, x.float()) < ROUND_TRIP_BOUND[fmt]
+            if num_tokens >= 63:
+                check_unbiased(back, x.float())
 
 
-def test_per_token_cast_saturates_and_handles_tiny_blocks():
+@pytest.mark.parametrize('fmt', ('e4m3', 'e2m1'))
+def test_per_token_cast_saturates_and_handles_tiny_blocks(fmt):
     x = torch.randn((64, 7168), device='cuda', dtype=torch.bfloat16)
-    x[0, :128] = 0  # amax 0 -> clamped to 1e-4
+    x[0, :128] = 0  # amax 0 -> clamped to the floor
     x[1, 5] = 3e38  # huge outlier: the rest of its block underflows to 0
     x[2, 130:140] = -1e-30
-    for round_sf in (False, True):
-        out, sf = tile_kernels_aot.quant.per_token_cast(x, 'e4m3', 128, round_sf=round_sf)
-        out_ref, sf_ref = reference.cast(x, 'e4m3', (1, 128), round_sf=round_sf)
-        assert_bitwise_equal(out, out_ref)
-        assert_bitwise_equal(sf, sf_ref)
-        assert torch.isfinite(out.float()).all()
+    x[3, 256:384] = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0], dtype=torch.bfloat16).repeat(16)  # e2m1 ties
+    for npc in (32, 128, 7168):
+        for round_sf in (False, True):
+            out, sf = tile_kernels_aot.quant.per_token_cast(x, fmt, npc, round_sf=round_sf)
+            out_ref, sf_ref = reference.cast(x, fmt, (1, npc), round_sf=round_sf)
+            assert_bitwise_equal(out, out_ref)
+            assert_bitwise_equal(sf, sf_ref)
+            if fmt == 'e4m3':
+                assert torch.isfinite(out.float()).all()
+
+
+def test_per_token_cast_sf_strides_match_upstream():
+    x = torch.randn((5, 7168), device='cuda', dtype=torch.bfloat16)
+    _, sf = tile_kernels_aot.quant.per_token_cast(x, 'e4m3', 128, use_tma_aligned_col_major_sf=True)
+    assert sf.shape == (5, 56) and sf.stride() == (1, 8) and sf.dtype == torch.float32
+    _, sf = tile_kernels_aot.quant.per_token_cast(x, 'e2m1', 32, use_tma_aligned_col_major_sf=True, round_sf=True, use_packed_ue8m0=True)
+    assert sf.shape == (5, 56) and sf.stride() == (1, 8) and sf.dtype == torch.int32
+    out, sf = tile_kernels_aot.quant.per_token_cast(x, 'e2m1', 32)
+    assert out.shape == (5, 3584) and out.dtype == torch.int8 and sf.shape == (5, 224) and sf.stride() == (224, 1)
 
 
 def test_per_token_cast_rejects_bad_input():
     x = torch.randn((8, 7168), device='cuda', dtype=torch.bfloat16)
-    with pytest.raises(NotImplementedError, match='e2m1'):
-        tile_kernels_aot.quant.per_token_cast(x, 'e2m1', 32)
+    op = tile_kernels_aot.quant
+    with pytest.raises(NotImplementedError, match='e5m6'):
+        op.per_token_cast(x, 'e5m6', 7168)
     with pytest.raises(ValueError, match='fmt'):
-        tile_kernels_aot.quant.per_token_cast(x, 'int8', 32)
+        op.per_token_cast(x, 'int8', 32)
     with pytest.raises(ValueError, match='num_per_channels'):
-        tile_kernels_aot.quant.per_token_cast(x, 'e4m3', 48)
+        op.per_token_cast(x, 'e4m3', 48)
     with pytest.raises(TypeError, match='bfloat16 or float32'):
-        tile_kernels_aot.quant.per_token_cast(x.half(), 'e4m3', 128)
+        op.per_token_cast(x.half(), 'e4m3', 128)
     with pytest.raises(ValueError, match='last dimension'):
-        tile_kernels_aot.quant.per_token_cast(torch.randn((7168, 64), device='cuda').t(), 'e4m3', 128)
-    with pytest.raises(NotImplementedError, match='layouts'):
-        tile_kernels_aot.quant.per_token_cast(x, 'e4m3', 128, use_tma_aligned_col_major_sf=True)
+        op.per_token_cast(torch.randn((7168, 64), device='cuda').t(), 'e4m3', 128)
+    with pytest.raises(ValueError, match='use_packed_ue8m0 needs use_tma_aligned_col_major_sf'):
+        op.per_token_cast(x, 'e4m3', 128, round_sf=True, use_packed_ue8m0=True)
+    with pytest.raises(ValueError, match='use_packed_ue8m0 needs round_sf'):
+        op.per_token_cast(x, 'e4m3', 128, use_tma_aligned_col_major_sf=True, use_packed_ue8m0=True)
+    with pytest.raises(TypeError, match='round_sf must be a bool'):
+        op.per_token_cast(x, 'e4m3', 128, round_sf=1)
+    with pytest.raises(NotImplementedError, match='re-quantising'):
+        op.per_token_cast((x, x), 'e4m3', 128, x_block_size=(1, 128))
+    with pytest.raises(ValueError, match='hidden divisible by 64'):
+        op.per_token_cast(torch.randn((8, 7184), device='cuda'), 'e4m3', 7184)
+    with pytest.raises(ValueError, match='sf must have shape'):
+        op.per_token_cast_with_precomputed_sf(x, 'e4m3', 128, torch.ones((8, 55), device='cuda'))
+    with pytest.raises(NotImplementedError, match='packed UE8M0'):
+        op.per_token_cast_with_precomputed_sf(x, 'e4m3', 128, torch.ones((8, 14), dtype=torch.int32, device='cuda'))

@@ -1,17 +1,32 @@
-"""Block-scaled FP8 casts, written for clarity rather than speed.
+"""Block-scaled FP8 (e4m3) and FP4 (e2m1) casts, written for clarity rather than speed.
 
 The arithmetic follows the kernels operation for operation so that results compare bit for bit:
-amax in float32, clamped = max(amax, 1e-4), sf = clamped / 448, multiplier = 448 / clamped (two
+amax in float32, clamped = max(amax, floor), sf = clamped / max, multiplier = max / clamped (two
 divisions, not one division and a reciprocal), or with round_sf the power of two at or above sf and its
-exact inverse; then x * multiplier in float32, saturated to +-448 and rounded to nearest even in e4m3.
+exact inverse; then x * multiplier in float32, and
+  e4m3: saturated to +-448 and rounded to nearest even (max 448, floor 1e-4);
+  e2m1: rounded to nearest even among 0, 0.5, 1, 1.5, 2, 3, 4, 6 and saturated at 6 (max 6, floor
+        6 * 2^-126), the sign kept (also on a zero), two codes per int8 with the even column in the low
+        nibble.
+Scale-factor layouts as upstream: row-major float32; TMA-aligned column-major float32 (strides
+(1, align(M, 4))); packed UE8M0 (column-major int32 words of four exponent bytes, block 4w + i in byte i
+of word w, the bytes past the last block zero).
 """
 
 from __future__ import annotations
 
 import torch
 
-E4M3_MAX = 448.0
-E4M3_AMAX_FLOOR = 1e-4
+FORMATS = {'e4m3': (448.0, 1e-4), 'e2m1': (6.0, 6.0 * 2.0**-126)}  # (max, amax floor)
+E4M3_MAX, E4M3_AMAX_FLOOR = FORMATS['e4m3']
+# Round-to-nearest-even onto the e2m1 magnitudes as thresholds on |v|: the code is the number of thresholds
+# passed, inclusive where the tie goes up to the even code (codes 0..7 are 0, 0.5, 1, 1.5, 2, 3, 4, 6).
+E2M1_THRESHOLDS = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, False), (3.5, True), (5.0, False))
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+
+
+def _align(value: int, alignment: int) -> int:
+    return -(-value // alignment) * alignment
 
 
 def _blocks(x: torch.Tensor, block: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -31,46 +46,116 @@ def _round_up_pow2(sf: torch.Tensor) -> torch.Tensor:
     return ((bits + 0x7FFFFF) & 0x7F800000).view(torch.float32)
 
 
+def e2m1_codes(v: torch.Tensor) -> torch.Tensor:
+    """The 4-bit e2m1 codes (uint8, sign in bit 3) of float32 v: RTNE, saturating at 6."""
+    a = v.abs()
+    code = (v.view(torch.int32) < 0).to(torch.uint8) * 8
+    for threshold, inclusive in E2M1_THRESHOLDS:
+        code += (a >= threshold if inclusive else a > threshold).to(torch.uint8)
+    return code
+
+
+def e2m1_unpack(data: torch.Tensor) -> torch.Tensor:
+    """float32 [M, 2K] of int8 [M, K] e2m1 pairs (low nibble first), -0.0 for the negative zero code."""
+    codes = data.view(torch.uint8)
+    codes = torch.stack([codes & 15, codes >> 4], dim=-1).reshape(data.shape[0], data.shape[1] * 2).long()
+    magnitude = torch.tensor(E2M1_VALUES, device=data.device)[codes & 7]
+    return torch.where(codes >= 8, -magnitude, magnitude)
+
+
+def _sf_values(sf: torch.Tensor) -> torch.Tensor:
+    """float32 scale factors of a float32 or packed UE8M0 (int32 words) tensor, one per block."""
+    if sf.dtype == torch.float32:
+        return sf
+    exponents = sf.T.contiguous().view(torch.uint8).view(sf.shape[1], sf.shape[0], 4).permute(1, 0, 2).reshape(sf.shape[0], sf.shape[1] * 4)
+    return (exponents.to(torch.int32) << 23).view(torch.float32)
+
+
+def _format_sf(scale: torch.Tensor, col_major: bool, packed: bool) -> torch.Tensor:
+    """Float32 [Mb, Kb] scale factors in the requested layout (see the module docstring)."""
+    if not col_major:
+        return scale.contiguous()
+    mb, kb = scale.shape
+    if packed:
+        exponents = torch.zeros((_align(kb, 4), _align(mb, 4)), dtype=torch.uint8, device=scale.device)
+        exponents[:kb, :mb] = (scale.view(torch.int32) >> 23).to(torch.uint8).T
+        # Column-major words: storage [word][token][byte].
+        words = exponents.view(-1, 4, _align(mb, 4)).permute(0, 2, 1).contiguous().view(torch.int32)
+        return words.view(-1, _align(mb, 4)).T[:mb]
+    storage = torch.zeros((kb, _align(mb, 4)), dtype=torch.float32, device=scale.device)
+    storage[:, :mb] = scale.T
+    return storage.T[:mb]
+
+
 def cast(
     x: torch.Tensor,
     fmt: str,
     block_size: tuple[int, int],
     sf: torch.Tensor | None = None,
+    x_block_size: tuple[int, int] | None = None,
     round_sf: bool = False,
+    use_tma_aligned_col_major_sf: bool = False,
+    use_packed_ue8m0: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor] | torch.Tensor:
-    """Quantise a 2-D bf16/fp32 tensor to e4m3 with one float32 scale factor per `block_size` block.
+    """Quantise a 2-D bf16/fp32 tensor to e4m3 or e2m1 with one scale factor per `block_size` block.
 
-    Returns (data, sf) with sf row-major of shape (ceil(M / bm), ceil(K / bk)); with a given `sf` (the
-    precomputed case) returns only the data, quantised with multiplier 1 / sf.
+    Returns (data, sf): data float8_e4m3fn [M, K] or int8 [M, K / 2] (e2m1); sf in the layout the flags
+    choose (see the module docstring; packed UE8M0 needs round_sf and the column-major flag). With a
+    given float32 `sf` (the precomputed case, any strides) returns only the data, quantised with
+    multiplier 1 / sf.
     """
-    if fmt != 'e4m3':
-        raise NotImplementedError(f'reference cast: fmt={fmt!r} is not implemented yet, only e4m3')
+    if fmt not in FORMATS:
+        raise NotImplementedError(f'reference cast: fmt={fmt!r} is not implemented, only e4m3 and e2m1')
+    if isinstance(x, tuple) or x_block_size is not None:
+        raise NotImplementedError('reference cast: re-quantising an FP8/FP4 (data, sf) input is not implemented')
     if x.dim() != 2 or x.dtype not in (torch.bfloat16, torch.float32):
         raise ValueError(f'reference cast: x must be a 2-D bfloat16/float32 tensor, got {x.dim()}-d {x.dtype}')
+    if use_packed_ue8m0 and not (round_sf and use_tma_aligned_col_major_sf) and sf is None:
+        raise ValueError('reference cast: packed UE8M0 scale factors need round_sf and use_tma_aligned_col_major_sf')
+    fmax, floor = FORMATS[fmt]
     m, k = x.shape
+    if m == 0:
+        data = x.new_empty((0, k // 2 if fmt == 'e2m1' else k), dtype=torch.int8 if fmt == 'e2m1' else torch.float8_e4m3fn)
+        if sf is not None:
+            return data
+        kb = -(-k // block_size[1])
+        if use_packed_ue8m0:
+            return data, x.new_empty((-(-kb // 4), 0), dtype=torch.int32).T
+        return data, x.new_empty((kb, 0), dtype=torch.float32).T if use_tma_aligned_col_major_sf else x.new_empty((0, kb), dtype=torch.float32)
     blocks, real = _blocks(x, block_size)
     if sf is None:
         amax = torch.where(real, blocks.abs(), torch.zeros((), device=x.device)).amax(dim=(1, 3))
-        clamped = amax.clamp(min=E4M3_AMAX_FLOOR)
-        scale = clamped / torch.full_like(clamped, E4M3_MAX)
+        clamped = amax.clamp(min=floor)
+        scale = clamped / torch.full_like(clamped, fmax)
         if round_sf:
             scale = _round_up_pow2(scale)
             multiplier = 1.0 / scale
         else:
-            multiplier = torch.full_like(clamped, E4M3_MAX) / clamped
+            multiplier = torch.full_like(clamped, fmax) / clamped
     else:
         scale = sf
         multiplier = 1.0 / sf
-    q = blocks * multiplier[:, None, :, None]
-    q = q.clamp(-E4M3_MAX, E4M3_MAX).reshape(blocks.shape[0] * blocks.shape[1], blocks.shape[2] * blocks.shape[3])[:m, :k]
-    data = q.to(torch.float8_e4m3fn)
-    return data if sf is not None else (data, scale.contiguous())
+    q = (blocks * multiplier[:, None, :, None]).reshape(blocks.shape[0] * blocks.shape[1], blocks.shape[2] * blocks.shape[3])[:m, :k]
+    if fmt == 'e4m3':
+        data = q.clamp(-fmax, fmax).to(torch.float8_e4m3fn)
+    else:
+        codes = e2m1_codes(q.contiguous()).view(m, k // 2, 2)
+        data = (codes[..., 0] | (codes[..., 1] << 4)).view(torch.int8)
+    if sf is not None:
+        return data
+    return data, _format_sf(scale, use_tma_aligned_col_major_sf, use_packed_ue8m0)
 
 
 def cast_back(x: tuple[torch.Tensor, torch.Tensor], fmt: str, block_size: tuple[int, int]) -> torch.Tensor:
-    """Dequantise (data, row-major float32 sf) back to 'fp32' or 'bf16': data * sf per block."""
+    """Dequantise (data, sf) back to 'fp32' or 'bf16': float(q) * sf per block, rounded once.
+
+    data is float8_e4m3fn [M, K] or int8 [M, K / 2] (e2m1 pairs); sf float32 in any strides or packed
+    UE8M0 int32 words (column-major, as cast returns them).
+    """
     data, sf = x
-    m, k = data.shape
-    expanded = sf.repeat_interleave(block_size[0], dim=0).repeat_interleave(block_size[1], dim=1)[:m, :k]
-    out = data.float() * expanded
+    values = e2m1_unpack(data) if data.dtype == torch.int8 else data.float()
+    m, k = values.shape
+    scale = _sf_values(sf)
+    expanded = scale.repeat_interleave(block_size[0], dim=0).repeat_interleave(block_size[1], dim=1)[:m, :k]
+    out = values * expanded
     return out if fmt == 'fp32' else out.to(torch.bfloat16)

@@ -1,0 +1,225 @@
+"""moe.get_fused_mapping: the expert-major "fused" layout of a routing, in one cooperative kernel.
+
+Expert e owns the positions [start_e, start_e + align(count_e, alignment)) of the fused buffer, experts
+in index order; a (token, k) pair routed to e gets a position in e's segment, padding positions get -1
+in pos_to_expert / pos_to_token / pos_to_token_topk, and a pair with a negative index gets -1 in
+token_topk_to_pos.
+
+Within a segment the pairs are placed in ascending flat order i = t * num_topk + k (a stable counting
+sort), so every output is a function of topk_idx alone: it does not depend on the block count, the GPU
+or the run. (Upstream's order depends on its SM count; its tests check structure only, which this
+layout satisfies too.)
+
+Each warp of the grid owns one contiguous, 32-aligned chunk of the flat pairs, in block-major order.
+  1. Every block sets the pos_to_* arrays to -1 (grid-stride) and counts its warps' pairs per expert
+     into per-warp shared histograms; each block's totals go to the `block_counts` scratch (one row
+     per block), then the grid syncs.
+  2. Every block reads all rows of `block_counts` (8 rows in flight per thread): an expert's total and
+     the count of the blocks before it. A block-wide scan of the aligned totals gives the segment
+     starts; block 0 writes expert_start / expert_end / num_tokens_per_expert. Each warp's base in
+     each segment is start + earlier blocks + earlier warps of this block.
+  3. Each warp walks its chunk in order, 32 pairs at a time: __match_any_sync groups the lanes with
+     the same expert, a lane's rank in its group is the popcount of the lower lanes in it, and the
+     group's highest lane moves the warp's base past the group.
+
+The number of experts (up to MAX_EXPERTS), the top-k, the alignment and the block count are run-time
+arguments; the only specialisation is the index dtype.
+
+Co-residency: the kernel uses THREADS threads and about 37 KB of static shared memory per block and
+no dynamic shared memory, so at least one block fits on every SM of sm_90 / sm_100 (228 KB of shared
+memory and 2048 threads per SM). The op therefore launches at most one block per SM; the loader
+checks the occupancy query too and refuses a grid that cannot be co-resident.
+"""
+
+import tilelang  # noqa: F401 - puts tilelang's bundled tvm on the path before `tvm` is imported
+from tilelang import language as T
+from tvm import tirx
+
+from kernel_src.decl import Arch, KernelDecl, KernelProgram
+from kernel_src.moe.common import INDEX_DTYPE_PARAMS, check_index_dtype, index_dtype_specs
+
+THREADS = 256
+WARPS = THREADS // 32
+MAX_EXPERTS = 1024
+SLOTS = MAX_EXPERTS // THREADS  # experts per thread in the per-expert phases
+BLOCK_ROWS_IN_FLIGHT = 8  # rows of block_counts each thread loads before adding them up
+
+
+def _device_assert(cond):
+    return T.call_intrin('void', tirx.op.Op.get('tl.device_assert'), cond)
+
+
+def build(arch: Arch, index_dtype: str) -> KernelProgram:
+    num_tokens, num_topk = T.dynamic('num_tokens'), T.dynamic('num_topk')
+    row_stride = T.dynamic('row_stride')
+    num_expanded = T.dynamic('num_expanded_tokens')
+    num_experts = T.dynamic('num_experts')
+    num_blocks = T.dynamic('num_blocks')
+
+    @T.prim_func
+    def get_fused_mapping(
+        topk_idx: T.StridedTensor[(num_tokens, num_topk), (row_stride, 1), index_dtype],
+        pos_to_expert: T.Tensor[(num_expanded,), T.int32],
+        pos_to_token: T.Tensor[(num_expanded,), T.int32],
+        pos_to_token_topk: T.Tensor[(num_expanded,), T.int32],
+        token_topk_to_pos: T.Tensor[(num_tokens, num_topk), T.int32],
+        expert_start: T.Tensor[(num_experts,), T.int32],
+        expert_end: T.Tensor[(num_experts,), T.int32],
+        num_tokens_per_expert: T.Tensor[(num_experts,), T.int32],
+        block_counts: T.Tensor[(num_blocks, num_experts), T.int32],  # scratch, one row per block: sets the grid
+        alignment: T.int32,
+    ):
+        with T.Kernel(num_blocks, threads=THREADS) as bid:
+            tid = T.get_thread_binding()
+            warp = tid // 32
+            lane = tid % 32
+            # warp_hist[w, e]: first the count of warp w's pairs routed to e, then warp w's next position in e.
+            warp_hist = T.alloc_shared((WARPS, MAX_EXPERTS), T.int32)
+            seg = T.alloc_shared((MAX_EXPERTS,), T.int32)  # aligned counts, then segment starts
+            warp_sums = T.alloc_shared((WARPS,), T.int32)
+            total = T.alloc_local((SLOTS,), T.int32)
+            before = T.alloc_local((SLOTS,), T.int32)
+            aligned = T.alloc_local((SLOTS,), T.int32)
+            mine = T.alloc_local((SLOTS,), T.int32)
+            numel = T.alloc_var(T.int32)
+            numel = num_tokens * num_topk
+            # Chunks are whole multiples of 32 pairs, so every lane of a warp runs the same iterations
+            # (__match_any_sync needs all 32) and lanes past the end just carry expert -1.
+            # (truncdiv: every operand is non-negative, and it spares the floor-division sign fix-ups.)
+            chunk = T.alloc_var(T.int32)
+            chunk = T.truncdiv(T.truncdiv(numel + num_blocks * WARPS - 1, num_blocks * WARPS) + 31, 32) * 32
+            first = T.alloc_var(T.int32)
+            first = (bid * WARPS + warp) * chunk
+            i = T.alloc_var(T.int32)
+            t = T.alloc_var(T.int32)
+            e = T.alloc_var(T.int32)
+
+            for j in T.serial(T.truncdiv(num_experts + 31, 32)):
+                if j * 32 + lane < num_experts:
+                    warp_hist[warp, j * 32 + lane] = 0
+            for j in T.serial(T.truncdiv(num_expanded + num_blocks * THREADS - 1, num_blocks * THREADS)):
+                p = (j * num_blocks + bid) * THREADS + tid
+                if p < num_expanded:
+                    pos_to_expert[p] = -1
+                    pos_to_token[p] = -1
+                    pos_to_token_topk[p] = -1
+            T.sync_warp()
+
+            # 1. Per-warp histograms, then the block's totals.
+            for it in T.serial(T.truncdiv(chunk, 32)):
+                i = first + it * 32 + lane
+                if i < numel:
+                    t = T.truncdiv(i, num_topk)
+                    e = T.Cast('int32', topk_idx[t, i - t * num_topk])
+                    _device_assert(e < num_experts)
+                    if e >= 0 and e < num_experts:
+                        T.atomic_add(warp_hist[warp, e], 1)
+            T.sync_threads()
+            for s in T.unroll(SLOTS):
+                e = s * THREADS + tid
+                if e < num_experts:
+                    acc = T.alloc_var(T.int32)
+                    acc = 0
+                    for w in T.unroll(WARPS):
+                        acc = acc + warp_hist[w, e]
+                    block_counts[bid, e] = acc
+            T.sync_grid()
+
+            # 2. Totals and the counts of earlier blocks, then the segment starts.
+            for s in T.unroll(SLOTS):
+                total[s] = 0
+                before[s] = 0
+            for b0 in T.serial(T.truncdiv(num_blocks + BLOCK_ROWS_IN_FLIGHT - 1, BLOCK_ROWS_IN_FLIGHT)):
+                for u in T.unroll(BLOCK_ROWS_IN_FLIGHT):
+                    for s in T.unroll(SLOTS):
+                        b = b0 * BLOCK_ROWS_IN_FLIGHT + u
+                        e = s * THREADS + tid
+                        if b < num_blocks and e < num_experts:
+                            c = block_counts[b, e]
+                            total[s] = total[s] + c
+                            before[s] = before[s] + T.if_then_else(b < bid, c, 0)
+            for s in T.unroll(SLOTS):
+                e = s * THREADS + tid
+                aligned[s] = T.truncdiv(total[s] + alignment - 1, alignment) * alignment
+                seg[e] = T.if_then_else(e < num_experts, aligned[s], 0)
+            T.sync_threads()
+            # Exclusive scan of seg: thread t owns seg[SLOTS*t : SLOTS*t + SLOTS].
+            run = T.alloc_var(T.int32)
+            run = 0
+            for s in T.unroll(SLOTS):
+                mine[s] = run
+                run = run + seg[tid * SLOTS + s]
+            inclusive = T.alloc_var(T.int32)
+            inclusive = run
+            for d in T.unroll(5):
+                up = T.shfl_up(inclusive, 1 << d)
+                if lane >= (1 << d):
+                    inclusive = inclusive + up
+            if lane == 31:
+                warp_sums[warp] = inclusive
+            T.sync_threads()
+            offset = T.alloc_var(T.int32)
+            offset = inclusive - run
+            for w in T.unroll(WARPS):
+                if w < warp:
+                    offset = offset + warp_sums[w]
+            T.sync_threads()  # everyone has read seg before it is overwritten
+            for s in T.unroll(SLOTS):
+                seg[tid * SLOTS + s] = offset + mine[s]
+            T.sync_threads()
+            for s in T.unroll(SLOTS):
+                e = s * THREADS + tid
+                if e < num_experts:
+                    start = seg[e]
+                    if bid == 0:
+                        expert_start[e] = start
+                        expert_end[e] = start + aligned[s]
+                        num_tokens_per_expert[e] = aligned[s]
+                    base = T.alloc_var(T.int32)
+                    base = start + before[s]
+                    for w in T.unroll(WARPS):
+                        c = warp_hist[w, e]
+                        warp_hist[w, e] = base
+                        base = base + c
+            T.sync_threads()
+
+            # 3. Placement, in flat order within each warp's chunk.
+            for it in T.serial(T.truncdiv(chunk, 32)):
+                i = first + it * 32 + lane
+                t = T.truncdiv(i, num_topk)
+                e = -1
+                if i < numel:
+                    e = T.Cast('int32', topk_idx[t, i - t * num_topk])
+                    if e >= num_experts:
+                        e = -1  # already reported by the assert of phase 1
+                group = T.call_extern('uint32', '__match_any_sync', T.uint32(0xFFFFFFFF), e)
+                rank = T.popcount(group & ((T.uint32(1) << T.Cast('uint32', lane)) - T.uint32(1)))
+                pos = T.alloc_var(T.int32)
+                pos = -1
+                if e >= 0:
+                    pos = warp_hist[warp, e] + T.Cast('int32', rank)
+                T.sync_warp()  # every lane of the group has read the base before the last one moves it
+                if e >= 0:
+                    if (group >> T.Cast('uint32', lane)) == T.uint32(1):
+                        warp_hist[warp, e] = pos + 1
+                    _device_assert(pos < num_expanded)
+                    if pos < num_expanded:
+                        pos_to_expert[pos] = e
+                        pos_to_token[pos] = t
+                        pos_to_token_topk[pos] = i
+                    else:
+                        pos = -1
+                if i < numel:
+                    token_topk_to_pos[t, i - t * num_topk] = pos
+                T.sync_warp()
+
+    return KernelProgram(get_fused_mapping, alignment={
+        'topk_idx': 4, 'pos_to_expert': 4, 'pos_to_token': 4, 'pos_to_token_topk': 4, 'token_topk_to_pos': 4,
+        'expert_start': 4, 'expert_end': 4, 'num_tokens_per_expert': 4, 'block_counts': 4})
+
+
+DECL = KernelDecl(
+    'moe.get_fused_mapping', INDEX_DTYPE_PARAMS, build, index_dtype_specs, check_index_dtype,
+    # The barriers are placed by hand: tilelang's automatic ones would land inside per-expert branches.
+    {'tl.disable_warp_specialized': True, 'tl.disable_thread_storage_sync': True},
+)

@@ -1,0 +1,314 @@
+"""E5M6: quant.per_token_cast_to_e5m6 (behind per_token_cast(fmt='e5m6')) and quant.cast_back_e5m6 (behind
+cast_back(x_special_fmt='e5m6')).
+
+E5M6 is the top 12 bits of an IEEE half (1 sign, 5 exponent, 6 mantissa bits; bias 15, max 65024, smallest
+subnormal 2^-20). Encoding a float32 v, bit for bit as upstream: h = the bits of half(v) rounded toward
+zero, e = h >> 4, then e += 1 where (e & 1) + (bits(v) & 0x1FFFF) > 0x10000 (round half to even on the 17
+float32 mantissa bits below the 6 kept ones), e &= 0xFFF. Eight codes h0..h7 make three little-endian
+uint32 words: w0 = h0 << 20 | h1 << 8 | h2 >> 4, w1 = h2 << 28 | h3 << 16 | h4 << 4 | h5 >> 8,
+w2 = h5 << 24 | h6 << 12 | h7. Decoding puts each code in the top 12 bits of a half.
+
+The cast has one scale factor per row (num_per_channels == hidden, as upstream requires): amax over the
+row, clamped = max(amax, 1e-4), sf = clamped / 65024, multiplier 65024 / clamped, or with round_sf (run
+time) sf rounded up to a power of two and the multiplier its exact inverse; the data is e5m6(x * multiplier).
+A CTA of 128 threads owns a row; thread t holds chunks t, t + 128, ... of 32 channels (four groups
+of 8 codes, 48 output bytes) in registers, so a row is read once: at most 2 chunks a thread (8192 channels;
+4 chunks of bfloat16 needed 254 registers a thread). The scale factor is float32 (one per token, any token stride:
+row-major and column-major layouts alike) or a UE8M0 exponent in the low byte of an int32 word whose
+other bytes are zero (the packed layout, one block per row).
+
+The cast back dequantises out = float(half(code)) * sf (rounded once to the output dtype) with scale
+factors of (1, n) blocks, n a multiple of 8, float32 in any strides or packed UE8M0; it walks the flat
+sequence of 32-channel chunks of all rows, 4 chunks a thread, the row of a chunk found by a host-computed
+multiply-shift, as quant.per_token_cast does.
+
+`aligned` variants need a 16-byte aligned input pointer and row stride and hidden % 32 == 0, and move 16
+bytes per access; the others load element by element (the cast) or word by word (the cast back) and
+mask each group of 8 channels, so any hidden divisible by 8 works.
+"""
+
+import tilelang  # noqa: F401  (before tvm: it sets up the tvm that tilelang ships)
+from tilelang import language as T
+
+from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
+
+NUM_THREADS = 128
+CHUNK = 32  # channels per chunk: 4 groups of 8 codes, 12 words
+IN_DTYPES = {'bfloat16': 2, 'float32': 4}
+OUT_DTYPES = ('bfloat16', 'float32')
+CHUNKS_PER_THREAD = {'bfloat16': 2, 'float32': 2}  # the cast: 32 or 64 registers of row data a thread
+E5M6_MAX, AMAX_FLOOR = 65024.0, 1e-4
+SF_FORMATS = ('f32', 'ue8m0')
+BACK_CHUNKS = 4  # the cast back: chunks a thread
+
+
+def max_hidden(in_dtype: str) -> int:
+    """The widest row the cast holds in registers."""
+    return NUM_THREADS * CHUNK * CHUNKS_PER_THREAD[in_dtype]
+
+
+def check_cast(in_dtype: str, sf_format: str, aligned: bool) -> None:
+    if in_dtype not in IN_DTYPES:
+        raise ValueError(f'in_dtype must be one of {sorted(IN_DTYPES)}, got {in_dtype!r}')
+    if sf_format not in SF_FORMATS:
+        raise ValueError(f'sf_format must be one of {SF_FORMATS}, got {sf_format!r}')
+
+
+def check_back(out_dtype: str, sf_format: str, aligned: bool) -> None:
+    if out_dtype not in OUT_DTYPES:
+        raise ValueError(f'out_dtype must be one of {OUT_DTYPES}, got {out_dtype!r}')
+    if sf_format not in SF_FORMATS:
+        raise ValueError(f'sf_format must be one of {SF_FORMATS}, got {sf_format!r}')
+
+
+def e5m6_code(v):
+    """The 12-bit e5m6 code (uint32) of float32 v, as upstream's float_to_e5m6."""
+    # One expression, so that the CUDA __half result never lands in a variable of tilelang's half type
+    # (cutlass::half_t), which has no conversion from __half.
+    half_bits = T.Cast(T.uint32, T.call_extern(T.uint16, '__half_as_ushort', T.call_extern(T.float16, '__float2half_rz', v)))
+    code = half_bits >> T.uint32(4)
+    below = T.reinterpret(v, T.uint32) & T.uint32(0x1FFFF)  # the float32 bits below the 6 kept mantissa bits
+    return (code + T.Cast(T.uint32, (code & T.uint32(1)) + below > T.uint32(0x10000))) & T.uint32(0xFFF)
+
+
+@T.macro
+def pack_words(h, words, w0):
+    """Words w0..w0+2 of `words` from the 8 codes in h[0..8)."""
+    words[w0] = (h[0] << T.uint32(20)) | (h[1] << T.uint32(8)) | (h[2] >> T.uint32(4))
+    words[w0 + 1] = (h[2] << T.uint32(28)) | (h[3] << T.uint32(16)) | (h[4] << T.uint32(4)) | (h[5] >> T.uint32(8))
+    words[w0 + 2] = (h[5] << T.uint32(24)) | (h[6] << T.uint32(12)) | h[7]
+
+
+@T.macro
+def unpack_halves(words, j, w0, h):
+    """h[0..8): the half-precision bit patterns (the code in bits 4..15) of words[j, w0..w0+2]."""
+    h[0] = (words[j, w0] >> T.uint32(16)) & T.uint32(0xFFF0)
+    h[1] = (words[j, w0] >> T.uint32(4)) & T.uint32(0xFFF0)
+    h[2] = ((words[j, w0] << T.uint32(8)) | (words[j, w0 + 1] >> T.uint32(24))) & T.uint32(0xFFF0)
+    h[3] = (words[j, w0 + 1] >> T.uint32(12)) & T.uint32(0xFFF0)
+    h[4] = words[j, w0 + 1] & T.uint32(0xFFF0)
+    h[5] = ((words[j, w0 + 1] << T.uint32(12)) | (words[j, w0 + 2] >> T.uint32(20))) & T.uint32(0xFFF0)
+    h[6] = (words[j, w0 + 2] >> T.uint32(8)) & T.uint32(0xFFF0)
+    h[7] = (words[j, w0 + 2] << T.uint32(4)) & T.uint32(0xFFF0)
+
+
+def build_cast(arch: Arch, in_dtype: str, sf_format: str, aligned: bool) -> KernelProgram:
+    epv = 16 // IN_DTYPES[in_dtype]  # channels per 16-byte vector
+    chunks = CHUNKS_PER_THREAD[in_dtype]
+    packed = sf_format == 'ue8m0'
+    num_warps = NUM_THREADS // 32
+
+    num_tokens = T.dynamic('num_tokens')
+    hidden = T.dynamic('hidden')
+    row_stride = T.dynamic('row_stride')
+    sf_stride = T.dynamic('sf_stride')
+    sf_type = T.Tensor[(num_tokens,), T.int32] if packed else T.StridedTensor[(num_tokens,), (sf_stride,), T.float32]
+
+    @T.prim_func
+    def per_token_cast_to_e5m6(
+        x: T.StridedTensor[(num_tokens, hidden), (row_stride, 1), in_dtype],
+        out: T.Tensor[(num_tokens, hidden // 8 * 3), T.uint32],
+        out_sf: sf_type,
+        round_sf: T.int32,
+    ):
+        with T.Kernel(num_tokens, threads=NUM_THREADS) as row:
+            # At most 128 registers a thread, so that 4 rows (CTAs) share an SM: a CTA loads its row, then
+            # reduces and encodes with nothing in flight.
+            T.annotate_min_blocks_per_sm(4)
+            T.assume(hidden % 8 == 0)
+            if aligned:
+                T.assume(hidden % CHUNK == 0)
+                T.assume(row_stride % epv == 0)
+            tid = T.get_thread_binding()
+            values = T.alloc_local((chunks, CHUNK), in_dtype)
+            amax = T.alloc_var(T.float32)
+            multiplier = T.alloc_var(T.float32)
+            sf = T.alloc_var(T.float32)
+            codes = T.alloc_local((8,), T.uint32)
+            words = T.alloc_local((12,), T.uint32)
+            red = T.alloc_shared((num_warps,), T.float32)
+
+            # Chunk j of the thread starts at channel (j * 128 + tid) * 32.
+            for j in T.unroll(chunks):
+                col = (j * NUM_THREADS + tid) * CHUNK
+                for g in T.unroll(CHUNK // 8):
+                    if col + g * 8 < hidden:
+                        if aligned:
+                            for v in T.unroll(8 // epv):
+                                for e in T.vectorized(epv):
+                                    values[j, g * 8 + v * epv + e] = x[row, col + g * 8 + v * epv + e]
+                        else:
+                            for e in T.unroll(8):
+                                values[j, g * 8 + e] = x[row, col + g * 8 + e]
+                    else:
+                        for e in T.vectorized(8):
+                            values[j, g * 8 + e] = T.cast(0, in_dtype)  # zeros cannot raise the amax
+
+            amax = T.float32(0)
+            for j in T.unroll(chunks):
+                for e in T.unroll(CHUNK):
+                    amax = T.max(amax, T.abs(T.Cast('float32', values[j, e])))
+            for s in T.unroll(5):
+                amax = T.max(amax, T.shfl_xor(amax, 16 >> s))
+            if tid % 32 == 0:
+                red[tid // 32] = amax
+            T.sync_threads()
+            for w in T.unroll(num_warps):
+                amax = T.max(amax, red[w])
+
+            clamped = T.max(amax, T.float32(AMAX_FLOOR))
+            sf = clamped / T.float32(E5M6_MAX)
+            if packed or round_sf != 0:  # UE8M0 holds powers of two only: the op requires round_sf
+                # (bits - 1) >> 23, plus one, is the biased exponent of the power of two at or above sf.
+                exponent = ((T.reinterpret(sf, T.uint32) - T.uint32(1)) >> T.uint32(23)) + T.uint32(1)
+                multiplier = T.reinterpret((T.uint32(254) - exponent) << T.uint32(23), T.float32)
+                if tid == 0:
+                    if packed:
+                        out_sf[row] = T.Cast(T.int32, exponent)  # the exponent byte, the word's other bytes zero
+                    else:
+                        out_sf[row] = T.reinterpret(exponent << T.uint32(23), T.float32)
+            else:
+                multiplier = T.float32(E5M6_MAX) / clamped
+                if tid == 0:
+                    out_sf[row] = sf
+
+            for j in T.unroll(chunks):
+                col = (j * NUM_THREADS + tid) * CHUNK
+                for g in T.unroll(CHUNK // 8):
+                    for e in T.unroll(8):
+                        codes[e] = e5m6_code(T.Cast('float32', values[j, g * 8 + e]) * multiplier)
+                    pack_words(codes, words, g * 3)
+                if aligned:
+                    if col < hidden:
+                        for q in T.unroll(3):
+                            for k in T.vectorized(4):
+                                out[row, col // 8 * 3 + q * 4 + k] = words[q * 4 + k]
+                else:
+                    for g in T.unroll(CHUNK // 8):
+                        if col + g * 8 < hidden:
+                            for k in T.unroll(3):
+                                out[row, (col + g * 8) // 8 * 3 + k] = words[g * 3 + k]
+
+    return KernelProgram(per_token_cast_to_e5m6, alignment={'x': 16 if aligned else IN_DTYPES[in_dtype], 'out': 16, 'out_sf': 4})
+
+
+def build_back(arch: Arch, out_dtype: str, sf_format: str, aligned: bool) -> KernelProgram:
+    packed = sf_format == 'ue8m0'
+    out_epv = 16 // (2 if out_dtype == 'bfloat16' else 4)  # output channels per 16-byte vector
+    slots = NUM_THREADS * BACK_CHUNKS
+
+    num_tokens = T.dynamic('num_tokens')
+    hidden = T.dynamic('hidden')
+    num_sf_cols = T.dynamic('num_sf_cols')
+    sf_stride_t = T.dynamic('sf_stride_t')
+    sf_stride_k = T.dynamic('sf_stride_k')
+    num_sf_words = T.dynamic('num_sf_words')
+    sf_word_stride = T.dynamic('sf_word_stride')
+    if packed:
+        # The bytes of the int32 words: word w of token t holds the UE8M0 exponents of blocks 4w..4w+3.
+        sf_type = T.StridedTensor[(num_sf_words, num_tokens * 4), (sf_word_stride, 1), T.uint8]
+    else:
+        sf_type = T.StridedTensor[(num_tokens, num_sf_cols), (sf_stride_t, sf_stride_k), T.float32]
+
+    # Chunk j of a thread is flat chunk pid * slots + j * 128 + tid; its row comes from a multiply-shift
+    # (exact below 2^31 chunks, which the op checks); chunks past the last row get a row of num_tokens or
+    # more, which the masks treat as inactive. Plain expressions, so that tilelang can prove alignments.
+    def where(pid, j, tid, chunks_per_row, row_magic, row_shift):
+        v = pid * slots + j * NUM_THREADS + tid
+        row = T.Cast('int32', (T.Cast('int64', v) * row_magic) >> T.Cast('int64', row_shift))
+        return row, (v - row * chunks_per_row) * CHUNK
+
+    # `out` comes first so that the launcher binds `hidden` from it and checks x's shape against it.
+    @T.prim_func
+    def cast_back_e5m6(
+        out: T.Tensor[(num_tokens, hidden), out_dtype],
+        x: T.Tensor[(num_tokens, hidden // 8 * 3), T.uint32],
+        x_sf: sf_type,
+        chunks_per_row: T.int32,
+        row_magic: T.int64,
+        row_shift: T.int32,
+        block_magic: T.int64,
+        block_shift: T.int32,
+    ):
+        with T.Kernel(T.ceildiv(num_tokens * chunks_per_row, slots), threads=NUM_THREADS) as pid:
+            T.assume(hidden % 8 == 0)
+            if aligned:
+                T.assume(hidden % CHUNK == 0)
+            tid = T.get_thread_binding()
+            words = T.alloc_local((BACK_CHUNKS, 12), T.uint32)
+            result = T.alloc_local((8,), out_dtype)
+            halves = T.alloc_local((8,), T.uint32)
+            scale = T.alloc_var(T.float32)
+
+            for j in T.unroll(BACK_CHUNKS):
+                row, col = where(pid, j, tid, chunks_per_row, row_magic, row_shift)
+                if row < num_tokens:
+                    if aligned:
+                        if col < hidden:
+                            for q in T.unroll(3):
+                                for k in T.vectorized(4):
+                                    words[j, q * 4 + k] = x[row, col // 8 * 3 + q * 4 + k]
+                    else:
+                        for g in T.unroll(CHUNK // 8):
+                            if col + g * 8 < hidden:
+                                for k in T.unroll(3):
+                                    words[j, g * 3 + k] = x[row, (col + g * 8) // 8 * 3 + k]
+
+            for j in T.unroll(BACK_CHUNKS):
+                row, col = where(pid, j, tid, chunks_per_row, row_magic, row_shift)
+                for g in T.unroll(CHUNK // 8):
+                    if row < num_tokens and col + g * 8 < hidden:
+                        # The block of the group's channels (a block holds whole groups: n % 8 == 0).
+                        block = T.Cast('int32', (T.Cast('int64', col + g * 8) * block_magic) >> T.Cast('int64', block_shift))
+                        if packed:
+                            scale = T.reinterpret(T.Cast(T.uint32, x_sf[block >> 2, row * 4 + (block & 3)]) << T.uint32(23), T.float32)
+                        else:
+                            scale = x_sf[row, block]
+                        unpack_halves(words, j, g * 3, halves)
+                        for e in T.unroll(8):
+                            value = T.Cast('float32', T.reinterpret(T.Cast(T.uint16, halves[e]), T.float16))
+                            result[e] = T.Cast(out_dtype, value * scale)
+                        for v in T.unroll(8 // out_epv):
+                            for e in T.vectorized(out_epv):
+                                out[row, col + g * 8 + v * out_epv + e] = result[v * out_epv + e]
+
+    return KernelProgram(cast_back_e5m6, alignment={'x': 16 if aligned else 4, 'x_sf': 1 if packed else 4, 'out': 16})
+
+
+def prebuilt_cast():
+    for in_dtype in IN_DTYPES:
+        for sf_format in SF_FORMATS:
+            for aligned in (True, False):
+                yield dict(in_dtype=in_dtype, sf_format=sf_format, aligned=aligned)
+
+
+def prebuilt_back():
+    for out_dtype in OUT_DTYPES:
+        for sf_format in SF_FORMATS:
+            for aligned in (True, False):
+                yield dict(out_dtype=out_dtype, sf_format=sf_format, aligned=aligned)
+
+
+PASS_CONFIGS = {
+    'tl.disable_warp_specialized': True,
+    'tl.enable_lower_ldgstg': True,  # 16-byte stores from register arrays
+    # Every access is masked explicitly; tilelang's own per-element guards would stop the vectorisation.
+    'tl.disable_safe_memory_legalize': True,
+}
+
+CAST = KernelDecl(
+    name='quant.per_token_cast_to_e5m6',
+    params=(param('in_dtype', 'str', ''), param('sf_format', 'str', 'sf'), param('aligned', 'bool', 'al')),
+    factory=build_cast,
+    prebuilt=prebuilt_cast,
+    check=check_cast,
+    pass_configs=PASS_CONFIGS,
+)
+CAST_BACK = KernelDecl(
+    name='quant.cast_back_e5m6',
+    params=(param('out_dtype', 'str', ''), param('sf_format', 'str', 'sf'), param('aligned', 'bool', 'al')),
+    factory=build_back,
+    prebuilt=prebuilt_back,
+    check=check_back,
+    pass_configs=PASS_CONFIGS,
+)

@@ -1,0 +1,274 @@
+"""quant.per_block_cast: bf16/fp32 (num_tokens, hidden) to e4m3 or e2m1 with one scale factor per
+(block_m, block_k) block of tokens x channels.
+
+Per block: amax = max |x|, clamped = max(amax, floor), sf = clamped / max and the multiplier max / clamped
+(two IEEE divisions, as upstream), or with `round_sf` sf rounded up to a power of two and the multiplier
+its exact inverse. e4m3: max 448, floor 1e-4, out = e4m3_satfinite(x * multiplier). e2m1: max 6, floor
+6 * 2^-126, out = e2m1 RTNE saturated at 6, two codes per byte, the even column in the low nibble.
+
+Compile time: the input dtype, the format, the block shape and the scale-factor storage (float32 in any
+strides, i.e. row-major or TMA-aligned column-major, or packed UE8M0 bytes). Run time: the token count,
+the hidden size (a multiple of 16), the row stride, round_sf and the mode (cast, scale factors only, or
+cast with precomputed float32 scale factors, whose multiplier is 1 / sf).
+
+Layout (`TileShape`): a CTA of 256 threads owns one row block (block_m rows) and `lanes` 16-byte vectors of
+each of those rows. A warp covers 32 / lanes rows of `lanes` adjacent vectors (256 or 512 contiguous bytes
+per row), and thread (warp w, lane l) holds vector l % lanes of rows j * 8 * (32 / lanes) + w * (32 / lanes)
++ l // lanes, j < vectors. So all of a thread's vectors lie in one scale-factor block, and the block amax
+is: the thread's own maximum, a butterfly over the lanes of the block (and over the two rows of a warp when
+a warp covers two), then the eight warps' partials through shared memory. All loads are issued before any
+arithmetic. Rows past num_tokens and vectors past hidden read as zero, which cannot raise an amax, and
+every store is masked against the buffer dims, so no run-time argument can make the kernel write out of
+bounds. Unlike upstream (whose kernel leaves them unset), the bytes of a packed UE8M0 word past the last
+block are written as zero.
+"""
+
+import dataclasses
+
+import tilelang  # noqa: F401  (tilelang before tvm)
+from tilelang import language as T
+
+from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
+
+NUM_THREADS = 256
+NUM_WARPS = NUM_THREADS // 32
+VECTOR_BYTES = 16
+IN_DTYPES = {'bfloat16': 2, 'float32': 4}
+FORMATS = {'e4m3': (448.0, 1e-4), 'e2m1': (6.0, 6.0 * 2.0**-126)}  # (max, amax floor)
+BLOCK_SIZES = (32, 128)
+PREBUILT_BLOCKS = ((128, 128), (32, 32))  # the block shapes upstream tests; the other two build on request
+SF_FORMATS = ('f32', 'ue8m0')
+MODE_CAST, MODE_SF_ONLY, MODE_PRECOMPUTED = 0, 1, 2
+
+# e2m1 round-to-nearest-even with saturation, as thresholds on |v|: code = number of thresholds passed,
+# with `>` where the tie goes down to the even code and `>=` where it goes up to it
+# (codes 0..7 are 0, 0.5, 1, 1.5, 2, 3, 4, 6). The same table as quant.per_token_cast and the reference.
+E2M1_THRESHOLDS = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, False), (3.5, True), (5.0, False))
+
+
+@dataclasses.dataclass(frozen=True)
+class TileShape:
+    """Which vectors a thread of a 256-thread CTA holds, for a reduction block of block_m rows and
+    lanes_per_block vectors per row (shared with quant.per_block_cast_lossless)."""
+
+    block_m: int  # rows per scale-factor block; 1 = a block is part of one row
+    lanes_per_block: int  # vectors of a row in one block (a power of two, at most 32)
+    lanes: int  # vectors of a row per CTA (16 or 32)
+    vectors: int  # vectors per thread
+
+    @property
+    def rows_per_warp(self) -> int:
+        return 32 // self.lanes
+
+    @property
+    def rows(self) -> int:  # rows per CTA
+        return self.vectors * NUM_WARPS * self.rows_per_warp
+
+    @property
+    def blocks_per_row(self) -> int:  # blocks across the CTA's columns
+        return self.lanes // self.lanes_per_block
+
+    def row(self, tid, j):
+        """The CTA row of a thread's j-th vector."""
+        lane, warp = tid % 32, tid // 32
+        return j * (NUM_WARPS * self.rows_per_warp) + warp * self.rows_per_warp + lane // self.lanes
+
+    def lane_col(self, tid):
+        """The vector (within the CTA's columns) that the thread holds in each of its rows."""
+        return tid % self.lanes
+
+    @staticmethod
+    def for_block(block_m: int, lanes_per_block: int) -> 'TileShape':
+        if block_m == 1:
+            # Independent rows: a row segment of 32 vectors per warp, 4 rows per thread.
+            return TileShape(1, lanes_per_block, 32, 4)
+        lanes = 32 if (block_m == 32 or lanes_per_block == 32) else 16
+        shape = TileShape(block_m, lanes_per_block, lanes, block_m * lanes // NUM_THREADS)
+        assert shape.rows == block_m and lanes % lanes_per_block == 0
+        return shape
+
+
+@T.macro
+def block_max(tile: TileShape, value, i, red, tid):
+    """Max of value[i] (a float32 local holding the thread's partial) over the thread's block, in place.
+
+    For block_m == 1, value[i] is the partial of one row and only lanes combine; otherwise it is the partial
+    of all the thread's rows, and `red` (shared, (NUM_WARPS, blocks_per_row) float32) combines the warps."""
+    for s in T.unroll(tile.lanes_per_block.bit_length() - 1):
+        value[i] = T.max(value[i], T.shfl_xor(value[i], 1 << s))
+    if tile.block_m > 1:
+        if tile.rows_per_warp == 2:
+            value[i] = T.max(value[i], T.shfl_xor(value[i], 16))
+        lane = tid % 32
+        if lane < tile.lanes and lane % tile.lanes_per_block == 0:
+            red[tid // 32, lane // tile.lanes_per_block] = value[i]
+        T.sync_threads()
+        for w in T.unroll(NUM_WARPS):
+            value[i] = T.max(value[i], red[w, tile.lane_col(tid) // tile.lanes_per_block])
+
+
+@T.macro
+def store_sf(out_sf, packed: bool, sf_row, block, sf, last):
+    """Store power-of-two or float32 scale factor `sf` of block (sf_row, block), masked against out_sf's dims.
+
+    Packed: out_sf is the uint8 (words, 4 * rows) view, and `last` (the row's last block) zeroes the bytes of
+    the word past the block, so the output is deterministic."""
+    if packed:
+        if (block >> 2) < out_sf.shape[0] and sf_row * 4 + 3 < out_sf.shape[1]:
+            out_sf[block >> 2, sf_row * 4 + (block & 3)] = T.Cast(T.uint8, T.reinterpret(sf, T.uint32) >> T.uint32(23))
+            if last:
+                for b in T.unroll(1, 4):
+                    if (block & 3) + b < 4:
+                        out_sf[block >> 2, sf_row * 4 + (block & 3) + b] = T.uint8(0)
+    elif sf_row < out_sf.shape[0] and block < out_sf.shape[1]:
+        out_sf[sf_row, block] = sf
+
+
+def check(in_dtype: str, fmt: str, block_m: int, block_k: int, sf_format: str) -> None:
+    if in_dtype not in IN_DTYPES:
+        raise ValueError(f'in_dtype must be one of {sorted(IN_DTYPES)}, got {in_dtype!r}')
+    if fmt not in FORMATS:
+        raise ValueError(f'fmt must be one of {sorted(FORMATS)}, got {fmt!r}')
+    if block_m not in BLOCK_SIZES or block_k not in BLOCK_SIZES:
+        raise ValueError(f'block_m and block_k must be in {BLOCK_SIZES}, got ({block_m}, {block_k})')
+    if sf_format not in SF_FORMATS:
+        raise ValueError(f'sf_format must be one of {SF_FORMATS}, got {sf_format!r}')
+
+
+def e2m1_code(v):
+    """The 4-bit e2m1 code of float32 v as an int32 (sign in bit 3), bit-exact with the reference's RTNE."""
+    a = T.abs(v)
+    code = T.Cast('int32', T.reinterpret(v, T.uint32) >> T.uint32(31)) * 8
+    for threshold, inclusive in E2M1_THRESHOLDS:
+        code = code + T.Cast('int32', (a >= T.float32(threshold)) if inclusive else (a > T.float32(threshold)))
+    return code
+
+
+def build(arch: Arch, in_dtype: str, fmt: str, block_m: int, block_k: int, sf_format: str) -> KernelProgram:
+    elem_bytes = IN_DTYPES[in_dtype]
+    epv = VECTOR_BYTES // elem_bytes  # elements per vector
+    fp4 = fmt == 'e2m1'
+    packed = sf_format == 'ue8m0'
+    fmax, floor = FORMATS[fmt]
+    tile = TileShape.for_block(block_m, block_k // epv)
+    cols = tile.lanes * epv  # columns per CTA
+
+    num_tokens = T.dynamic('num_tokens')
+    hidden = T.dynamic('hidden')
+    row_stride = T.dynamic('row_stride')
+    num_sf_rows = T.dynamic('num_sf_rows')
+    num_sf_blocks = T.dynamic('num_sf_blocks')
+    sf_stride_m = T.dynamic('sf_stride_m')
+    sf_stride_k = T.dynamic('sf_stride_k')
+    num_sf_words = T.dynamic('num_sf_words')
+    num_sf_bytes = T.dynamic('num_sf_bytes')
+    sf_word_stride = T.dynamic('sf_word_stride')
+    out_type = (num_tokens, hidden // 2) if fp4 else (num_tokens, hidden)
+    out_dtype = T.int8 if fp4 else T.float8_e4m3fn
+    if packed:
+        # The bytes of the int32 words: word w of row block m holds the UE8M0 exponents of blocks 4w..4w+3
+        # in bytes [4m, 4m + 4) of row w.
+        sf_type = T.StridedTensor[(num_sf_words, num_sf_bytes), (sf_word_stride, 1), T.uint8]
+    else:
+        sf_type = T.StridedTensor[(num_sf_rows, num_sf_blocks), (sf_stride_m, sf_stride_k), T.float32]
+
+    @T.prim_func
+    def per_block_cast(
+        x: T.StridedTensor[(num_tokens, hidden), (row_stride, 1), in_dtype],
+        out: T.Tensor[out_type, out_dtype],
+        out_sf: sf_type,
+        round_sf: T.int32,
+        mode: T.int32,
+    ):
+        # Row blocks on x (up to 2^31 - 1 of them), column slices on y.
+        with T.Kernel(T.ceildiv(num_tokens, block_m), T.ceildiv(hidden, cols), threads=NUM_THREADS) as (bx, by):
+            T.assume(hidden % 16 == 0)
+            T.assume(row_stride % epv == 0)
+            tid = T.get_thread_binding()
+            values = T.alloc_local((tile.vectors, epv), in_dtype)
+            amax = T.alloc_local((1,), T.float32)
+            sf = T.alloc_var(T.float32)
+            multiplier = T.alloc_var(T.float32)
+            red = T.alloc_shared((NUM_WARPS, tile.blocks_per_row), T.float32)
+            col = by * cols + tile.lane_col(tid) * epv
+            block = col // block_k  # the thread's scale-factor column
+
+            for j in T.unroll(tile.vectors):
+                row = bx * block_m + tile.row(tid, j)
+                if row < num_tokens and col < hidden:
+                    for e in T.vectorized(epv):
+                        values[j, e] = x[row, col + e]
+                else:
+                    for e in T.vectorized(epv):
+                        values[j, e] = T.cast(0, in_dtype)
+            amax[0] = T.float32(0)
+            for j in T.unroll(tile.vectors):
+                for e in T.unroll(epv):
+                    amax[0] = T.max(amax[0], T.abs(T.Cast('float32', values[j, e])))
+            # Reduced in every mode, so that the CTA-wide barrier inside is never under a branch.
+            block_max(tile, amax, 0, red, tid)
+
+            clamped = T.max(amax[0], T.float32(floor))
+            sf = clamped / T.float32(fmax)
+            if packed or round_sf != 0:  # UE8M0 scale factors are powers of two: the op requires round_sf
+                # (bits - 1) >> 23, plus one, is the biased exponent of the power of two at or above sf.
+                exponent = ((T.reinterpret(sf, T.uint32) - T.uint32(1)) >> T.uint32(23)) + T.uint32(1)
+                multiplier = T.reinterpret((T.uint32(254) - exponent) << T.uint32(23), T.float32)
+                sf = T.reinterpret(exponent << T.uint32(23), T.float32)
+            else:
+                multiplier = T.float32(fmax) / clamped
+            if not packed:
+                if mode == MODE_PRECOMPUTED:
+                    multiplier = T.float32(0)
+                    if bx < num_sf_rows and block < num_sf_blocks:
+                        multiplier = T.float32(1) / out_sf[bx, block]
+            # One thread per block stores its scale factor: warp 0, first row, first lane of the block.
+            if mode != MODE_PRECOMPUTED and tid < tile.lanes and tid % tile.lanes_per_block == 0 and col < hidden:
+                store_sf(out_sf, packed, bx, block, sf, col + block_k >= hidden)
+
+            if mode != MODE_SF_ONLY:
+                for j in T.unroll(tile.vectors):
+                    row = bx * block_m + tile.row(tid, j)
+                    if row < num_tokens and col < hidden:
+                        if fp4:
+                            packed_bytes = T.alloc_local((epv // 2,), T.int8)
+                            for e in T.unroll(epv // 2):
+                                lo = e2m1_code(T.Cast('float32', values[j, 2 * e]) * multiplier)
+                                hi = e2m1_code(T.Cast('float32', values[j, 2 * e + 1]) * multiplier)
+                                packed_bytes[e] = T.Cast(T.int8, lo | (hi << 4))
+                            for e in T.vectorized(epv // 2):
+                                out[row, col // 2 + e] = packed_bytes[e]
+                        else:
+                            quantized = T.alloc_local((epv,), T.float8_e4m3fn)
+                            for e in T.unroll(epv):
+                                quantized[e] = T.Cast(T.float8_e4m3fn, T.Cast('float32', values[j, e]) * multiplier)
+                            for e in T.vectorized(epv):
+                                out[row, col + e] = quantized[e]
+
+    return KernelProgram(per_block_cast, alignment={'x': VECTOR_BYTES, 'out': 16, 'out_sf': 1 if packed else 4})
+
+
+def prebuilt():
+    for in_dtype in IN_DTYPES:
+        for fmt in FORMATS:
+            for block_m, block_k in PREBUILT_BLOCKS:
+                for sf_format in SF_FORMATS:
+                    yield dict(in_dtype=in_dtype, fmt=fmt, block_m=block_m, block_k=block_k, sf_format=sf_format)
+
+
+DECL = KernelDecl(
+    name='quant.per_block_cast',
+    params=(
+        param('in_dtype', 'str', ''),
+        param('fmt', 'str', ''),
+        param('block_m', 'int', 'bm'),
+        param('block_k', 'int', 'bk'),
+        param('sf_format', 'str', 'sf'),
+    ),
+    factory=build,
+    prebuilt=prebuilt,
+    check=check,
+    # Every access is masked explicitly (against the buffer dims); tilelang's own per-element guards would
+    # stop the 16-byte vectorisation, since it cannot prove that a vector never straddles the run-time hidden.
+    pass_configs={'tl.disable_warp_specialized': True, 'tl.enable_lower_ldgstg': True, 'tl.disable_safe_memory_legalize': True},
+)

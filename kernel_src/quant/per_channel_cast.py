@@ -1,0 +1,239 @@
+"""quant.per_channel_cast_fused and quant.per_channel_cast_and_transpose: e4m3 with one scale factor per
+channel and block of `num_per_tokens` tokens (blocks of (num_per_tokens, 1)).
+
+Per block: amax = max |x| over its tokens, clamped = max(amax, 1e-4), sf = clamped / 448 and multiplier
+448 / clamped (two IEEE divisions, as upstream), or with `round_sf` (a run-time argument) sf rounded up to a
+power of two and the multiplier its exact inverse; out = e4m3_satfinite(x * multiplier).
+
+The fused kernel also takes, at compile time, an e4m3 input with one float32 scale factor per token and
+128 channels (x = float(q) * sf, rounded to float32 once, as upstream's kernel and reference do) and a
+gather: output row r reads input row pos_to_token[r], or zeros where that is negative. The transposed
+kernel writes out[h, t] (bf16 input, no gather), with 32 or 128 tokens per block.
+
+Layout: a CTA owns 128 tokens and 16 vectors of 16 bytes per token (128 bf16, 64 fp32 or 256 e4m3
+channels). Each thread loads a column of 8 tokens x one 16-byte vector and keeps it in registers. A warp
+is 8 lanes along the tokens by 4 along the channels, so its loads cover 64 contiguous bytes of each of 8
+rows, and in the transposed kernel its stores (8 tokens of e4m3 per lane and channel) cover 64
+contiguous bytes of each of 8 output rows: no shared-memory transpose. The column amax is a thread's 8
+tokens, then a butterfly over the lanes along the tokens (32 or 64 tokens), then for 128-token blocks one
+exchange through shared memory between the CTA's two warp rows.
+
+Token count, hidden size and every stride are run-time values; all accesses are masked against the
+buffer dims (a whole 16-byte vector at a time: the op guarantees hidden is a multiple of the vector).
+"""
+
+import tilelang  # noqa: F401  (before tvm: it sets up the tvm that tilelang ships)
+from tilelang import language as T
+from tvm import tirx
+
+from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
+
+NUM_THREADS = 256
+ROWS = 8  # tokens per thread
+LANES_M, LANES_K = 8, 4  # lanes of a warp along the tokens / along the channels
+WARPS_M, WARPS_K = 2, 4
+TILE_M = ROWS * LANES_M * WARPS_M  # 128 tokens per CTA
+IN_DTYPES = {'bfloat16': 2, 'float32': 4, 'float8_e4m3fn': 1}
+E4M3_MAX, AMAX_FLOOR = 448.0, 1e-4
+IN_SF_BLOCK = 128  # channels per input scale factor (e4m3 input)
+# CTAs per SM the register allocation must allow (256 threads: 2, 3, 4 CTAs = at most 128, 80, 64 registers a
+# thread): a CTA has 32 KB of loads in flight and then none while it reduces and stores, so several must
+# share an SM. bf16 at 80 registers spills 64 bytes a thread (to L1), which costs less than a third of the
+# loads in flight; e4m3 input keeps 16 channels a thread (16 float32 each of amax, sf and multiplier) and
+# needs 117 registers.
+MIN_BLOCKS = {'bfloat16': 3, 'float32': 4, 'float8_e4m3fn': 2}
+
+
+def check(in_dtype: str, gather: bool, transpose: bool, num_per_tokens: int) -> None:
+    if in_dtype not in IN_DTYPES:
+        raise ValueError(f'in_dtype must be one of {sorted(IN_DTYPES)}, got {in_dtype!r}')
+    if num_per_tokens not in (32, 128):
+        raise ValueError(f'num_per_tokens must be 32 or 128, got {num_per_tokens}')
+    if transpose and (in_dtype != 'bfloat16' or gather):
+        raise ValueError('the transposed kernel reads bfloat16 input without a gather')
+    if not transpose and num_per_tokens != 128:
+        raise ValueError('the fused kernel uses blocks of 128 tokens')
+
+
+def build(arch: Arch, in_dtype: str, gather: bool, transpose: bool, num_per_tokens: int) -> KernelProgram:
+    epv = 16 // IN_DTYPES[in_dtype]  # channels per 16-byte vector
+    tile_k = epv * LANES_K * WARPS_K
+    dequant = in_dtype == 'float8_e4m3fn'
+    rows_per_block = num_per_tokens // ROWS  # threads along the tokens per scale-factor block
+    lane_steps = (rows_per_block.bit_length() - 1) if rows_per_block <= LANES_M else 3  # butterfly steps in a warp
+
+    num_tokens = T.dynamic('num_tokens')  # input rows
+    num_tokens_out = T.dynamic('num_tokens_out') if gather else num_tokens
+    hidden = T.dynamic('hidden')
+    row_stride = T.dynamic('row_stride')
+    num_sf_rows = T.dynamic('num_sf_rows')  # ceil(num_tokens_out / num_per_tokens)
+    num_in_blocks = T.dynamic('num_in_blocks')
+    in_sf_stride_t = T.dynamic('in_sf_stride_t')
+    in_sf_stride_k = T.dynamic('in_sf_stride_k')
+
+    def dequantized(values, in_sf, i, e):
+        """float32 value of the thread's row i, channel e: float(q) * sf for e4m3 input (one rounding)."""
+        v = T.Cast('float32', values[i, e])
+        return v * in_sf[i] if dequant else v
+
+    @T.macro
+    def body(x, x_sf, pos_to_token, out, out_sf, round_sf):
+        with T.Kernel(T.ceildiv(hidden, tile_k), T.ceildiv(num_tokens_out, TILE_M), threads=NUM_THREADS) as (pid_k, pid_m):
+            # Register cap for more CTAs (hence more loads in flight) per SM; see MIN_BLOCKS.
+            T.annotate_min_blocks_per_sm(MIN_BLOCKS[in_dtype])
+            T.assume(hidden % epv == 0)
+            T.assume(row_stride % epv == 0)
+            if transpose:
+                T.assume(num_tokens % TILE_M == 0)
+            tid = T.get_thread_binding()
+            warp, lane = tid // 32, tid % 32
+            rg = (warp // WARPS_K) * LANES_M + lane // LANES_K  # the thread's group of ROWS tokens in the tile
+            # First token and first channel of the thread, as plain expressions so that tilelang can prove
+            # the channel a multiple of the vector and emit 16-byte accesses.
+            row0 = pid_m * TILE_M + rg * ROWS
+            col = pid_k * tile_k + ((warp % WARPS_K) * LANES_K + lane % LANES_K) * epv
+
+            values = T.alloc_local((ROWS, epv), in_dtype)
+            src = T.alloc_local((ROWS,), T.int32)
+            in_sf = T.alloc_local((ROWS,), T.float32)
+            amax = T.alloc_local((epv,), T.float32)
+            multiplier = T.alloc_local((epv,), T.float32)
+            sf = T.alloc_local((epv,), T.float32)
+
+            # Loads: all of the thread's rows before any arithmetic, so they are in flight together.
+            for i in T.unroll(ROWS):
+                src[i] = -1
+                if row0 + i < num_tokens_out and col < hidden:
+                    if gather:
+                        src[i] = pos_to_token[row0 + i]
+                        T.call_intrin('void', tirx.op.Op.get('tl.device_assert'), src[i] < num_tokens)
+                    else:
+                        src[i] = row0 + i
+            for i in T.unroll(ROWS):
+                if src[i] >= 0:
+                    for e in T.vectorized(epv):
+                        values[i, e] = x[src[i], col + e]
+                    if dequant:
+                        in_sf[i] = x_sf[src[i], col // IN_SF_BLOCK]
+                else:
+                    # Rows past the end and gathered rows of index -1 are zeros (they cannot raise an amax).
+                    for e in T.vectorized(epv):
+                        values[i, e] = T.cast(0, in_dtype)
+                    if dequant:
+                        in_sf[i] = T.float32(0)
+
+            for e in T.unroll(epv):
+                amax[e] = T.float32(0)
+                for i in T.unroll(ROWS):
+                    amax[e] = T.max(amax[e], T.abs(dequantized(values, in_sf, i, e)))
+            # Lanes along the tokens are lane bits 2..4: xor 4 and 8 join 32 tokens, xor 16 joins 64.
+            for e in T.unroll(epv):
+                for s in T.unroll(lane_steps):
+                    amax[e] = T.max(amax[e], T.shfl_xor(amax[e], LANES_K << s))
+            if num_per_tokens == TILE_M:
+                red = T.alloc_shared((WARPS_M, tile_k), T.float32)
+                if lane < LANES_K:
+                    for e in T.unroll(epv):
+                        red[warp // WARPS_K, col - pid_k * tile_k + e] = amax[e]
+                T.sync_threads()
+                for e in T.unroll(epv):
+                    amax[e] = T.max(red[0, col - pid_k * tile_k + e], red[1, col - pid_k * tile_k + e])
+
+            for e in T.unroll(epv):
+                clamped = T.max(amax[e], T.float32(AMAX_FLOOR))
+                sf[e] = clamped / T.float32(E4M3_MAX)
+                if round_sf != 0:
+                    # (bits - 1) >> 23, plus one, is the biased exponent of the power of two at or above sf.
+                    exponent = ((T.reinterpret(sf[e], T.uint32) - T.uint32(1)) >> T.uint32(23)) + T.uint32(1)
+                    multiplier[e] = T.reinterpret((T.uint32(254) - exponent) << T.uint32(23), T.float32)
+                    sf[e] = T.reinterpret(exponent << T.uint32(23), T.float32)
+                else:
+                    multiplier[e] = T.float32(E4M3_MAX) / clamped
+
+            # One thread per block of tokens and vector of channels stores the scale factors.
+            sf_row = pid_m * (TILE_M // num_per_tokens) + rg // rows_per_block
+            if rg % rows_per_block == 0 and sf_row < num_sf_rows and col < hidden:
+                for e in T.vectorized(epv):
+                    out_sf[sf_row, col + e] = sf[e]
+
+            if transpose:
+                quantized_t = T.alloc_local((epv, ROWS), T.float8_e4m3fn)
+                for e in T.unroll(epv):
+                    for i in T.unroll(ROWS):
+                        quantized_t[e, i] = T.Cast(T.float8_e4m3fn, dequantized(values, in_sf, i, e) * multiplier[e])
+                if row0 < num_tokens and col < hidden:
+                    for e in T.unroll(epv):
+                        for i in T.vectorized(ROWS):
+                            out[col + e, row0 + i] = quantized_t[e, i]
+            else:
+                quantized = T.alloc_local((epv,), T.float8_e4m3fn)
+                for i in T.unroll(ROWS):
+                    if row0 + i < num_tokens_out and col < hidden:
+                        for e in T.unroll(epv):
+                            quantized[e] = T.Cast(T.float8_e4m3fn, dequantized(values, in_sf, i, e) * multiplier[e])
+                        for e in T.vectorized(epv):
+                            out[row0 + i, col + e] = quantized[e]
+
+    x_type = T.StridedTensor[(num_tokens, hidden), (row_stride, 1), in_dtype]
+    x_sf_type = T.StridedTensor[(num_tokens, num_in_blocks), (in_sf_stride_t, in_sf_stride_k), T.float32]
+    out_type = T.Tensor[(hidden, num_tokens), T.float8_e4m3fn] if transpose else T.Tensor[(num_tokens_out, hidden), T.float8_e4m3fn]
+    out_sf_type = T.Tensor[(num_sf_rows, hidden), T.float32]
+
+    if dequant and gather:
+        @T.prim_func
+        def per_channel_cast(x: x_type, x_sf: x_sf_type, pos_to_token: T.Tensor[(num_tokens_out,), T.int32], out: out_type,
+                             out_sf: out_sf_type, round_sf: T.int32):
+            body(x, x_sf, pos_to_token, out, out_sf, round_sf)
+    elif dequant:
+        @T.prim_func
+        def per_channel_cast(x: x_type, x_sf: x_sf_type, out: out_type, out_sf: out_sf_type, round_sf: T.int32):
+            body(x, x_sf, None, out, out_sf, round_sf)
+    elif gather:
+        @T.prim_func
+        def per_channel_cast(x: x_type, pos_to_token: T.Tensor[(num_tokens_out,), T.int32], out: out_type, out_sf: out_sf_type,
+                             round_sf: T.int32):
+            body(x, None, pos_to_token, out, out_sf, round_sf)
+    else:
+        @T.prim_func
+        def per_channel_cast(x: x_type, out: out_type, out_sf: out_sf_type, round_sf: T.int32):
+            body(x, None, None, out, out_sf, round_sf)
+
+    alignment = {'x': 16, 'out': 16 if not transpose else 8, 'out_sf': 16}
+    if dequant:
+        alignment['x_sf'] = 4
+    if gather:
+        alignment['pos_to_token'] = 4
+    return KernelProgram(per_channel_cast, alignment=alignment)
+
+
+PASS_CONFIGS = {
+    'tl.disable_warp_specialized': True,
+    'tl.enable_lower_ldgstg': True,  # 16-byte stores from register arrays
+    # Every access is masked explicitly (whole vectors against the buffer dims); tilelang's own
+    # per-element guards would stop the vectorisation.
+    'tl.disable_safe_memory_legalize': True,
+}
+
+
+def prebuilt_fused():
+    for in_dtype in IN_DTYPES:
+        for gather in (False, True):
+            yield dict(in_dtype=in_dtype, gather=gather, transpose=False, num_per_tokens=128)
+
+
+def prebuilt_transpose():
+    for num_per_tokens in (32, 128):
+        yield dict(in_dtype='bfloat16', gather=False, transpose=True, num_per_tokens=num_per_tokens)
+
+
+PARAMS = (
+    param('in_dtype', 'str', ''),
+    param('gather', 'bool', 'gather'),
+    param('transpose', 'bool', 'tr'),
+    param('num_per_tokens', 'int', 'npt'),
+)
+
+FUSED = KernelDecl(name='quant.per_channel_cast_fused', params=PARAMS, factory=build, prebuilt=prebuilt_fused, check=check,
+                   pass_configs=PASS_CONFIGS)
+TRANSPOSE = KernelDecl(name='quant.per_channel_cast_and_transpose', params=PARAMS, factory=build, prebuilt=prebuilt_transpose,
+                       check=check, pass_configs=PASS_CONFIGS)

@@ -1,0 +1,579 @@
+"""The SwiGLU fusions of quant: forward + per-token cast, forward + per-channel cast (+ transpose), and
+backward + per-token cast of the input gradient, all to e4m3 (max 448).
+
+SwiGLU of a row [l | r] (each half `hidden` wide), in float32 and in this order, as upstream's reference:
+    l = l > c ? c : l;  r = r > c ? c : (r < -c ? -c : r)          (only with a clamp value c)
+    act = l / (1 + exp(-l)) * r                                    (IEEE division, accurate expf)
+Casts (§2.1 of the semantics notes): clamped = max(amax, floor), sf = clamped / 448 and multiplier
+448 / clamped, or with round_sf the power of two at or above sf and its exact inverse;
+q = e4m3_satfinite(v * multiplier).
+
+* swiglu_forward: v = act * w (w = topk_weights[pos_to_token_topk[row]], 0 for a negative index, 1
+  without weights); blocks of (1, 128) or one block per row (per_row). Rows with pos_to_expert < 0 are
+  neither read nor written. Clamp counts are summed per thread in int32, per CTA through shared memory
+  and added to the int64 counters with one atomic per CTA and counter: integer sums, so the result does
+  not depend on the grid size (set_num_sms). Layout as quant.per_token_cast: the 16-byte vectors of all
+  rows form one flat sequence that a grid-stride loop deals out to the threads, so a 128-wide block is 16
+  (bf16) or 32 (fp32) adjacent lanes and its amax is a butterfly of shuffles. per_row gives a row to a
+  power-of-two group of threads (a run-time size: up to 8 vectors each, 256 at most), several rows per CTA.
+* swiglu_forward_and_per_channel_cast: bf16 input only; act is rounded to bf16 (the rounding point of
+  upstream), then cast in blocks of (num_per_tokens, 1) (32 or 128 tokens, a run-time choice). A CTA
+  takes 128 tokens x 64 channels: act goes through shared memory, a thread then owns 32 tokens of one
+  channel, and writes them as 32 contiguous bytes of the transposed output or as bytes of 32 rows.
+* swiglu_backward: one CTA of 64 threads per row of the fused layout, 16 elements per thread-step;
+  see the module docstring of tile_kernels_aot._swiglu for the formulas. The (1, 32) or (1, 128) block
+  width is a run-time argument.
+
+Every dim (rows, hidden, token count, top-k) and every flag is a run-time argument.
+"""
+
+import tilelang  # noqa: F401  (puts its bundled tvm on the path)
+from tilelang import language as T
+
+from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
+
+E4M3_MAX = 448.0
+IN_DTYPES = {'bfloat16': 2, 'float32': 4}
+SF_FORMATS = ('f32', 'ue8m0')
+
+FWD_THREADS = 256
+FWD_VECTORS = 2  # 16-byte vectors of each half per thread and step: 64 bytes of loads in flight
+ROW_VECTORS = 8  # per_row: vectors per thread, so rows of up to 256 * 8 vectors (16384 bf16, 8192 fp32)
+ROW_THREADS_LOG2 = 8  # per_row: log2 of the CTA size
+BLOCK = 128  # channels per scale factor of the flat forward
+
+CH_THREADS = 256
+CH_TOKENS = 128  # tokens per CTA (one block of 128 or four of 32)
+CH_CHANNELS = 64  # channels per CTA
+CH_SEGMENT = 32  # tokens per thread in the cast phase
+
+BWD_THREADS = 64
+BWD_ELEMS = 16  # elements per thread-step (16 bytes of e4m3)
+
+
+@T.macro
+def _scale(amax, floor, round_sf, packed, sf, multiplier, j):
+    """sf[j] (float32, or the UE8M0 exponent as a float) and multiplier[j] of a block of that amax."""
+    clamped = T.max(amax, floor)
+    sf_f = T.alloc_var(T.float32)
+    sf_f = clamped / T.float32(E4M3_MAX)
+    if packed or round_sf != 0:
+        # (bits - 1) >> 23, plus one, is the biased exponent of the power of two at or above sf.
+        exponent = ((T.reinterpret(sf_f, T.uint32) - T.uint32(1)) >> T.uint32(23)) + T.uint32(1)
+        multiplier[j] = T.reinterpret((T.uint32(254) - exponent) << T.uint32(23), T.float32)
+        if packed:
+            sf[j] = T.Cast(T.float32, exponent)
+        else:
+            sf[j] = T.reinterpret(exponent << T.uint32(23), T.float32)
+    else:
+        multiplier[j] = T.float32(E4M3_MAX) / clamped
+        sf[j] = sf_f
+
+
+def _swiglu(l, r, use_clamp, c):
+    """act of float32 gate l and up r, in the reference's order; NaN passes the clamp as torch.clamp."""
+    # T.And, not `and`: this runs as plain Python, where `and` would not build a TIR condition.
+    l = T.if_then_else(T.And(use_clamp != 0, l > c), c, l)
+    r = T.if_then_else(T.And(use_clamp != 0, r > c), c, T.if_then_else(T.And(use_clamp != 0, r < -c), -c, r))
+    return l / (T.float32(1) + T.exp(-l)) * r
+
+
+def check_forward(in_dtype: str, sf_format: str, per_row: bool) -> None:
+    if in_dtype not in IN_DTYPES:
+        raise ValueError(f'in_dtype must be one of {sorted(IN_DTYPES)}, got {in_dtype!r}')
+    if sf_format not in SF_FORMATS:
+        raise ValueError(f'sf_format must be one of {SF_FORMATS}, got {sf_format!r}')
+    if per_row and sf_format != 'f32':
+        raise ValueError('per_row (one scale factor per row) stores row-major float32 scale factors only')
+
+
+def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> KernelProgram:
+    epv = 16 // IN_DTYPES[in_dtype]  # elements per 16-byte vector
+    packed = sf_format == 'ue8m0'
+    lanes_log2 = (BLOCK // epv).bit_length() - 1  # lanes per 128-wide block, log2: 4 (bf16) or 5 (fp32)
+    num_vectors = ROW_VECTORS if per_row else FWD_VECTORS
+    slots = FWD_THREADS * num_vectors
+    num_warps = FWD_THREADS // 32
+
+    num_rows = T.dynamic('num_rows')
+    width = T.dynamic('width')
+    hidden = T.dynamic('hidden')
+    num_p2t = T.dynamic('num_p2t')
+    num_weights = T.dynamic('num_weights')
+    num_p2e = T.dynamic('num_p2e')
+    num_sf_blocks = T.dynamic('num_sf_blocks')
+    sf_stride_t = T.dynamic('sf_stride_t')
+    sf_stride_k = T.dynamic('sf_stride_k')
+    num_sf_words = T.dynamic('num_sf_words')
+    sf_word_stride = T.dynamic('sf_word_stride')
+    if packed:
+        # The bytes of the int32 words: word w of row t holds the UE8M0 exponents of blocks 4w..4w+3.
+        sf_type = T.StridedTensor[(num_sf_words, num_rows * 4), (sf_word_stride, 1), T.uint8]
+    else:
+        sf_type = T.StridedTensor[(num_rows, num_sf_blocks), (sf_stride_t, sf_stride_k), T.float32]
+
+    @T.macro
+    def row_info(row, with_weight, with_pos_to_expert, pos_to_token_topk, topk_weights, pos_to_expert, live, weight, j):
+        """live[j]: the row exists and is not skipped; weight[j]: its routing weight (1 without weights)."""
+        live[j] = T.Cast(T.int32, row < num_rows)
+        weight[j] = T.float32(1)
+        if live[j] != 0:
+            if with_pos_to_expert != 0:
+                if pos_to_expert[row] < 0:
+                    live[j] = 0
+            if with_weight != 0:
+                index = pos_to_token_topk[row]
+                weight[j] = T.if_then_else(index >= 0, topk_weights[T.max(index, 0)], T.float32(0))
+
+    @T.macro
+    def count_into(counts, clamped_count, red_counts, tid):
+        """Adds the threads' int32 clamp counts to the int64 counters: warp sums, then one atomic per CTA."""
+        for c in T.unroll(3):
+            for s in T.unroll(5):
+                counts[c] = counts[c] + T.shfl_xor(counts[c], 16 >> s)
+        if tid % 32 == 0:
+            for c in T.unroll(3):
+                red_counts[tid // 32, c] = counts[c]
+        T.sync_threads()
+        if tid < 3:
+            total = T.alloc_var(T.int64)
+            total = T.int64(0)
+            for w in T.unroll(num_warps):
+                total = total + T.Cast(T.int64, red_counts[w, tid])
+            if total != 0:
+                T.atomic_add(clamped_count[tid], total)
+
+    @T.macro
+    def activate(gate, up, act, amax, counts, use_clamp, count_clamp, clamp_value, weight, j):
+        """act[j, :] = swiglu * weight, amax[j] over it, and the clamp counts."""
+        for e in T.unroll(epv):
+            l = T.Cast(T.float32, gate[j, e])
+            r = T.Cast(T.float32, up[j, e])
+            if count_clamp != 0:
+                counts[0] = counts[0] + T.Cast(T.int32, l > clamp_value)
+                counts[1] = counts[1] + T.Cast(T.int32, r > clamp_value)
+                counts[2] = counts[2] + T.Cast(T.int32, r < -clamp_value)
+            act[j, e] = _swiglu(l, r, use_clamp, clamp_value) * weight[j]
+            amax[j] = T.max(amax[j], T.abs(act[j, e]))
+
+    @T.macro
+    def store_quantized(out, act, multiplier, row, col, j):
+        quantized = T.alloc_local((epv,), T.float8_e4m3fn)
+        for e in T.unroll(epv):
+            quantized[e] = T.Cast(T.float8_e4m3fn, act[j, e] * multiplier[j])
+        for e in T.vectorized(epv):
+            out[row, col + e] = quantized[e]
+
+    @T.prim_func
+    def swiglu_forward(
+        x: T.Tensor[(num_rows, width), in_dtype],
+        out: T.Tensor[(num_rows, hidden), T.float8_e4m3fn],
+        out_sf: sf_type,
+        pos_to_token_topk: T.Tensor[(num_p2t,), T.int32],
+        topk_weights: T.Tensor[(num_weights,), T.float32],
+        pos_to_expert: T.Tensor[(num_p2e,), T.int32],
+        clamped_count: T.Tensor[(3,), T.int64],
+        num_ctas: T.int32,
+        num_iters: T.int32,
+        vectors_per_row: T.int32,
+        row_magic: T.int64,
+        row_shift: T.int32,
+        with_weight: T.int32,
+        with_pos_to_expert: T.int32,
+        use_clamp: T.int32,
+        count_clamp: T.int32,
+        round_sf: T.int32,
+        tpr_log2: T.int32,
+        clamp_value: T.float32,
+        sf_floor: T.float32,
+    ):
+        with T.Kernel(num_ctas, threads=FWD_THREADS) as pid:
+            T.assume(hidden % BLOCK == 0)
+            T.assume(width % 64 == 0)
+            tid = T.get_thread_binding()
+            gate = T.alloc_local((num_vectors, epv), in_dtype)
+            up = T.alloc_local((num_vectors, epv), in_dtype)
+            act = T.alloc_local((num_vectors, epv), T.float32)
+            amax = T.alloc_local((num_vectors,), T.float32)
+            multiplier = T.alloc_local((num_vectors,), T.float32)
+            sf = T.alloc_local((num_vectors,), T.float32)
+            weight = T.alloc_local((num_vectors,), T.float32)
+            live = T.alloc_local((num_vectors,), T.int32)
+            counts = T.alloc_local((3,), T.int32)
+            red_counts = T.alloc_shared((num_warps, 3), T.int32)
+            for c in T.unroll(3):
+                counts[c] = 0
+
+            if per_row:
+                # 2^tpr_log2 threads per row (enough for 8 vectors each), 256 >> tpr_log2 rows per CTA and
+                # step, so that short rows still keep every thread's 8 vector pairs in flight.
+                red = T.alloc_shared((2, num_warps), T.float32)
+                lane = tid & ((1 << tpr_log2) - 1)
+                for it in T.serial(num_iters):
+                    row = ((it * num_ctas + pid) << (ROW_THREADS_LOG2 - tpr_log2)) + (tid >> tpr_log2)
+                    row_info(row, with_weight, with_pos_to_expert, pos_to_token_topk, topk_weights, pos_to_expert, live, weight, 0)
+                    for j in T.unroll(num_vectors):
+                        amax[j] = T.float32(0)
+                        weight[j] = weight[0]
+                        col = ((j << tpr_log2) + lane) * epv
+                        if live[0] != 0 and col < hidden:
+                            for e in T.vectorized(epv):
+                                gate[j, e] = x[row, col + e]
+                            for e in T.vectorized(epv):
+                                up[j, e] = x[row, hidden + col + e]
+                    for j in T.unroll(num_vectors):
+                        col = ((j << tpr_log2) + lane) * epv
+                        if live[0] != 0 and col < hidden:
+                            activate(gate, up, act, amax, counts, use_clamp, count_clamp, clamp_value, weight, j)
+                    for j in T.unroll(1, num_vectors):
+                        amax[0] = T.max(amax[0], amax[j])
+                    # Row amax: a butterfly over the row's lanes, then (rows wider than a warp) over its warps,
+                    # through one of two buffers by step parity, so one barrier a step keeps a fast warp from
+                    # overwriting values a slow one still reads. Every thread takes part (uniform branches).
+                    for s in T.unroll(5):
+                        if s < tpr_log2:
+                            amax[0] = T.max(amax[0], T.shfl_xor(amax[0], 1 << s))
+                    if tpr_log2 > 5:
+                        if tid % 32 == 0:
+                            red[it % 2, tid // 32] = amax[0]
+                        T.sync_threads()
+                        first_warp = (tid >> tpr_log2) << (tpr_log2 - 5)
+                        for w in T.unroll(num_warps):
+                            if w < (1 << (tpr_log2 - 5)):
+                                amax[0] = T.max(amax[0], red[it % 2, first_warp + w])
+                    if live[0] != 0:
+                        _scale(amax[0], sf_floor, round_sf, False, sf, multiplier, 0)
+                        if lane == 0:
+                            out_sf[row, 0] = sf[0]
+                        for j in T.unroll(1, num_vectors):
+                            multiplier[j] = multiplier[0]
+                        for j in T.unroll(num_vectors):
+                            col = ((j << tpr_log2) + lane) * epv
+                            if col < hidden:
+                                store_quantized(out, act, multiplier, row, col, j)
+            else:
+                for it in T.serial(num_iters):
+                    for j in T.unroll(num_vectors):
+                        # Flat vector index -> row by a host-computed multiply-shift (exact below 2^31).
+                        v = (it * num_ctas + pid) * slots + j * FWD_THREADS + tid
+                        row = T.Cast(T.int32, (T.Cast(T.int64, v) * row_magic) >> T.Cast(T.int64, row_shift))
+                        col = (v - row * vectors_per_row) * epv
+                        row_info(row, with_weight, with_pos_to_expert, pos_to_token_topk, topk_weights, pos_to_expert, live, weight, j)
+                        if live[j] != 0:
+                            for e in T.vectorized(epv):
+                                gate[j, e] = x[row, col + e]
+                            for e in T.vectorized(epv):
+                                up[j, e] = x[row, hidden + col + e]
+                    for j in T.unroll(num_vectors):
+                        amax[j] = T.float32(0)
+                        if live[j] != 0:
+                            activate(gate, up, act, amax, counts, use_clamp, count_clamp, clamp_value, weight, j)
+                    # Block amax: a butterfly over the block's adjacent lanes (every lane takes part; a
+                    # skipped or missing row is a whole number of blocks, all with amax 0).
+                    for j in T.unroll(num_vectors):
+                        for s in T.unroll(lanes_log2):
+                            amax[j] = T.max(amax[j], T.shfl_xor(amax[j], 1 << s))
+                    for j in T.unroll(num_vectors):
+                        v = (it * num_ctas + pid) * slots + j * FWD_THREADS + tid
+                        row = T.Cast(T.int32, (T.Cast(T.int64, v) * row_magic) >> T.Cast(T.int64, row_shift))
+                        col = (v - row * vectors_per_row) * epv
+                        if live[j] != 0:
+                            _scale(amax[j], sf_floor, round_sf, packed, sf, multiplier, j)
+                            block = col // BLOCK
+                            if tid % (1 << lanes_log2) == 0:
+                                if packed:
+                                    if (block >> 2) < num_sf_words:
+                                        out_sf[block >> 2, row * 4 + (block & 3)] = T.Cast(T.uint8, sf[j])
+                                        # The last block of a row zeroes the rest of its word (upstream
+                                        # leaves those bytes unset; zeros make the output deterministic).
+                                        if col + BLOCK >= hidden:
+                                            for b in T.unroll(1, 4):
+                                                if (block & 3) + b < 4:
+                                                    out_sf[block >> 2, row * 4 + (block & 3) + b] = T.uint8(0)
+                                elif block < num_sf_blocks:
+                                    out_sf[row, block] = sf[j]
+                            store_quantized(out, act, multiplier, row, col, j)
+            if count_clamp != 0:
+                count_into(counts, clamped_count, red_counts, tid)
+
+    alignment = {'x': 16, 'out': 16, 'out_sf': 1 if packed else 4, 'pos_to_token_topk': 4, 'topk_weights': 4, 'pos_to_expert': 4,
+                 'clamped_count': 8}
+    return KernelProgram(swiglu_forward, alignment=alignment)
+
+
+def prebuilt_forward():
+    for in_dtype in IN_DTYPES:
+        for sf_format in SF_FORMATS:
+            yield dict(in_dtype=in_dtype, sf_format=sf_format, per_row=False)
+        yield dict(in_dtype=in_dtype, sf_format='f32', per_row=True)
+
+
+def check_channel(transpose: bool) -> None:
+    if not isinstance(transpose, bool):
+        raise ValueError(f'transpose must be a bool, got {transpose!r}')
+
+
+def build_channel(arch: Arch, transpose: bool) -> KernelProgram:
+    num_tokens = T.dynamic('num_tokens')
+    width = T.dynamic('width')
+    hidden = T.dynamic('hidden')
+    num_sf_rows = T.dynamic('num_sf_rows')
+    out_shape = (hidden, num_tokens) if transpose else (num_tokens, hidden)
+    num_segments = CH_TOKENS // CH_SEGMENT
+    loads = CH_TOKENS * CH_CHANNELS // 8 // CH_THREADS  # 16-byte vectors of each half per thread
+
+    @T.prim_func
+    def swiglu_forward_and_per_channel_cast(
+        x: T.Tensor[(num_tokens, width), T.bfloat16],
+        out: T.Tensor[out_shape, T.float8_e4m3fn],
+        out_sf: T.Tensor[(num_sf_rows, hidden), T.float32],
+        npt_log2: T.int32,
+        round_sf: T.int32,
+        use_clamp: T.int32,
+        clamp_value: T.float32,
+    ):
+        with T.Kernel(hidden // CH_CHANNELS, num_tokens // CH_TOKENS, threads=CH_THREADS) as (pid_h, pid_t):
+            T.assume(num_tokens % CH_TOKENS == 0)
+            T.assume(hidden % CH_CHANNELS == 0)
+            T.assume(width % 64 == 0)
+            tid = T.get_thread_binding()
+            act_shared = T.alloc_shared((CH_TOKENS, CH_CHANNELS), T.bfloat16)
+            amax_shared = T.alloc_shared((num_segments, CH_CHANNELS), T.float32)
+            gate = T.alloc_local((8,), T.bfloat16)
+            up = T.alloc_local((8,), T.bfloat16)
+            act = T.alloc_local((8,), T.bfloat16)
+            values = T.alloc_local((CH_SEGMENT,), T.float32)
+            quantized = T.alloc_local((CH_SEGMENT,), T.float8_e4m3fn)
+            amax = T.alloc_local((1,), T.float32)
+            sf = T.alloc_local((1,), T.float32)
+            multiplier = T.alloc_local((1,), T.float32)
+            t0 = pid_t * CH_TOKENS
+            h0 = pid_h * CH_CHANNELS
+
+            # Phase 1: SwiGLU, rounded to bf16 (upstream's rounding point), into shared memory.
+            for i in T.unroll(loads):
+                idx = i * CH_THREADS + tid
+                t = idx // 8
+                c = (idx % 8) * 8
+                for e in T.vectorized(8):
+                    gate[e] = x[t0 + t, h0 + c + e]
+                for e in T.vectorized(8):
+                    up[e] = x[t0 + t, hidden + h0 + c + e]
+                for e in T.unroll(8):
+                    act[e] = T.Cast(T.bfloat16, _swiglu(T.Cast(T.float32, gate[e]), T.Cast(T.float32, up[e]), use_clamp, clamp_value))
+                for e in T.vectorized(8):
+                    act_shared[t, c + e] = act[e]
+            T.sync_threads()
+
+            # Phase 2: thread (channel c, segment s) owns tokens s * 32 .. s * 32 + 31 of channel c.
+            c = tid % CH_CHANNELS
+            s = tid // CH_CHANNELS
+            amax[0] = T.float32(0)
+            for i in T.unroll(CH_SEGMENT):
+                values[i] = T.Cast(T.float32, act_shared[s * CH_SEGMENT + i, c])
+                amax[0] = T.max(amax[0], T.abs(values[i]))
+            if npt_log2 == 7:  # blocks of 128 tokens: the four segments together
+                amax_shared[s, c] = amax[0]
+                T.sync_threads()
+                for k in T.unroll(num_segments):
+                    amax[0] = T.max(amax[0], amax_shared[k, c])
+            _scale(amax[0], T.float32(1e-4), round_sf, False, sf, multiplier, 0)
+            if npt_log2 == 7:
+                if s == 0:
+                    out_sf[pid_t, h0 + c] = sf[0]
+            else:
+                out_sf[pid_t * num_segments + s, h0 + c] = sf[0]
+            for i in T.unroll(CH_SEGMENT):
+                quantized[i] = T.Cast(T.float8_e4m3fn, values[i] * multiplier[0])
+            if transpose:
+                for i in T.vectorized(CH_SEGMENT):
+                    out[h0 + c, t0 + s * CH_SEGMENT + i] = quantized[i]
+            else:
+                for i in T.unroll(CH_SEGMENT):
+                    out[t0 + s * CH_SEGMENT + i, h0 + c] = quantized[i]
+
+    return KernelProgram(swiglu_forward_and_per_channel_cast, alignment={'x': 16, 'out': 16, 'out_sf': 4})
+
+
+def prebuilt_channel():
+    yield dict(transpose=True)
+    yield dict(transpose=False)
+
+
+def check_backward(grad_dtype: str) -> None:
+    if grad_dtype != 'bfloat16':
+        raise ValueError(f"grad_dtype must be 'bfloat16' (upstream's only gradient dtype), got {grad_dtype!r}")
+
+
+def build_backward(arch: Arch, grad_dtype: str) -> KernelProgram:
+    num_rows = T.dynamic('num_rows')
+    width = T.dynamic('width')
+    hidden = T.dynamic('hidden')
+    num_sf = T.dynamic('num_sf')
+    num_weights = T.dynamic('num_weights')
+    num_warps = BWD_THREADS // 32
+    n = BWD_ELEMS
+
+    @T.prim_func
+    def swiglu_backward(
+        x: T.Tensor[(num_rows, width), T.float8_e4m3fn],
+        x_sf: T.Tensor[(num_rows, num_sf), T.float32],
+        grad_out: T.Tensor[(num_rows, hidden), T.bfloat16],
+        weight: T.Tensor[(num_weights,), T.float32],
+        pos_to_token_topk: T.Tensor[(num_rows,), T.int32],
+        token_topk_to_pos: T.Tensor[(num_weights,), T.int32],
+        out: T.Tensor[(num_rows, hidden), T.bfloat16],
+        x_grad_fp8: T.Tensor[(num_rows, width), T.float8_e4m3fn],
+        x_grad_sf: T.Tensor[(num_rows, num_sf), T.float32],
+        x_grad: T.Tensor[(num_rows, width), T.bfloat16],
+        weight_grad: T.Tensor[(num_weights,), T.float32],
+        num_ctas: T.int32,
+        num_iters: T.int32,
+        npc_log2: T.int32,
+        round_sf: T.int32,
+        use_clamp: T.int32,
+        clamp_value: T.float32,
+    ):
+        with T.Kernel(num_ctas, threads=BWD_THREADS) as pid:
+            T.assume(hidden % 32 == 0)
+            T.assume(width % 64 == 0)
+            tid = T.get_thread_binding()
+            xq = T.alloc_local((n,), T.float8_e4m3fn)
+            yq = T.alloc_local((n,), T.float8_e4m3fn)
+            g = T.alloc_local((n,), T.bfloat16)
+            gx = T.alloc_local((n,), T.float32)
+            gy = T.alloc_local((n,), T.float32)
+            out_local = T.alloc_local((n,), T.bfloat16)
+            gx16 = T.alloc_local((n,), T.bfloat16)
+            gy16 = T.alloc_local((n,), T.bfloat16)
+            qx = T.alloc_local((n,), T.float8_e4m3fn)
+            qy = T.alloc_local((n,), T.float8_e4m3fn)
+            amax = T.alloc_local((2,), T.float32)
+            sf = T.alloc_local((2,), T.float32)
+            multiplier = T.alloc_local((2,), T.float32)
+            acc = T.alloc_local((1,), T.float32)
+            w_local = T.alloc_local((1,), T.float32)
+            red = T.alloc_shared((num_warps,), T.float32)
+            lanes_log2 = npc_log2 - 4  # lanes per block, log2: 1 (32 channels) or 3 (128)
+
+            # A (token, topk) slot no row maps to gets a zero gradient, as upstream.
+            if pid < num_weights:
+                if tid == 0 and token_topk_to_pos[pid] == -1:
+                    weight_grad[pid] = T.float32(0)
+            if pid < num_rows:  # uniform over the CTA
+                index = pos_to_token_topk[pid]
+                w_local[0] = T.if_then_else(index >= 0, weight[T.max(index, 0)], T.float32(0))
+                w = w_local[0]
+                acc[0] = T.float32(0)
+                for it in T.serial(num_iters):
+                    col = (it * BWD_THREADS + tid) * n
+                    amax[0] = T.float32(0)
+                    amax[1] = T.float32(0)
+                    if col < hidden:  # a whole block is in or out
+                        for e in T.vectorized(n):
+                            xq[e] = x[pid, col + e]
+                        for e in T.vectorized(n):
+                            yq[e] = x[pid, hidden + col + e]
+                        for e in T.vectorized(n):
+                            g[e] = grad_out[pid, col + e]
+                        sfx = x_sf[pid, col >> npc_log2]
+                        sfy = x_sf[pid, (hidden + col) >> npc_log2]
+                        for e in T.unroll(n):
+                            xv = T.Cast(T.float32, xq[e]) * sfx
+                            yv = T.Cast(T.float32, yq[e]) * sfy
+                            clamped_x = use_clamp != 0 and xv > clamp_value
+                            clamped_y_upper = use_clamp != 0 and yv > clamp_value
+                            clamped_y_lower = use_clamp != 0 and yv < -clamp_value
+                            xc = T.if_then_else(clamped_x, clamp_value, xv)
+                            yc = T.if_then_else(clamped_y_upper, clamp_value, T.if_then_else(clamped_y_lower, -clamp_value, yv))
+                            go = T.Cast(T.float32, g[e])
+                            denominator = T.float32(1) + T.exp(-xc)
+                            act = xc / denominator * yc
+                            acc[0] = acc[0] + go * act
+                            sig = T.float32(1) / denominator
+                            gws = go * w * sig
+                            out_local[e] = T.Cast(T.bfloat16, act * w)
+                            # 1 + x (1 - s) with one rounding, as the reference's compiled FMA.
+                            dx = gws * yc * T.call_extern('float32', '__fmaf_rn', xc, T.float32(1) - sig, T.float32(1))
+                            gx[e] = T.if_then_else(clamped_x, T.float32(0), dx)
+                            gy[e] = T.if_then_else(clamped_y_upper or clamped_y_lower, T.float32(0), gws * xc)
+                            amax[0] = T.max(amax[0], T.abs(gx[e]))
+                            amax[1] = T.max(amax[1], T.abs(gy[e]))
+                            gx16[e] = T.Cast(T.bfloat16, gx[e])
+                            gy16[e] = T.Cast(T.bfloat16, gy[e])
+                        for e in T.vectorized(n):
+                            out[pid, col + e] = out_local[e]
+                        for e in T.vectorized(n):
+                            x_grad[pid, col + e] = gx16[e]
+                        for e in T.vectorized(n):
+                            x_grad[pid, hidden + col + e] = gy16[e]
+                    # Block amax over its adjacent lanes (uniform loop: every lane takes part).
+                    for s in T.unroll(3):
+                        if s < lanes_log2:
+                            amax[0] = T.max(amax[0], T.shfl_xor(amax[0], 1 << s))
+                            amax[1] = T.max(amax[1], T.shfl_xor(amax[1], 1 << s))
+                    if col < hidden:
+                        _scale(amax[0], T.float32(1e-4), round_sf, False, sf, multiplier, 0)
+                        _scale(amax[1], T.float32(1e-4), round_sf, False, sf, multiplier, 1)
+                        if (tid & ((1 << lanes_log2) - 1)) == 0:
+                            x_grad_sf[pid, col >> npc_log2] = sf[0]
+                            x_grad_sf[pid, (hidden + col) >> npc_log2] = sf[1]
+                        for e in T.unroll(n):
+                            qx[e] = T.Cast(T.float8_e4m3fn, gx[e] * multiplier[0])
+                            qy[e] = T.Cast(T.float8_e4m3fn, gy[e] * multiplier[1])
+                        for e in T.vectorized(n):
+                            x_grad_fp8[pid, col + e] = qx[e]
+                        for e in T.vectorized(n):
+                            x_grad_fp8[pid, hidden + col + e] = qy[e]
+                # weight_grad = sum over the row of grad_out * act (fp32; the order is the kernel's).
+                for s in T.unroll(5):
+                    acc[0] = acc[0] + T.shfl_xor(acc[0], 16 >> s)
+                if tid % 32 == 0:
+                    red[tid // 32] = acc[0]
+                T.sync_threads()
+                if tid == 0 and index >= 0:
+                    total = T.alloc_var(T.float32)
+                    total = red[0]
+                    for k in T.unroll(1, num_warps):
+                        total = total + red[k]
+                    weight_grad[index] = total
+
+    alignment = {'x': 16, 'x_sf': 4, 'grad_out': 16, 'weight': 4, 'pos_to_token_topk': 4, 'token_topk_to_pos': 4, 'out': 16,
+                 'x_grad_fp8': 16, 'x_grad_sf': 4, 'x_grad': 16, 'weight_grad': 4}
+    return KernelProgram(swiglu_backward, alignment=alignment)
+
+
+def prebuilt_backward():
+    yield dict(grad_dtype='bfloat16')
+
+
+# Every access is masked explicitly (against the run-time dims); tilelang's own per-element guards would
+# stop the 16-byte vectorisation.
+PASS_CONFIGS = {'tl.disable_warp_specialized': True, 'tl.enable_lower_ldgstg': True, 'tl.disable_safe_memory_legalize': True}
+
+FORWARD = KernelDecl(
+    name='quant.swiglu_forward_and_per_token_cast',
+    params=(param('in_dtype', 'str', ''), param('sf_format', 'str', 'sf'), param('per_row', 'bool', 'row')),
+    factory=build_forward,
+    prebuilt=prebuilt_forward,
+    check=check_forward,
+    pass_configs=PASS_CONFIGS,
+)
+
+CHANNEL = KernelDecl(
+    name='quant.swiglu_forward_and_per_channel_cast_and_transpose',
+    params=(param('transpose', 'bool', 'tr'),),
+    factory=build_channel,
+    prebuilt=prebuilt_channel,
+    check=check_channel,
+    pass_configs=PASS_CONFIGS,
+)
+
+BACKWARD = KernelDecl(
+    name='quant.swiglu_backward_and_per_token_cast',
+    params=(param('grad_dtype', 'str', ''),),
+    factory=build_backward,
+    prebuilt=prebuilt_backward,
+    check=check_backward,
+    pass_configs=PASS_CONFIGS,
+)

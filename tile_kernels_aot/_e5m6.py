@@ -1,0 +1,179 @@
+"""E5M6 casts: what ``quant.per_token_cast(x, 'e5m6', hidden, ...)`` and ``quant.cast_back((data, sf), fmt,
+x_block_size, x_special_fmt='e5m6')`` run (upstream TileKernels v1's per_token_cast_to_e5m6 and
+cast_back_e5m6).
+
+E5M6 is the top 12 bits of an IEEE half (1 sign, 5 exponent and 6 mantissa bits; max 65024). A float32 v
+encodes as the half of v rounded toward zero, shifted right by 4, plus one where (that code & 1) + (the
+low 17 bits of v) > 0x10000, masked to 12 bits (upstream's rounding, bit for bit). Eight codes h0..h7
+pack into three little-endian uint32 words, w0 = h0 << 20 | h1 << 8 | h2 >> 4,
+w1 = h2 << 28 | h3 << 16 | h4 << 4 | h5 >> 8, w2 = h5 << 24 | h6 << 12 | h7, returned as uint8
+``[num_tokens, hidden * 3 / 2]``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tile_kernels_aot import _checks
+from tile_kernels_aot._select import find_kernel
+
+QuantTensor = tuple[torch.Tensor, torch.Tensor]
+_IN_DTYPES = {torch.bfloat16: 'bfloat16', torch.float32: 'float32'}
+_OUT_DTYPES = {'bf16': torch.bfloat16, 'fp32': torch.float32}
+# Widest row the cast holds in registers: 128 threads x 2 chunks of 32 channels (kernel_src/quant/e5m6.py).
+_MAX_HIDDEN = {torch.bfloat16: 8192, torch.float32: 8192}
+_CHUNK = 32  # channels per chunk of the kernels
+_INDEX_LIMIT = 2**31 - 2**16  # flat chunk indices (plus a CTA's overrun) stay int32 in the cast back
+_CAST_OP = "per_token_cast(fmt='e5m6')"
+_BACK_OP = "cast_back(x_special_fmt='e5m6')"
+
+
+def _magic(divisor: int) -> tuple[int, int]:
+    """(magic, shift) with (n * magic) >> shift == n // divisor for every 0 <= n < 2^31 (see quant._magic)."""
+    shift = 31 + (divisor - 1).bit_length()
+    return -(-(1 << shift) // divisor), shift
+
+
+def _align(value: int, alignment: int) -> int:
+    return -(-value // alignment) * alignment
+
+
+def _check_bool(op: str, name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f'{op}: {name} must be a bool, got {type(value).__name__}')
+    return value
+
+
+def per_token_cast_to_e5m6(
+    x: torch.Tensor,
+    num_per_channels: int,
+    use_tma_aligned_col_major_sf: bool = False,
+    round_sf: bool = False,
+    use_packed_ue8m0: bool = False,
+) -> QuantTensor:
+    """Cast to E5M6 with one scale factor per token: ``clamped = max(amax of the row, 1e-4)``,
+    ``sf = clamped / 65024``, data ``= e5m6(x * (65024 / clamped))``; with ``round_sf`` sf is rounded up
+    to a power of two and the multiplier is its exact inverse.
+
+    Args:
+        x: ``[num_tokens, hidden]`` bfloat16 or float32 CUDA tensor, contiguous in ``hidden`` (a multiple of 8,
+            at most 8192); the row stride is free.
+        num_per_channels: must equal ``hidden`` (one scale factor per token), as upstream requires.
+        use_tma_aligned_col_major_sf: float32 scale factors column-major, the token dim padded to 4.
+        round_sf: round the scale factors up to powers of two.
+        use_packed_ue8m0: the exponent byte in an int32 word whose other bytes are zero, column-major (needs
+            use_tma_aligned_col_major_sf and round_sf).
+
+    Returns:
+        ``(data, sf)``: data uint8 ``[num_tokens, hidden * 3 / 2]`` (contiguous); sf float32
+        ``[num_tokens, 1]``, row-major or with strides ``(1, align(num_tokens, 4))``, or packed int32
+        ``[num_tokens, 1]`` with strides ``(1, align(num_tokens, 4))``.
+    """
+    op = _CAST_OP
+    _checks.tensor(op, 'x', x, ndim=2, dtypes=tuple(_IN_DTYPES))
+    _checks.integer(op, 'num_per_channels', num_per_channels, low=1)
+    col_major = _check_bool(op, 'use_tma_aligned_col_major_sf', use_tma_aligned_col_major_sf)
+    round_sf = _check_bool(op, 'round_sf', round_sf)
+    packed = _check_bool(op, 'use_packed_ue8m0', use_packed_ue8m0)
+    num_tokens, hidden = x.shape
+    if num_per_channels != hidden:
+        raise ValueError(f'{op}: num_per_channels must equal hidden ({hidden}), got {num_per_channels}')
+    if hidden == 0 or hidden % 8:
+        raise ValueError(f'{op}: x must have hidden divisible by 8, got {hidden}')
+    if hidden > _MAX_HIDDEN[x.dtype]:
+        raise ValueError(f'{op}: x must have hidden at most {_MAX_HIDDEN[x.dtype]} for {str(x.dtype).removeprefix("torch.")} input, got {hidden}')
+    if packed and not col_major:
+        raise ValueError(f'{op}: use_packed_ue8m0 needs use_tma_aligned_col_major_sf=True (packed UE8M0 is column-major)')
+    if packed and not round_sf:
+        raise ValueError(f'{op}: use_packed_ue8m0 needs round_sf=True (UE8M0 holds powers of two only)')
+    _checks.inner_contiguous(op, 'x', x)
+    device = _checks.on_one_cuda_device(op, x=x)
+
+    out = torch.empty((num_tokens, hidden // 8 * 3), dtype=torch.uint32, device=x.device)
+    if col_major:
+        storage = torch.empty((1, _align(num_tokens, 4)), dtype=torch.int32 if packed else torch.float32, device=x.device)
+        sf, sf_arg = storage[:, :num_tokens].T, storage[0, :num_tokens]
+    else:
+        sf = torch.empty((num_tokens, 1), dtype=torch.float32, device=x.device)
+        sf_arg = sf[:, 0]
+    if num_tokens:
+        spec = e5m6_spec_of(x, packed)
+        find_kernel('quant.per_token_cast_to_e5m6', spec, device)(device, {'x': x, 'out': out, 'out_sf': sf_arg}, {'round_sf': int(round_sf)})
+    return out.view(torch.uint8), sf
+
+
+def cast_back_from_e5m6(x: QuantTensor, fmt: str, x_block_size: tuple[int, int]) -> torch.Tensor:
+    """Dequantise E5M6 ``(data, sf)`` to bf16 or fp32: ``out = float(code) * sf`` per block, rounded once.
+
+    Args:
+        x: ``(data, sf)``: data uint8 ``[num_tokens, hidden * 3 / 2]`` (hidden a multiple of 8), contiguous,
+            4-byte aligned; sf float32 ``[num_tokens, b]`` in any strides, or packed UE8M0 int32
+            ``[num_tokens, ceil(b / 4)]`` with ``stride(0) == 1`` (as per_token_cast returns them),
+            ``b = ceil(hidden / n)``.
+        fmt: ``'bf16'`` or ``'fp32'``.
+        x_block_size: ``(1, n)``, n a positive multiple of 8 (per_token_cast's E5M6 uses ``n = hidden``;
+            blocks of more than one token are not built).
+
+    Returns:
+        ``[num_tokens, hidden]`` bfloat16 or float32, contiguous.
+    """
+    op = _BACK_OP
+    if fmt not in _OUT_DTYPES:
+        raise ValueError(f"{op}: fmt must be 'bf16' or 'fp32', got {fmt!r}")
+    if not isinstance(x, tuple) or len(x) != 2:
+        raise TypeError(f'{op}: x must be a (data, sf) tuple, got {type(x).__name__}')
+    if not (isinstance(x_block_size, tuple) and len(x_block_size) == 2
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in x_block_size)):
+        raise TypeError(f'{op}: x_block_size must be a tuple of two ints, got {x_block_size!r}')
+    data, sf = x
+    _checks.tensor(op, 'data', data, ndim=2, dtypes=(torch.uint8,))
+    _checks.tensor(op, 'sf', sf, ndim=2, dtypes=(torch.float32, torch.int32))
+    num_per_tokens, num_per_channels = x_block_size
+    if num_per_tokens != 1:
+        raise NotImplementedError(f'{op}: x_block_size={x_block_size} (blocks of more than one token) is not built in this release of tile-kernels-aot')
+    if num_per_channels < 8 or num_per_channels % 8:
+        raise ValueError(f'{op}: x_block_size[1] must be a positive multiple of 8, got {num_per_channels}')
+    num_tokens, width = data.shape
+    if width % 12:
+        raise ValueError(f'{op}: data must have a width of hidden * 3 / 2 with hidden divisible by 8 (a multiple of 12), got {width}')
+    hidden = width // 3 * 2
+    if not data.is_contiguous():
+        raise ValueError(f'{op}: data must be contiguous, got strides {data.stride()}')
+    packed = sf.dtype == torch.int32
+    num_blocks = -(-hidden // num_per_channels)
+    expected = (num_tokens, -(-num_blocks // 4) if packed else num_blocks)
+    if tuple(sf.shape) != expected:
+        raise ValueError(f'{op}: sf must have shape {expected} for {num_tokens} tokens of {hidden} channels in blocks of '
+                         f'{num_per_channels}, got {tuple(sf.shape)}')
+    if packed and num_tokens > 1 and sf.stride(0) != 1:
+        raise ValueError(f'{op}: a packed UE8M0 sf (int32) must be column-major (stride(0) == 1), got strides {sf.stride()}')
+    if data.data_ptr() % 4:
+        raise ValueError(f'{op}: data.data_ptr() must be 4-byte aligned (it is read as uint32 words), got {data.data_ptr():#x}')
+    device = _checks.on_one_cuda_device(op, data=data, sf=sf)
+    out = torch.empty((num_tokens, hidden), dtype=_OUT_DTYPES[fmt], device=data.device)
+    if num_tokens == 0:
+        return out
+    chunks_per_row = -(-hidden // _CHUNK)
+    if num_tokens * chunks_per_row >= _INDEX_LIMIT:
+        raise ValueError(f'{op}: data is too large: {num_tokens} rows of {chunks_per_row} chunks of 32 channels reach 2^31 chunks')
+    # The packed words as the bytes the kernel reads: word w of token t is bytes [4t, 4t + 4) of row w.
+    sf_arg = sf
+    if packed:
+        words = sf.T if sf.T.stride(-1) == 1 else sf.T.contiguous()  # one token: any stride(0) will do
+        sf_arg = words.view(torch.uint8)
+    row_magic, row_shift = _magic(chunks_per_row)
+    block_magic, block_shift = _magic(num_per_channels)
+    aligned = hidden % _CHUNK == 0 and data.data_ptr() % 16 == 0
+    spec = dict(out_dtype=str(out.dtype).removeprefix('torch.'), sf_format='ue8m0' if packed else 'f32', aligned=aligned)
+    scalars = dict(chunks_per_row=chunks_per_row, row_magic=row_magic, row_shift=row_shift, block_magic=block_magic, block_shift=block_shift)
+    find_kernel('quant.cast_back_e5m6', spec, device)(device, {'out': out, 'x': data.view(torch.uint32), 'x_sf': sf_arg}, scalars)
+    return out
+
+
+def e5m6_spec_of(x: torch.Tensor, use_packed_ue8m0: bool) -> dict:
+    """The spec per_token_cast_to_e5m6 picks for `x`: the 16-byte variant when hidden % 32 == 0 and the
+    pointer and row stride are 16-byte aligned."""
+    row_bytes = x.stride(0) * x.element_size() if x.shape[0] > 1 else 0  # one row: the stride is unused
+    aligned = x.shape[1] % _CHUNK == 0 and (x.data_ptr() | row_bytes) % 16 == 0
+    return dict(in_dtype=_IN_DTYPES[x.dtype], sf_format='ue8m0' if use_packed_ue8m0 else 'f32', aligned=aligned)
+
