@@ -52,9 +52,11 @@ BWD_ELEMS = 16  # elements per thread-step (16 bytes of e4m3)
 
 
 @T.macro
-def _scale(amax, floor, round_sf, packed, sf, multiplier, j):
-    """sf[j] (float32, or the UE8M0 exponent as a float) and multiplier[j] of a block of that amax."""
-    clamped = T.max(amax, floor)
+def _scale(amax, sf_floor, round_sf, packed, sf, multiplier, j):
+    """sf[j] (float32, or the UE8M0 exponent as a float) and multiplier[j] of a block of that amax.
+    (A kernel scalar passed to a macro takes the name of the macro's parameter in the lowered kernel:
+    hence sf_floor here, the name the op passes.)"""
+    clamped = T.max(amax, sf_floor)
     sf_f = T.alloc_var(T.float32)
     sf_f = clamped / T.float32(E4M3_MAX)
     if packed or round_sf != 0:

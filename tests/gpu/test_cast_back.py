@@ -59,7 +59,7 @@ def test_cast_back_rejects_bad_input():
         op.cast_back((data, sf), 'fp16', (1, 128))
     with pytest.raises(NotImplementedError, match='blocks of more than one token'):
         op.cast_back((data, torch.ones((1, 56), device='cuda')), 'bf16', (128, 128))
-    with pytest.raises(NotImplementedError, match='e5m6'):
+    with pytest.raises(TypeError, match='uint8'):  # E5M6 data is packed uint8
         op.cast_back((data, sf), 'bf16', (1, 128), x_special_fmt='e5m6')
     with pytest.raises(ValueError, match='sf must have shape'):
         op.per_token_cast_back((data, sf), 'bf16', 32)

@@ -106,8 +106,10 @@ def test_per_token_cast_sf_strides_match_upstream():
 def test_per_token_cast_rejects_bad_input():
     x = torch.randn((8, 7168), device='cuda', dtype=torch.bfloat16)
     op = tile_kernels_aot.quant
+    with pytest.raises(ValueError, match='e5m6'):  # E5M6 has one scale factor per row
+        op.per_token_cast(x, 'e5m6', 128)
     with pytest.raises(NotImplementedError, match='e5m6'):
-        op.per_token_cast(x, 'e5m6', 7168)
+        op.per_token_cast((x, x), 'e5m6', 7168)
     with pytest.raises(ValueError, match='fmt'):
         op.per_token_cast(x, 'int8', 32)
     with pytest.raises(ValueError, match='num_per_channels'):

@@ -187,7 +187,20 @@ def check_backward(num_tokens: int, hidden: int, npc: int, round_sf: bool, clamp
     assert_bitwise_equal(x_grad, ref_x_grad)
     assert_bitwise_equal(q, ref_q)
     assert_bitwise_equal(sf, ref_sf)
-    torch.testing.assert_close(weight_grad, ref_weight_grad, atol=1e-4, rtol=1e-4)
+    # weight_grad[t, k] sums a row of hidden products g * act, which the kernel and torch add in different
+    # orders; upstream's fixed 1e-4 tolerances fail on the odd cancelling row. Check instead against the
+    # float64 sum of the same float32 products, within 1e-5 of the sum of their magnitudes (a bound on
+    # the rounding error of any fp32 summation order of 2048 terms with room to spare).
+    act = reference.swiglu_backward(x, grad_out, torch.ones_like(weights), p2tt, t2p, npc, clamp)[0]
+    products = (grad_out.float() * act).double()
+    index, valid = p2tt.long(), p2tt >= 0
+    exact = torch.zeros(weights.numel(), dtype=torch.float64, device='cuda')
+    magnitude = torch.zeros_like(exact)
+    exact[index[valid]] = products.sum(dim=1)[valid]
+    magnitude[index[valid]] = products.abs().sum(dim=1)[valid]
+    error = (weight_grad.double().view(-1) - exact).abs()
+    assert bool((error <= 1e-5 * magnitude).all()), f'weight_grad off by up to {float((error / magnitude.clamp_min(1e-30)).max()):.2e} of the magnitude'
+    torch.testing.assert_close(weight_grad, ref_weight_grad, atol=1e-3, rtol=1e-3)  # and near the fp32 reference
 
 
 @pytest.mark.parametrize('num_tokens', TOKEN_COUNTS)
