@@ -319,7 +319,7 @@ def per_channel_transpose_case(spec, tokens):
 
 
 def e5m6_cast_case(spec, tokens):
-    from tile_kernels_aot._e5m6 import per_token_cast_to_e5m6
+    from tile_kernels_aot.quant.e5m6 import per_token_cast_to_e5m6
 
     extra = 0 if spec['aligned'] else 1  # the unaligned variant serves rows that are not 16-byte aligned
     x = torch.randn(tokens, 7168 + extra, device='cuda').to(getattr(torch, spec['in_dtype']))[:, extra:]
@@ -329,7 +329,7 @@ def e5m6_cast_case(spec, tokens):
 
 
 def e5m6_cast_back_case(spec, tokens):
-    from tile_kernels_aot._e5m6 import cast_back_from_e5m6, per_token_cast_to_e5m6
+    from tile_kernels_aot.quant.e5m6 import cast_back_from_e5m6, per_token_cast_to_e5m6
 
     packed = spec['sf_format'] == 'ue8m0'
     data, sf = per_token_cast_to_e5m6(torch.randn(tokens, 7168, device='cuda').bfloat16(), 7168, packed, True, packed)

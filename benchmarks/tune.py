@@ -32,7 +32,7 @@ def transpose_inputs(p):
 
 def cast_inputs(p):
     """e4m3 with 128 or e2m1 with 32 channels per scale factor, row-major float32 scale factors."""
-    from tile_kernels_aot.quant import _magic
+    from tile_kernels_aot.quant._common import magic as _magic
 
     x = torch.randn(TOKENS, 7168, device='cuda').to(getattr(torch, p['in_dtype']))
     npc = 128 if p['fmt'] == 'e4m3' else 32

@@ -257,7 +257,7 @@ def per_channel_transpose_case(tk, tokens):
 
 
 def e5m6_cast_case(tk, tokens):
-    from tile_kernels_aot._e5m6 import per_token_cast_to_e5m6
+    from tile_kernels_aot.quant.e5m6 import per_token_cast_to_e5m6
 
     x = torch.randn(tokens, 7168, device='cuda').bfloat16()
     return 'bf16 H7168 round_sf', lambda: per_token_cast_to_e5m6(x, 7168, round_sf=True), \
@@ -265,7 +265,7 @@ def e5m6_cast_case(tk, tokens):
 
 
 def e5m6_cast_back_case(tk, tokens):
-    from tile_kernels_aot._e5m6 import cast_back_from_e5m6, per_token_cast_to_e5m6
+    from tile_kernels_aot.quant.e5m6 import cast_back_from_e5m6, per_token_cast_to_e5m6
 
     data, sf = per_token_cast_to_e5m6(torch.randn(tokens, 7168, device='cuda').bfloat16(), 7168, round_sf=True)
     return 'to bf16 H7168', lambda: cast_back_from_e5m6((data, sf), 'bf16', (1, 7168)), \

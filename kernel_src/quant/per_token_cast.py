@@ -70,6 +70,8 @@ def build(arch: Arch, in_dtype: str, fmt: str, sf_format: str, per_row: bool, al
     fmax, floor = FORMATS[fmt]
     num_vectors = num_vectors or (ROW_VECTORS if per_row else NUM_VECTORS)
     slots = num_threads * num_vectors
+    group_log2 = (num_vectors - 1).bit_length()  # lanes that share the scale work, log2
+    group = 1 << group_log2
     num_warps = num_threads // 32
     load_loop = T.vectorized if aligned else T.unroll  # unaligned rows load element by element
 
@@ -107,16 +109,23 @@ def build(arch: Arch, in_dtype: str, fmt: str, sf_format: str, per_row: bool, al
             multiplier[j] = T.float32(fmax) / clamped
             sf[j] = sf_f
 
-    # Row and column (in elements) of a thread's j-th vector, as plain expressions (not local arrays) so that
-    # tilelang can prove the column a multiple of the vector and emit 16-byte accesses. Flat layout: row =
-    # v // vectors_per_row by a multiply-shift (exact for v < 2^31, see tile_kernels_aot.quant); vectors
-    # past the last row get a row of num_tokens or more, which the masks treat as inactive.
-    def where(pid, j, tid, vectors_per_row, row_magic, row_shift):
-        if per_row:
-            return pid, (j * num_threads + tid) * epv
-        v = pid * slots + j * num_threads + tid
-        row = T.Cast('int32', (T.Cast('int64', v) * row_magic) >> T.Cast('int64', row_shift))
-        return row, (v - row * vectors_per_row) * epv
+    # Row and column (in elements) of a thread's j-th vector, computed once into int32 registers (the
+    # column as a vector index, so that tilelang still proves col = vec * epv a multiple of the vector and
+    # emits 16-byte accesses). Flat layout: row = v // vectors_per_row by a 32 x 32 -> 64-bit multiply and a
+    # shift (row_magic < 2^32 and v < 2^31, see tile_kernels_aot.quant), two instructions, where 64-bit
+    # arithmetic on the signed magic cost ~10 and was rematerialised at every use; vectors past the last
+    # row get a row of num_tokens or more, which the masks treat as inactive.
+    @T.macro
+    def locate(pid, tid, rows, vecs, vectors_per_row, row_magic, row_shift):
+        for j in T.unroll(num_vectors):
+            if per_row:
+                rows[j] = pid
+                vecs[j] = j * num_threads + tid
+            else:
+                v = pid * slots + j * num_threads + tid
+                rows[j] = T.Cast('int32', (T.Cast('uint64', T.Cast('uint32', v)) * T.Cast('uint64', T.Cast('uint32', row_magic)))
+                                 >> T.Cast('uint64', row_shift))
+                vecs[j] = v - rows[j] * vectors_per_row
 
     @T.prim_func
     def per_token_cast(
@@ -139,13 +148,15 @@ def build(arch: Arch, in_dtype: str, fmt: str, sf_format: str, per_row: bool, al
             amax = T.alloc_local((num_vectors,), T.float32)
             multiplier = T.alloc_local((num_vectors,), T.float32)
             sf = T.alloc_local((num_vectors,), T.float32)
+            rows = T.alloc_local((num_vectors,), T.int32)
+            vecs = T.alloc_local((num_vectors,), T.int32)
             lanes_log2 = npc_log2 - (epv.bit_length() - 1)  # lanes per block, log2
 
+            locate(pid, tid, rows, vecs, vectors_per_row, row_magic, row_shift)
             for j in T.unroll(num_vectors):
-                row, col = where(pid, j, tid, vectors_per_row, row_magic, row_shift)
-                if row < num_tokens and col < hidden:
+                if rows[j] < num_tokens and vecs[j] * epv < hidden:
                     for e in load_loop(epv):
-                        values[j, e] = x[row, col + e]
+                        values[j, e] = x[T.Cast('int64', rows[j]), vecs[j] * epv + e]
                 else:
                     for e in T.vectorized(epv):
                         values[j, e] = T.cast(0, in_dtype)
@@ -183,27 +194,52 @@ def build(arch: Arch, in_dtype: str, fmt: str, sf_format: str, per_row: bool, al
                 for j in T.unroll(1, num_vectors):
                     multiplier[j] = multiplier[0]
             else:
-                # Block amax: a butterfly over the block's 2^lanes_log2 adjacent lanes (a uniform branch).
-                for j in T.unroll(num_vectors):
-                    for s in T.unroll(5):
-                        if s < lanes_log2:
+                # Block amax: a butterfly over the block's 2^lanes_log2 adjacent lanes. One uniform branch
+                # per step for all vectors (not one per step and vector), and the vectors' shuffles overlap.
+                for s in T.unroll(5):
+                    if s < lanes_log2:
+                        for j in T.unroll(num_vectors):
                             amax[j] = T.max(amax[j], T.shfl_xor(amax[j], 1 << s))
-                for j in T.unroll(num_vectors):
-                    row, col = where(pid, j, tid, vectors_per_row, row_magic, row_shift)
-                    block = col >> npc_log2
-                    if mode == MODE_PRECOMPUTED:
-                        if not packed:
-                            if row < num_tokens and col < hidden and block < num_sf_blocks:
-                                multiplier[j] = T.float32(1) / out_sf[row, block]
+                if mode == MODE_PRECOMPUTED:
+                    if not packed:
+                        for j in T.unroll(num_vectors):
+                            if rows[j] < num_tokens and vecs[j] * epv < hidden and (vecs[j] * epv >> npc_log2) < num_sf_blocks:
+                                multiplier[j] = T.float32(1) / out_sf[rows[j], vecs[j] * epv >> npc_log2]
+                else:
+                    # All lanes of a block hold its amax, so lane k of each aligned group of `group` lanes
+                    # (inside one block when a block has that many lanes) scales only its vector k and
+                    # shuffles the multipliers to the group: two IEEE divisions per thread, not per vector.
+                    if lanes_log2 >= group_log2:
+                        k = tid & (group - 1)
+                        own = T.alloc_var(T.float32)
+                        own = amax[0]
+                        for j in T.unroll(1, num_vectors):
+                            own = T.Select(k == j, amax[j], own)
+                        scale(own, round_sf, sf, multiplier, 0)
+                        own_sf = T.alloc_var(T.float32)
+                        own_sf = sf[0]
+                        own_mult = T.alloc_var(T.float32)
+                        own_mult = multiplier[0]
+                        for j in T.unroll(num_vectors):
+                            multiplier[j] = T.shfl_sync(own_mult, (tid & ~(group - 1)) + j)
+                            sf[j] = own_sf
                     else:
-                        scale(amax[j], round_sf, sf, multiplier, j)
-                        if row < num_tokens and col < hidden and (tid & ((1 << lanes_log2) - 1)) == 0:
+                        for j in T.unroll(num_vectors):
+                            scale(amax[j], round_sf, sf, multiplier, j)
+                    # The scale factor of vector j is stored by the lane at offset j of its block, which
+                    # holds it in sf[j] either way.
+                    for j in T.unroll(num_vectors):
+                        row = rows[j]
+                        col = vecs[j] * epv
+                        block = col >> npc_log2
+                        lane_j = T.if_then_else(lanes_log2 >= group_log2, j, 0)
+                        if row < num_tokens and col < hidden and (tid & ((1 << lanes_log2) - 1)) == lane_j:
                             if packed:
                                 if (block >> 2) < num_sf_words:
                                     out_sf[(block >> 2), row * 4 + (block & 3)] = T.Cast(T.uint8, sf[j])
                                     # The last block of a row zeroes the rest of its word (upstream leaves
                                     # those bytes unset; zeros make the output deterministic).
-                                    if col + (1 << npc_log2) >= hidden:
+                                    if (block + 1) << npc_log2 >= hidden:
                                         for b in T.unroll(1, 4):
                                             if (block & 3) + b < 4:
                                                 out_sf[(block >> 2), row * 4 + (block & 3) + b] = T.uint8(0)
@@ -212,8 +248,7 @@ def build(arch: Arch, in_dtype: str, fmt: str, sf_format: str, per_row: bool, al
 
             if mode != MODE_SF_ONLY:
                 for j in T.unroll(num_vectors):
-                    row, col = where(pid, j, tid, vectors_per_row, row_magic, row_shift)
-                    if row < num_tokens and col < hidden:
+                    if rows[j] < num_tokens and vecs[j] * epv < hidden:
                         if fp4:
                             packed_bytes = T.alloc_local((epv // 2,), T.int8)
                             for e in T.unroll(epv // 2):
@@ -221,13 +256,13 @@ def build(arch: Arch, in_dtype: str, fmt: str, sf_format: str, per_row: bool, al
                                 hi = e2m1_code(T.Cast('float32', values[j, 2 * e + 1]) * multiplier[j])
                                 packed_bytes[e] = T.Cast(T.int8, lo | (hi << 4))
                             for e in T.vectorized(epv // 2):
-                                out[row, col // 2 + e] = packed_bytes[e]
+                                out[rows[j], vecs[j] * (epv // 2) + e] = packed_bytes[e]
                         else:
                             quantized = T.alloc_local((epv,), T.float8_e4m3fn)
                             for e in T.unroll(epv):
                                 quantized[e] = T.Cast(T.float8_e4m3fn, T.Cast('float32', values[j, e]) * multiplier[j])
                             for e in T.vectorized(epv):
-                                out[row, col + e] = quantized[e]
+                                out[rows[j], vecs[j] * epv + e] = quantized[e]
 
     return KernelProgram(per_token_cast, alignment={'x': 16 if aligned else elem_bytes, 'out': 16, 'out_sf': 1 if packed else 4})
 

@@ -21,7 +21,7 @@ q = e4m3_satfinite(v * multiplier).
   takes 128 tokens x 64 channels: act goes through shared memory, a thread then owns 32 tokens of one
   channel, and writes them as 32 contiguous bytes of the transposed output or as bytes of 32 rows.
 * swiglu_backward: one CTA of 64 threads per row of the fused layout, 16 elements per thread-step;
-  see the module docstring of tile_kernels_aot._swiglu for the formulas. The (1, 32) or (1, 128) block
+  see the module docstring of tile_kernels_aot.quant.swiglu for the formulas. The (1, 32) or (1, 128) block
   width is a run-time argument.
 
 Every dim (rows, hidden, token count, top-k) and every flag is a run-time argument.

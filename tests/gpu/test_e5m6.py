@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tile_kernels_aot import reference
-from tile_kernels_aot._e5m6 import cast_back_from_e5m6, e5m6_spec_of, per_token_cast_to_e5m6
+from tile_kernels_aot.quant.e5m6 import cast_back_from_e5m6, e5m6_spec_of, per_token_cast_to_e5m6
 
 from .helpers import TOKEN_COUNTS, assert_bitwise_equal, calc_diff, installed_specs, poison_allocator
 

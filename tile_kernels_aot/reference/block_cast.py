@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from tile_kernels_aot.reference.cast import _format_sf, _sf_values, cast, e2m1_unpack
+from tile_kernels_aot.reference.cast import _empty_sf, _format_sf, _sf_values, cast, e2m1_unpack
 
 EXPONENT_SHIFT = 6  # e2m1's largest exponent (2^2) to e4m3's (2^8)
 MAX_SPAN = 5  # e2m1's smallest value (2^-1) to e4m3's smallest normal (2^-6)
@@ -89,11 +89,7 @@ def per_block_cast_lossless(
     out_rows, out_blocks = -(-m // obm), -(-k // obk)
     if m == 0:
         out = torch.empty((0, k), dtype=torch.float8_e4m3fn, device=data.device)
-        if use_packed_ue8m0:
-            return out, torch.empty((-(-out_blocks // 4), 0), dtype=torch.int32, device=data.device).T
-        if use_tma_aligned_col_major_sf:
-            return out, torch.empty((out_blocks, 0), dtype=torch.float32, device=data.device).T
-        return out, torch.empty((0, out_blocks), dtype=torch.float32, device=data.device)
+        return out, _empty_sf(out_blocks, use_tma_aligned_col_major_sf, use_packed_ue8m0, data.device)
     in_rows, in_blocks = -(-m // ibm), -(-k // ibk)
     e_in = _exponents(sf, in_blocks)[:in_rows]
     # Max over the input blocks of each output block; the padding (no real elements) counts as 0.

@@ -71,6 +71,15 @@ def _sf_values(sf: torch.Tensor) -> torch.Tensor:
     return (exponents.to(torch.int32) << 23).view(torch.float32)
 
 
+def _empty_sf(num_blocks: int, col_major: bool, packed: bool, device: torch.device) -> torch.Tensor:
+    """The scale factors of zero rows in the layout asked (_format_sf needs at least one row)."""
+    if packed:
+        return torch.empty((-(-num_blocks // 4), 0), dtype=torch.int32, device=device).T
+    if col_major:
+        return torch.empty((num_blocks, 0), dtype=torch.float32, device=device).T
+    return torch.empty((0, num_blocks), dtype=torch.float32, device=device)
+
+
 def _format_sf(scale: torch.Tensor, col_major: bool, packed: bool) -> torch.Tensor:
     """Float32 [Mb, Kb] scale factors in the requested layout (see the module docstring)."""
     if not col_major:
@@ -118,10 +127,7 @@ def cast(
         data = x.new_empty((0, k // 2 if fmt == 'e2m1' else k), dtype=torch.int8 if fmt == 'e2m1' else torch.float8_e4m3fn)
         if sf is not None:
             return data
-        kb = -(-k // block_size[1])
-        if use_packed_ue8m0:
-            return data, x.new_empty((-(-kb // 4), 0), dtype=torch.int32).T
-        return data, x.new_empty((kb, 0), dtype=torch.float32).T if use_tma_aligned_col_major_sf else x.new_empty((0, kb), dtype=torch.float32)
+        return data, _empty_sf(-(-k // block_size[1]), use_tma_aligned_col_major_sf, use_packed_ue8m0, x.device)
     blocks, real = _blocks(x, block_size)
     if sf is None:
         amax = torch.where(real, blocks.abs(), torch.zeros((), device=x.device)).amax(dim=(1, 3))
@@ -153,9 +159,13 @@ def cast_back(x: tuple[torch.Tensor, torch.Tensor], fmt: str, block_size: tuple[
     UE8M0 int32 words (column-major, as cast returns them).
     """
     data, sf = x
-    values = e2m1_unpack(data) if data.dtype == torch.int8 else data.float()
+    return _dequantize(e2m1_unpack(data) if data.dtype == torch.int8 else data.float(), sf, block_size, fmt)
+
+
+def _dequantize(values: torch.Tensor, sf: torch.Tensor, block_size: tuple[int, int], fmt: str) -> torch.Tensor:
+    """float32 values [M, K] times their block's scale factor (float32, or packed UE8M0 int32 words), rounded
+    once to 'fp32' or 'bf16'."""
     m, k = values.shape
-    scale = _sf_values(sf)
-    expanded = scale.repeat_interleave(block_size[0], dim=0).repeat_interleave(block_size[1], dim=1)[:m, :k]
+    expanded = _sf_values(sf).repeat_interleave(block_size[0], dim=0).repeat_interleave(block_size[1], dim=1)[:m, :k]
     out = values * expanded
     return out if fmt == 'fp32' else out.to(torch.bfloat16)

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import torch
 
+from tile_kernels_aot.reference.cast import _align, _dequantize
+
 E5M6_MAX, AMAX_FLOOR = 65024.0, 1e-4
 _U32 = 0xFFFFFFFF
 
@@ -68,10 +70,6 @@ def unpack_e5m6(data: torch.Tensor) -> torch.Tensor:
     return halves.view(torch.float16).float().view(m, k)
 
 
-def _align(value: int, alignment: int) -> int:
-    return -(-value // alignment) * alignment
-
-
 def cast_to_e5m6(
     x: torch.Tensor,
     num_per_channels: int,
@@ -109,13 +107,4 @@ def cast_back_from_e5m6(x: tuple[torch.Tensor, torch.Tensor], fmt: str, x_block_
     """Dequantise (data, sf) to 'fp32' or 'bf16': float(code) * sf per (m, n) block, rounded once. sf is
     float32 in any strides, or packed UE8M0 int32 words (four block exponents a word, low byte first)."""
     data, sf = x
-    values = unpack_e5m6(data)
-    m, k = values.shape
-    if sf.dtype == torch.int32:
-        words = torch.empty(sf.shape, dtype=torch.int32, device=sf.device).copy_(sf)  # row-major, whatever sf's strides
-        exponents = words.view(torch.uint8).to(torch.int32)  # row t: the bytes of its words in order
-        sf = (exponents << 23).view(torch.float32)
-    rows, cols = x_block_size
-    expanded = sf.repeat_interleave(rows, dim=0).repeat_interleave(cols, dim=1)[:m, :k]
-    out = values * expanded
-    return out if fmt == 'fp32' else out.to(torch.bfloat16)
+    return _dequantize(unpack_e5m6(data), sf, x_block_size, fmt)

@@ -13,30 +13,18 @@ from typing import Optional, Union
 
 import torch
 
-E4M3_MAX, AMAX_FLOOR = 448.0, 1e-4
+from tile_kernels_aot.reference.cast import cast, cast_back
 
 
 def _quantize(values: torch.Tensor, num_per_tokens: int, round_sf: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(e4m3 data, float32 sf) of float32 values [M, K] with blocks of (num_per_tokens, 1)."""
-    m, k = values.shape
-    num_blocks = -(-m // num_per_tokens)
-    padded = torch.nn.functional.pad(values, (0, 0, 0, num_blocks * num_per_tokens - m))  # zeros: no effect on the amax
-    blocks = padded.view(num_blocks, num_per_tokens, k)
-    clamped = blocks.abs().amax(dim=1).clamp(min=AMAX_FLOOR)
-    sf = clamped / torch.full_like(clamped, E4M3_MAX)
-    if round_sf:
-        sf = ((sf.view(torch.int32) + 0x7FFFFF) & 0x7F800000).view(torch.float32)  # the power of two at or above
-        multiplier = 1.0 / sf
-    else:
-        multiplier = torch.full_like(clamped, E4M3_MAX) / clamped
-    q = (blocks * multiplier[:, None, :]).reshape(num_blocks * num_per_tokens, k)[:m]
-    return q.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn), sf
+    """(e4m3 data, float32 sf) of float32 values [M, K] with blocks of (num_per_tokens, 1): reference.cast's
+    arithmetic, whose padding rows do not count in the amax."""
+    return cast(values, 'e4m3', (num_per_tokens, 1), round_sf=round_sf)
 
 
 def _values(x: Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]], num_per_channels: Optional[int]) -> torch.Tensor:
     if isinstance(x, tuple):
-        data, sf = x
-        return data.float() * sf.repeat_interleave(num_per_channels, dim=1)[:, :data.shape[1]]
+        return cast_back(x, 'fp32', (1, num_per_channels))
     return x.float()
 
 

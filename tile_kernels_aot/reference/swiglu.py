@@ -12,10 +12,8 @@ from typing import Optional
 
 import torch
 
-from tile_kernels_aot.reference.cast import E4M3_MAX, _format_sf, cast
+from tile_kernels_aot.reference.cast import E4M3_AMAX_FLOOR, E4M3_MAX, _empty_sf, _format_sf, cast, cast_back
 from tile_kernels_aot.reference.moe import fma_f32
-
-E4M3_AMAX_FLOOR = 1e-4
 
 
 def _row_weights(pos_to_token_topk: torch.Tensor, topk_weights: torch.Tensor, num_rows: int) -> torch.Tensor:
@@ -76,8 +74,7 @@ def _per_token_cast(v: torch.Tensor, block: int, floor: float, round_sf: bool, c
     sf, multiplier = _scale(blocks.abs().amax(dim=2) if m else blocks.new_zeros((0, k // block)), floor, round_sf)
     data = (blocks * multiplier.unsqueeze(2)).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).view(m, k)
     if m == 0 and col_major:
-        words = -(-(k // block) // 4)
-        return data, (v.new_empty((words, 0), dtype=torch.int32).T if packed else v.new_empty((k // block, 0)).T)
+        return data, _empty_sf(k // block, col_major, packed, v.device)
     return data, _format_sf(sf, col_major, packed)
 
 
@@ -145,7 +142,7 @@ def swiglu_backward(
     hidden = data.shape[-1] // 2
     data = data.reshape(-1, 2 * hidden)
     grad = grad_out.reshape(-1, hidden).float()
-    xf = data.float() * sf.repeat_interleave(num_per_channels, dim=1)
+    xf = cast_back((data, sf), 'fp32', (1, num_per_channels))
     l, r = xf[:, :hidden], xf[:, hidden:]
     c = swiglu_clamp_value
     if c is not None:

@@ -28,10 +28,12 @@ import torch
 
 from tile_kernels_aot import _checks, config
 from tile_kernels_aot._select import find_kernel
+from tile_kernels_aot.quant._common import (
+    IN_DTYPES, QuantTensor, alloc_sf, check_bool, check_e4m3, check_sf_flags, dtype_name, magic, sf_format, unpack_quant,
+)
 
-QuantTensor = tuple[torch.Tensor, torch.Tensor]
-_IN_DTYPES = {torch.bfloat16: 'bfloat16', torch.float32: 'float32'}
 _E4M3_FLOOR = 1e-4  # amax floor of e4m3 scale factors (upstream's clamp_min)
+_FMT_WHY = ' (the only format upstream fuses with SwiGLU)'
 _FWD_THREADS = 256
 _FWD_SLOTS = _FWD_THREADS * 2  # 16-byte vectors per CTA and step (kernel_src/quant/swiglu.py)
 _ROW_VECTORS = 8  # per-row kernel: up to 8 vectors of 16 bytes per thread
@@ -52,27 +54,6 @@ def _placeholders(device: torch.device) -> dict[str, torch.Tensor]:
                            'topk_weights': torch.zeros((1,), dtype=torch.float32, device=device),
                            'clamped_count': torch.zeros((3,), dtype=torch.int64, device=device)}
     return _absent[device]
-
-
-def _magic(divisor: int) -> tuple[int, int]:
-    """(magic, shift) with (n * magic) >> shift == n // divisor for 0 <= n < 2^31 (as quant._magic)."""
-    shift = 31 + (divisor - 1).bit_length()
-    return -(-(1 << shift) // divisor), shift
-
-
-def _align(value: int, alignment: int) -> int:
-    return -(-value // alignment) * alignment
-
-
-def _check_fmt(op: str, fmt: object) -> None:
-    if fmt != 'e4m3':
-        raise ValueError(f"{op}: fmt must be 'e4m3' (the only format upstream fuses with SwiGLU), got {fmt!r}")
-
-
-def _check_bool(op: str, name: str, value: object) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f'{op}: {name} must be a bool, got {type(value).__name__}')
-    return value
 
 
 def _check_float(op: str, name: str, value: object, *, positive: bool = False) -> Optional[float]:
@@ -98,22 +79,6 @@ def _index_tensor(op: str, name: str, t: object, length: int) -> torch.Tensor:
 def _contiguous(op: str, name: str, t: torch.Tensor) -> None:
     if not t.is_contiguous():
         raise ValueError(f'{op}: {name} must be contiguous, got shape {tuple(t.shape)} and strides {t.stride()}')
-
-
-def _alloc_sf(x: torch.Tensor, num_rows: int, num_blocks: int, col_major: bool, packed: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(what the op returns, what the kernel writes), allocated as upstream's alloc_scaling_factors and
-    cast_epilogue: column-major layouts pad the row dim to 16 bytes; packed UE8M0 holds 4 blocks per int32."""
-    if packed:
-        words = -(-num_blocks // 4)
-        storage = torch.empty((words, _align(num_rows * 4, 16)), dtype=torch.uint8, device=x.device)[:, :num_rows * 4]
-        if num_rows == 0:
-            return torch.empty((words, 0), dtype=torch.int32, device=x.device).T, storage
-        return storage.view(torch.int32).T, storage
-    if col_major:
-        storage = torch.empty((num_blocks, _align(num_rows, 4)), dtype=torch.float32, device=x.device)[:, :num_rows]
-        return storage.T, storage.T
-    sf = torch.empty((num_rows, num_blocks), dtype=torch.float32, device=x.device)
-    return sf, sf
 
 
 def swiglu_forward_and_per_token_cast(
@@ -161,12 +126,10 @@ def swiglu_forward_and_per_token_cast(
         with strides ``(1, align(num_expanded_tokens, 4))``.
     """
     op = 'swiglu_forward_and_per_token_cast'
-    _check_fmt(op, fmt)
-    _checks.tensor(op, 'x', x, ndim=2, dtypes=tuple(_IN_DTYPES))
+    check_e4m3(op, fmt, _FMT_WHY)
+    _checks.tensor(op, 'x', x, ndim=2, dtypes=tuple(IN_DTYPES))
     _checks.integer(op, 'num_per_channels', num_per_channels, low=1)
-    col_major = _check_bool(op, 'use_tma_aligned_col_major_sf', use_tma_aligned_col_major_sf)
-    round_sf = _check_bool(op, 'round_sf', round_sf)
-    packed = _check_bool(op, 'use_packed_ue8m0', use_packed_ue8m0)
+    col_major, round_sf, packed = check_sf_flags(op, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
     clamp = _check_float(op, 'swiglu_clamp_value', swiglu_clamp_value)
     floor = _check_float(op, 'sf_clamp_min', sf_clamp_min, positive=True)
     num_rows, width = x.shape
@@ -182,7 +145,7 @@ def swiglu_forward_and_per_token_cast(
         raise ValueError(f'{op}: use_packed_ue8m0 needs use_tma_aligned_col_major_sf=True and round_sf=True')
     if per_row and hidden > _ROW_MAX_VECTORS * (16 // x.element_size()):
         raise ValueError(f'{op}: num_per_channels == hidden supports hidden up to {_ROW_MAX_VECTORS * 16 // x.element_size()} '
-                         f'for {str(x.dtype).removeprefix("torch.")} input, got {hidden}')
+                         f'for {dtype_name(x.dtype)} input, got {hidden}')
     _contiguous(op, 'x', x)
     tensors = {'x': x}
     with_weight = pos_to_token_topk is not None
@@ -225,11 +188,11 @@ def swiglu_forward_and_per_token_cast(
             if num_iters * num_ctas * _FWD_SLOTS >= _INDEX_LIMIT:
                 raise ValueError(f'{op}: x is too large: {num_rows} rows of {vectors_per_row} 16-byte vectors reach 2^31 vectors')
     out = torch.empty((num_rows, hidden), dtype=torch.float8_e4m3fn, device=x.device)
-    returned, sf_arg = _alloc_sf(x, num_rows, num_blocks, col_major, packed)
+    returned, sf_arg = alloc_sf(num_rows, num_blocks, col_major, packed, x.device)
     if num_rows:
-        magic, shift = _magic(vectors_per_row)
-        spec = dict(in_dtype=_IN_DTYPES[x.dtype], sf_format='ue8m0' if packed else 'f32', per_row=per_row)
-        scalars = dict(num_ctas=num_ctas, num_iters=num_iters, vectors_per_row=vectors_per_row, row_magic=magic, row_shift=shift,
+        row_magic, row_shift = magic(vectors_per_row)
+        spec = dict(in_dtype=IN_DTYPES[x.dtype], sf_format=sf_format(packed), per_row=per_row)
+        scalars = dict(num_ctas=num_ctas, num_iters=num_iters, vectors_per_row=vectors_per_row, row_magic=row_magic, row_shift=row_shift,
                        with_weight=int(with_weight), with_pos_to_expert=int(pos_to_expert is not None), use_clamp=int(clamp is not None),
                        count_clamp=int(clamped_count is not None), round_sf=int(round_sf), tpr_log2=tpr_log2,
                        clamp_value=0.0 if clamp is None else clamp,
@@ -263,11 +226,11 @@ def swiglu_forward_and_per_channel_cast_and_transpose(
         ``sf`` float32 ``[num_tokens / num_per_tokens, hidden]``, contiguous.
     """
     op = 'swiglu_forward_and_per_channel_cast_and_transpose'
-    _check_fmt(op, fmt)
+    check_e4m3(op, fmt, _FMT_WHY)
     _checks.tensor(op, 'x', x, ndim=2, dtypes=(torch.bfloat16,))
     _checks.integer(op, 'num_per_tokens', num_per_tokens, low=1)
-    round_sf = _check_bool(op, 'round_sf', round_sf)
-    without_transpose = _check_bool(op, 'without_transpose', without_transpose)
+    round_sf = check_bool(op, 'round_sf', round_sf)
+    without_transpose = check_bool(op, 'without_transpose', without_transpose)
     clamp = _check_float(op, 'swiglu_clamp_value', swiglu_clamp_value)
     num_tokens, width = x.shape
     if num_per_tokens not in (32, 128):
@@ -323,9 +286,7 @@ def swiglu_backward_and_per_token_cast(
         ``[num_tokens, num_topk]``.
     """
     op = 'swiglu_backward_and_per_token_cast'
-    if not isinstance(x, tuple) or len(x) != 2:
-        raise TypeError(f'{op}: x must be a (data, sf) tuple, got {type(x).__name__}')
-    data, sf = x
+    data, sf = unpack_quant(op, x)
     _checks.tensor(op, 'x[0] (data)', data, ndim=(2, 3), dtypes=(torch.float8_e4m3fn,))
     _checks.tensor(op, 'x[1] (sf)', sf, ndim=2, dtypes=(torch.float32,))
     _checks.tensor(op, 'grad_out', grad_out, ndim=(1, 2, 3), dtypes=(torch.bfloat16,))
@@ -333,7 +294,7 @@ def swiglu_backward_and_per_token_cast(
     _checks.tensor(op, 'pos_to_token_topk', pos_to_token_topk, ndim=1, dtypes=(torch.int32,))
     _checks.tensor(op, 'token_topk_to_pos', token_topk_to_pos, ndim=2, dtypes=(torch.int32,))
     _checks.integer(op, 'num_per_channels', num_per_channels, low=1)
-    round_sf = _check_bool(op, 'round_sf', round_sf)
+    round_sf = check_bool(op, 'round_sf', round_sf)
     clamp = _check_float(op, 'swiglu_clamp_value', swiglu_clamp_value)
     if num_per_channels not in (32, 128):
         raise ValueError(f'{op}: num_per_channels must be 32 or 128, got {num_per_channels}')
@@ -355,10 +316,7 @@ def swiglu_backward_and_per_token_cast(
         raise ValueError(f'{op}: grad_out must have shape ({num_rows}, {hidden}), got {tuple(grad_out.shape)}')
     if tuple(weight.shape) != (num_tokens, num_topk):
         raise ValueError(f'{op}: weight must have the shape of token_topk_to_pos, ({num_tokens}, {num_topk}), got {tuple(weight.shape)}')
-    if pos_to_token_topk.shape[0] != num_rows:
-        raise ValueError(f'{op}: pos_to_token_topk must have {num_rows} entries (one per row of x), got {pos_to_token_topk.shape[0]}')
-    if num_rows > 1 and pos_to_token_topk.stride(0) != 1:
-        raise ValueError(f'{op}: pos_to_token_topk must be contiguous, got stride {pos_to_token_topk.stride(0)}')
+    _index_tensor(op, 'pos_to_token_topk', pos_to_token_topk, num_rows)
     device = _checks.on_one_cuda_device(op, data=data, sf=sf, grad_out=grad_out, weight=weight, pos_to_token_topk=pos_to_token_topk,
                                         token_topk_to_pos=token_topk_to_pos)
     grad_out = grad_out.view(num_rows, hidden)

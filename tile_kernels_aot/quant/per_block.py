@@ -1,4 +1,4 @@
-"""Block-scaled casts (upstream TileKernels v1 names and signatures), re-exported by tile_kernels_aot.quant:
+"""Block-scaled casts (upstream TileKernels v1 names and signatures), exported by tile_kernels_aot.quant:
 
 * ``per_block_cast``, ``per_block_cast_with_sf_only``, ``per_block_cast_with_precomputed_sf``: bfloat16 or
   float32 ``(num_tokens, hidden)`` to e4m3 or e2m1 with one scale factor per ``(block_m, block_k)`` block,
@@ -18,81 +18,41 @@ import torch
 
 from tile_kernels_aot import _checks
 from tile_kernels_aot._select import find_kernel
+from tile_kernels_aot.quant._common import (
+    FORMATS, IN_DTYPES, MAX_GRID_Y, MODE_CAST, MODE_PRECOMPUTED, MODE_SF_ONLY, VECTOR_BYTES, QuantTensor, alloc_quant_out, alloc_sf,
+    check_bool, check_e4m3, check_input_sf, check_int_pair, check_packed_ue8m0, check_sf_flags, packed_sf_bytes, row_aligned, sf_format,
+    unpack_quant,
+)
 
-QuantTensor = tuple[torch.Tensor, torch.Tensor]
-_IN_DTYPES = {torch.bfloat16: 'bfloat16', torch.float32: 'float32'}
-_FORMATS = ('e4m3', 'e2m1')
 _BLOCK_SIZES = (32, 128)
 _LOSSLESS_BLOCK_MS = (1, 32, 128)
 _LOSSLESS_BLOCK_KS = (32, 128)
-_VECTOR_BYTES = 16
-_MAX_GRID_Y = 65535  # column slices of the grid: at least 128 columns each
-_MODE_CAST, _MODE_SF_ONLY, _MODE_PRECOMPUTED = 0, 1, 2
-
-
-def _align(value: int, alignment: int) -> int:
-    return -(-value // alignment) * alignment
-
-
-def _check_bool(op: str, name: str, value: object) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f'{op}: {name} must be a bool, got {type(value).__name__}')
-    return value
-
-
-def _check_block(op: str, name: str, block: object) -> tuple[int, int]:
-    if not (isinstance(block, (tuple, list)) and len(block) == 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in block)):
-        raise TypeError(f'{op}: {name} must be a tuple of two ints, got {block!r}')
-    return int(block[0]), int(block[1])
-
-
-def _alloc_sf(num_rows: int, num_blocks: int, col_major: bool, packed: bool, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(what the op returns, what the kernel writes) for a [num_rows, num_blocks] grid of scale factors,
-    allocated as upstream does: column-major layouts pad the row-block dim to 16 bytes (4 float32 or 4 int32
-    words), and packed UE8M0 holds 4 blocks per int32 (the kernel writes its bytes: row w of the uint8 view
-    is word w, bytes [4m, 4m + 4) of it are row block m)."""
-    if packed:
-        words = -(-num_blocks // 4)
-        storage = torch.empty((words, _align(num_rows * 4, 16)), dtype=torch.uint8, device=device)[:, :num_rows * 4]
-        if num_rows == 0:
-            return torch.empty((words, 0), dtype=torch.int32, device=device).T, storage
-        return storage.view(torch.int32).T, storage
-    if col_major:
-        sf = torch.empty((num_blocks, _align(num_rows, 4)), dtype=torch.float32, device=device)[:, :num_rows].T
-        return sf, sf
-    sf = torch.empty((num_rows, num_blocks), dtype=torch.float32, device=device)
-    return sf, sf
 
 
 def _per_block_cast(op: str, x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, mode: int,
                     sf: Optional[torch.Tensor] = None):
-    if fmt not in _FORMATS:
+    if fmt not in FORMATS:
         raise ValueError(f"{op}: fmt must be 'e4m3' or 'e2m1', got {fmt!r}")
-    _checks.tensor(op, 'x', x, ndim=2, dtypes=tuple(_IN_DTYPES))
-    block_m, block_k = _check_block(op, 'block_size', block_size)
+    _checks.tensor(op, 'x', x, ndim=2, dtypes=tuple(IN_DTYPES))
+    block_m, block_k = check_int_pair(op, 'block_size', block_size, (tuple, list))
     if block_m not in _BLOCK_SIZES or block_k not in _BLOCK_SIZES:
         raise ValueError(f'{op}: block_size must be (32 or 128, 32 or 128), got {tuple(block_size)}')
-    col_major = _check_bool(op, 'use_tma_aligned_col_major_sf', use_tma_aligned_col_major_sf)
-    round_sf = _check_bool(op, 'round_sf', round_sf)
-    packed = _check_bool(op, 'use_packed_ue8m0', use_packed_ue8m0)
-    if packed and not col_major:
-        raise ValueError(f'{op}: use_packed_ue8m0 needs use_tma_aligned_col_major_sf=True (packed UE8M0 is column-major)')
-    if mode == _MODE_PRECOMPUTED and (col_major or packed):
+    col_major, round_sf, packed = check_sf_flags(op, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
+    # Precomputed scale factors are refused below if packed at all, so their rounding goes unchecked here.
+    check_packed_ue8m0(op, packed, col_major, round_sf or mode == MODE_PRECOMPUTED)
+    if mode == MODE_PRECOMPUTED and (col_major or packed):
         raise ValueError(f'{op}: precomputed scale factors must be row-major float32: '
                          'use_tma_aligned_col_major_sf and use_packed_ue8m0 must be False')
-    if packed and not round_sf:
-        raise ValueError(f'{op}: use_packed_ue8m0 needs round_sf=True (UE8M0 holds powers of two only)')
     num_tokens, hidden = x.shape
     if hidden % 16:
         raise ValueError(f'{op}: x must have hidden divisible by 16, got {hidden}')
-    if -(-hidden // 128) > _MAX_GRID_Y:
-        raise ValueError(f'{op}: x must have hidden at most {_MAX_GRID_Y * 128}, got {hidden}')
+    if -(-hidden // 128) > MAX_GRID_Y:
+        raise ValueError(f'{op}: x must have hidden at most {MAX_GRID_Y * 128}, got {hidden}')
     _checks.inner_contiguous(op, 'x', x)
-    row_bytes = x.stride(0) * x.element_size() if num_tokens > 1 else 0  # one row: the stride is unused
-    if num_tokens and (x.data_ptr() | row_bytes) % _VECTOR_BYTES:
+    if num_tokens and not row_aligned(x, VECTOR_BYTES):
         raise ValueError(f'{op}: x must have a 16-byte aligned data pointer and row stride, got {x.data_ptr():#x} and strides {x.stride()}')
     num_rows, num_blocks = -(-num_tokens // block_m), -(-hidden // block_k)
-    if mode == _MODE_PRECOMPUTED:
+    if mode == MODE_PRECOMPUTED:
         _checks.tensor(op, 'sf', sf, ndim=2, dtypes=(torch.float32,))
         if tuple(sf.shape) != (num_rows, num_blocks):
             raise ValueError(f'{op}: sf must have shape ({num_rows}, {num_blocks}) for x of shape {tuple(x.shape)} and block_size '
@@ -101,11 +61,10 @@ def _per_block_cast(op: str, x, fmt, block_size, use_tma_aligned_col_major_sf, r
         returned, sf_arg = sf, sf
     else:
         device = _checks.on_one_cuda_device(op, x=x)
-        returned, sf_arg = _alloc_sf(num_rows, num_blocks, col_major, packed, x.device)
-    fp4 = fmt == 'e2m1'
-    out = torch.empty((num_tokens, hidden // 2) if fp4 else (num_tokens, hidden), dtype=torch.int8 if fp4 else torch.float8_e4m3fn, device=x.device)
+        returned, sf_arg = alloc_sf(num_rows, num_blocks, col_major, packed, x.device)
+    out = alloc_quant_out(num_tokens, hidden, fmt, x.device)
     if num_tokens:
-        spec = dict(in_dtype=_IN_DTYPES[x.dtype], fmt=fmt, block_m=block_m, block_k=block_k, sf_format='ue8m0' if packed else 'f32')
+        spec = dict(in_dtype=IN_DTYPES[x.dtype], fmt=fmt, block_m=block_m, block_k=block_k, sf_format=sf_format(packed))
         find_kernel('quant.per_block_cast', spec, device)(device, {'x': x, 'out': out, 'out_sf': sf_arg}, {'round_sf': int(round_sf), 'mode': mode})
     return out, returned
 
@@ -142,7 +101,7 @@ def per_block_cast(
         block_k)``, ``sf`` is float32 ``[m, b]`` row-major, or column-major with strides ``(1, align(m, 4))``,
         or packed int32 ``[m, ceil(b / 4)]`` with strides ``(1, align(m, 4))``.
     """
-    return _per_block_cast('per_block_cast', x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, _MODE_CAST)
+    return _per_block_cast('per_block_cast', x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, MODE_CAST)
 
 
 def per_block_cast_with_sf_only(
@@ -155,7 +114,7 @@ def per_block_cast_with_sf_only(
 ) -> torch.Tensor:
     """``per_block_cast(...)[1]`` without writing the data: only the scale factors, in the same layout."""
     return _per_block_cast('per_block_cast_with_sf_only', x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
-                           _MODE_SF_ONLY)[1]
+                           MODE_SF_ONLY)[1]
 
 
 def per_block_cast_with_precomputed_sf(
@@ -174,7 +133,7 @@ def per_block_cast_with_precomputed_sf(
     scale factors are used as given).
     """
     return _per_block_cast('per_block_cast_with_precomputed_sf', x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf,
-                           use_packed_ue8m0, _MODE_PRECOMPUTED, sf)[0]
+                           use_packed_ue8m0, MODE_PRECOMPUTED, sf)[0]
 
 
 def _is_pow2(value: int) -> bool:
@@ -216,55 +175,40 @@ def per_block_cast_lossless(
         for ``out_block_size``.
     """
     op = 'per_block_cast_lossless'
-    if fmt != 'e4m3':
-        raise ValueError(f"{op}: fmt must be 'e4m3' (lossless re-encoding is e2m1 -> e4m3 only), got {fmt!r}")
-    if not isinstance(x, tuple) or len(x) != 2:
-        raise TypeError(f'{op}: x must be a (data, sf) tuple, got {type(x).__name__}')
-    data, sf = x
+    check_e4m3(op, fmt, ' (lossless re-encoding is e2m1 -> e4m3 only)')
+    data, sf = unpack_quant(op, x)
     _checks.tensor(op, 'data', data, ndim=2, dtypes=(torch.int8,))
     _checks.tensor(op, 'sf', sf, ndim=2, dtypes=(torch.float32, torch.int32))
-    in_m, in_k = _check_block(op, 'x_block_size', x_block_size)
-    block_m, block_k = _check_block(op, 'out_block_size', out_block_size)
+    in_m, in_k = check_int_pair(op, 'x_block_size', x_block_size, (tuple, list))
+    block_m, block_k = check_int_pair(op, 'out_block_size', out_block_size, (tuple, list))
     if block_m not in _LOSSLESS_BLOCK_MS or block_k not in _LOSSLESS_BLOCK_KS:
         raise ValueError(f'{op}: out_block_size must be (block_m, block_k) with block_m 1, 32 or 128 and block_k 32 or 128, '
                          f'got {tuple(out_block_size)}')
     if not (_is_pow2(in_m) and _is_pow2(in_k) and in_k >= 16 and block_m % in_m == 0 and block_k % in_k == 0):
         raise ValueError(f'{op}: x_block_size must be powers of two, the channel count at least 16, dividing out_block_size '
                          f'{(block_m, block_k)}, got {tuple(x_block_size)}')
-    _check_bool(op, 'round_sf', round_sf)
-    col_major = _check_bool(op, 'use_tma_aligned_col_major_sf', use_tma_aligned_col_major_sf)
-    packed = _check_bool(op, 'use_packed_ue8m0', use_packed_ue8m0)
-    if packed and not col_major:
-        raise ValueError(f'{op}: use_packed_ue8m0 needs use_tma_aligned_col_major_sf=True (packed UE8M0 is column-major)')
+    check_bool(op, 'round_sf', round_sf)
+    col_major = check_bool(op, 'use_tma_aligned_col_major_sf', use_tma_aligned_col_major_sf)
+    packed = check_bool(op, 'use_packed_ue8m0', use_packed_ue8m0)
+    check_packed_ue8m0(op, packed, col_major)  # the output exponents are powers of two whatever round_sf says
     num_tokens, width = data.shape
     hidden = width * 2
     if hidden % 16:
         raise ValueError(f'{op}: data must have a logical hidden (2 x its width) divisible by 16, got {hidden}')
-    if -(-hidden // 512) > _MAX_GRID_Y:
-        raise ValueError(f'{op}: data must have a logical hidden at most {_MAX_GRID_Y * 512}, got {hidden}')
+    if -(-hidden // 512) > MAX_GRID_Y:
+        raise ValueError(f'{op}: data must have a logical hidden at most {MAX_GRID_Y * 512}, got {hidden}')
     _checks.inner_contiguous(op, 'data', data)
-    row_bytes = data.stride(0) if num_tokens > 1 else 0
-    if num_tokens and (data.data_ptr() | row_bytes) % 8:
+    if num_tokens and not row_aligned(data, 8):
         raise ValueError(f'{op}: data must have an 8-byte aligned data pointer and row stride, got {data.data_ptr():#x} and strides {data.stride()}')
-    in_packed = sf.dtype == torch.int32
-    in_rows, in_blocks = -(-num_tokens // in_m), -(-hidden // in_k)
-    expected = (in_rows, -(-in_blocks // 4) if in_packed else in_blocks)
-    if tuple(sf.shape) != expected:
-        raise ValueError(f'{op}: sf must have shape {expected} for {num_tokens} tokens of {hidden} channels in blocks of '
-                         f'{(in_m, in_k)}, got {tuple(sf.shape)}')
-    if in_packed and in_rows > 1 and sf.stride(0) != 1:
-        raise ValueError(f'{op}: a packed UE8M0 sf (int32) must be column-major (stride(0) == 1), got strides {sf.stride()}')
+    in_packed = check_input_sf(op, sf, -(-num_tokens // in_m), -(-hidden // in_k),
+                               f'{num_tokens} tokens of {hidden} channels in blocks of {(in_m, in_k)}')
     device = _checks.on_one_cuda_device(op, data=data, sf=sf)
     num_rows, num_blocks = -(-num_tokens // block_m), -(-hidden // block_k)
-    returned, sf_arg = _alloc_sf(num_rows, num_blocks, col_major, packed, data.device)
+    returned, sf_arg = alloc_sf(num_rows, num_blocks, col_major, packed, data.device)
     out = torch.empty((num_tokens, hidden), dtype=torch.float8_e4m3fn, device=data.device)
     if num_tokens:
-        in_sf_arg = sf
-        if in_packed:
-            # The words as the bytes the kernel reads: word w of row block m is bytes [4m, 4m + 4) of row w.
-            words = sf.T if sf.T.stride(-1) == 1 else sf.T.contiguous()  # one row block: any stride(0) will do
-            in_sf_arg = words.view(torch.uint8)
-        spec = dict(block_m=block_m, block_k=block_k, in_sf_format='ue8m0' if in_packed else 'f32', sf_format='ue8m0' if packed else 'f32')
+        in_sf_arg = packed_sf_bytes(sf) if in_packed else sf
+        spec = dict(block_m=block_m, block_k=block_k, in_sf_format=sf_format(in_packed), sf_format=sf_format(packed))
         scalars = dict(in_block_m_log2=in_m.bit_length() - 1, in_block_k_log2=in_k.bit_length() - 1)
         find_kernel('quant.per_block_cast_lossless', spec, device)(device, {'x': data, 'x_sf': in_sf_arg, 'out': out, 'out_sf': sf_arg}, scalars)
     return out, returned

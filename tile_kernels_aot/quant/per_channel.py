@@ -18,37 +18,23 @@ import torch
 
 from tile_kernels_aot import _checks
 from tile_kernels_aot._select import find_kernel
+from tile_kernels_aot.quant._common import IN_DTYPES, MAX_GRID_Y, VECTOR_BYTES, QuantTensor, check_bool, check_e4m3, row_aligned
 
-QuantTensor = tuple[torch.Tensor, torch.Tensor]
-_IN_DTYPES = {torch.bfloat16: 'bfloat16', torch.float32: 'float32'}
 _TILE_M = 128  # tokens per CTA
-_MAX_GRID_Y = 65535
 _IN_SF_BLOCK = 128  # channels per input scale factor of an e4m3 input
-
-
-def _check_fmt(op: str, fmt: object) -> None:
-    if fmt != 'e4m3':
-        raise ValueError(f"{op}: fmt must be 'e4m3', got {fmt!r}")
-
-
-def _check_bool(op: str, name: str, value: object) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f'{op}: {name} must be a bool, got {type(value).__name__}')
-    return value
 
 
 def _check_vectors(op: str, name: str, t: torch.Tensor) -> None:
     """The kernels move 16-byte vectors: the pointer and the row stride must allow them."""
     _checks.inner_contiguous(op, name, t)
-    row_bytes = t.stride(0) * t.element_size() if t.shape[0] > 1 else 0  # one row: the stride is unused
-    if t.data_ptr() % 16 or row_bytes % 16:
+    if not row_aligned(t, VECTOR_BYTES):
         raise ValueError(f'{op}: {name} must have a 16-byte aligned data pointer and row stride, got pointer '
                          f'{t.data_ptr():#x} and row stride {t.stride(0)} elements')
 
 
 def _check_grid(op: str, num_tokens: int) -> None:
-    if -(-num_tokens // _TILE_M) > _MAX_GRID_Y:
-        raise ValueError(f'{op}: at most {_MAX_GRID_Y * _TILE_M} tokens, got {num_tokens}')
+    if -(-num_tokens // _TILE_M) > MAX_GRID_Y:
+        raise ValueError(f'{op}: at most {MAX_GRID_Y * _TILE_M} tokens, got {num_tokens}')
 
 
 def per_channel_cast_fused(
@@ -87,11 +73,11 @@ def per_channel_cast_fused(
 
 
 def _per_channel_cast(op, x, fmt, num_per_tokens, round_sf, num_per_channels, pos_to_token) -> QuantTensor:
-    _check_fmt(op, fmt)
+    check_e4m3(op, fmt)
     _checks.integer(op, 'num_per_tokens', num_per_tokens, low=1)
     if num_per_tokens != 128:
         raise ValueError(f'{op}: num_per_tokens must be 128, got {num_per_tokens}')
-    round_sf = _check_bool(op, 'round_sf', round_sf)
+    round_sf = check_bool(op, 'round_sf', round_sf)
     dequant = isinstance(x, tuple)
     if dequant:
         if len(x) != 2:
@@ -109,13 +95,13 @@ def _per_channel_cast(op, x, fmt, num_per_tokens, round_sf, num_per_channels, po
         in_dtype = 'float8_e4m3fn'
     else:
         data, x_sf = x, None
-        _checks.tensor(op, 'x', data, ndim=2, dtypes=tuple(_IN_DTYPES))
+        _checks.tensor(op, 'x', data, ndim=2, dtypes=tuple(IN_DTYPES))
         if num_per_channels is not None:
             raise ValueError(f'{op}: num_per_channels is for a (data, sf) input; pass None with a plain tensor, got {num_per_channels!r}')
         num_tokens, hidden = data.shape
         if hidden % 64:
             raise ValueError(f'{op}: x must have hidden divisible by 64, got {hidden}')
-        in_dtype = _IN_DTYPES[data.dtype]
+        in_dtype = IN_DTYPES[data.dtype]
     name = 'x[0]' if dequant else 'x'
     gather = pos_to_token is not None
     if gather:
@@ -179,11 +165,11 @@ def per_channel_cast_and_transpose(x: torch.Tensor, fmt: str, num_per_tokens: in
         ``[num_tokens / num_per_tokens, hidden]``, both contiguous.
     """
     op = 'per_channel_cast_and_transpose'
-    _check_fmt(op, fmt)
+    check_e4m3(op, fmt)
     _checks.integer(op, 'num_per_tokens', num_per_tokens, low=1)
     if num_per_tokens not in (32, 128):
         raise ValueError(f'{op}: num_per_tokens must be 32 or 128, got {num_per_tokens}')
-    round_sf = _check_bool(op, 'round_sf', round_sf)
+    round_sf = check_bool(op, 'round_sf', round_sf)
     _checks.tensor(op, 'x', x, ndim=2, dtypes=(torch.bfloat16,))
     num_tokens, hidden = x.shape
     if num_tokens % 128:

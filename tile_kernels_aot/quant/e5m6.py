@@ -16,32 +16,17 @@ import torch
 
 from tile_kernels_aot import _checks
 from tile_kernels_aot._select import find_kernel
+from tile_kernels_aot.quant._common import (
+    IN_DTYPES, QuantTensor, align, check_cast_back_args, check_input_sf, check_out_fmt, check_packed_ue8m0, check_sf_flags, dtype_name, magic,
+    packed_sf_bytes, row_aligned, sf_format,
+)
 
-QuantTensor = tuple[torch.Tensor, torch.Tensor]
-_IN_DTYPES = {torch.bfloat16: 'bfloat16', torch.float32: 'float32'}
-_OUT_DTYPES = {'bf16': torch.bfloat16, 'fp32': torch.float32}
 # Widest row the cast holds in registers: 128 threads x 2 chunks of 32 channels (kernel_src/quant/e5m6.py).
 _MAX_HIDDEN = {torch.bfloat16: 8192, torch.float32: 8192}
 _CHUNK = 32  # channels per chunk of the kernels
 _INDEX_LIMIT = 2**31 - 2**16  # flat chunk indices (plus a CTA's overrun) stay int32 in the cast back
 _CAST_OP = "per_token_cast(fmt='e5m6')"
 _BACK_OP = "cast_back(x_special_fmt='e5m6')"
-
-
-def _magic(divisor: int) -> tuple[int, int]:
-    """(magic, shift) with (n * magic) >> shift == n // divisor for every 0 <= n < 2^31 (see quant._magic)."""
-    shift = 31 + (divisor - 1).bit_length()
-    return -(-(1 << shift) // divisor), shift
-
-
-def _align(value: int, alignment: int) -> int:
-    return -(-value // alignment) * alignment
-
-
-def _check_bool(op: str, name: str, value: object) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f'{op}: {name} must be a bool, got {type(value).__name__}')
-    return value
 
 
 def per_token_cast_to_e5m6(
@@ -70,28 +55,23 @@ def per_token_cast_to_e5m6(
         ``[num_tokens, 1]`` with strides ``(1, align(num_tokens, 4))``.
     """
     op = _CAST_OP
-    _checks.tensor(op, 'x', x, ndim=2, dtypes=tuple(_IN_DTYPES))
+    _checks.tensor(op, 'x', x, ndim=2, dtypes=tuple(IN_DTYPES))
     _checks.integer(op, 'num_per_channels', num_per_channels, low=1)
-    col_major = _check_bool(op, 'use_tma_aligned_col_major_sf', use_tma_aligned_col_major_sf)
-    round_sf = _check_bool(op, 'round_sf', round_sf)
-    packed = _check_bool(op, 'use_packed_ue8m0', use_packed_ue8m0)
+    col_major, round_sf, packed = check_sf_flags(op, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
     num_tokens, hidden = x.shape
     if num_per_channels != hidden:
         raise ValueError(f'{op}: num_per_channels must equal hidden ({hidden}), got {num_per_channels}')
     if hidden == 0 or hidden % 8:
         raise ValueError(f'{op}: x must have hidden divisible by 8, got {hidden}')
     if hidden > _MAX_HIDDEN[x.dtype]:
-        raise ValueError(f'{op}: x must have hidden at most {_MAX_HIDDEN[x.dtype]} for {str(x.dtype).removeprefix("torch.")} input, got {hidden}')
-    if packed and not col_major:
-        raise ValueError(f'{op}: use_packed_ue8m0 needs use_tma_aligned_col_major_sf=True (packed UE8M0 is column-major)')
-    if packed and not round_sf:
-        raise ValueError(f'{op}: use_packed_ue8m0 needs round_sf=True (UE8M0 holds powers of two only)')
+        raise ValueError(f'{op}: x must have hidden at most {_MAX_HIDDEN[x.dtype]} for {dtype_name(x.dtype)} input, got {hidden}')
+    check_packed_ue8m0(op, packed, col_major, round_sf)
     _checks.inner_contiguous(op, 'x', x)
     device = _checks.on_one_cuda_device(op, x=x)
 
     out = torch.empty((num_tokens, hidden // 8 * 3), dtype=torch.uint32, device=x.device)
     if col_major:
-        storage = torch.empty((1, _align(num_tokens, 4)), dtype=torch.int32 if packed else torch.float32, device=x.device)
+        storage = torch.empty((1, align(num_tokens, 4)), dtype=torch.int32 if packed else torch.float32, device=x.device)
         sf, sf_arg = storage[:, :num_tokens].T, storage[0, :num_tokens]
     else:
         sf = torch.empty((num_tokens, 1), dtype=torch.float32, device=x.device)
@@ -118,53 +98,30 @@ def cast_back_from_e5m6(x: QuantTensor, fmt: str, x_block_size: tuple[int, int])
         ``[num_tokens, hidden]`` bfloat16 or float32, contiguous.
     """
     op = _BACK_OP
-    if fmt not in _OUT_DTYPES:
-        raise ValueError(f"{op}: fmt must be 'bf16' or 'fp32', got {fmt!r}")
-    if not isinstance(x, tuple) or len(x) != 2:
-        raise TypeError(f'{op}: x must be a (data, sf) tuple, got {type(x).__name__}')
-    if not (isinstance(x_block_size, tuple) and len(x_block_size) == 2
-            and all(isinstance(v, int) and not isinstance(v, bool) for v in x_block_size)):
-        raise TypeError(f'{op}: x_block_size must be a tuple of two ints, got {x_block_size!r}')
-    data, sf = x
-    _checks.tensor(op, 'data', data, ndim=2, dtypes=(torch.uint8,))
-    _checks.tensor(op, 'sf', sf, ndim=2, dtypes=(torch.float32, torch.int32))
-    num_per_tokens, num_per_channels = x_block_size
-    if num_per_tokens != 1:
-        raise NotImplementedError(f'{op}: x_block_size={x_block_size} (blocks of more than one token) is not built in this release of tile-kernels-aot')
-    if num_per_channels < 8 or num_per_channels % 8:
-        raise ValueError(f'{op}: x_block_size[1] must be a positive multiple of 8, got {num_per_channels}')
+    out_dtype = check_out_fmt(op, fmt)
+    data, sf, num_per_channels = check_cast_back_args(op, x, x_block_size, (torch.uint8,), 8)
     num_tokens, width = data.shape
     if width % 12:
         raise ValueError(f'{op}: data must have a width of hidden * 3 / 2 with hidden divisible by 8 (a multiple of 12), got {width}')
     hidden = width // 3 * 2
     if not data.is_contiguous():
         raise ValueError(f'{op}: data must be contiguous, got strides {data.stride()}')
-    packed = sf.dtype == torch.int32
-    num_blocks = -(-hidden // num_per_channels)
-    expected = (num_tokens, -(-num_blocks // 4) if packed else num_blocks)
-    if tuple(sf.shape) != expected:
-        raise ValueError(f'{op}: sf must have shape {expected} for {num_tokens} tokens of {hidden} channels in blocks of '
-                         f'{num_per_channels}, got {tuple(sf.shape)}')
-    if packed and num_tokens > 1 and sf.stride(0) != 1:
-        raise ValueError(f'{op}: a packed UE8M0 sf (int32) must be column-major (stride(0) == 1), got strides {sf.stride()}')
+    packed = check_input_sf(op, sf, num_tokens, -(-hidden // num_per_channels),
+                            f'{num_tokens} tokens of {hidden} channels in blocks of {num_per_channels}')
     if data.data_ptr() % 4:
         raise ValueError(f'{op}: data.data_ptr() must be 4-byte aligned (it is read as uint32 words), got {data.data_ptr():#x}')
     device = _checks.on_one_cuda_device(op, data=data, sf=sf)
-    out = torch.empty((num_tokens, hidden), dtype=_OUT_DTYPES[fmt], device=data.device)
+    out = torch.empty((num_tokens, hidden), dtype=out_dtype, device=data.device)
     if num_tokens == 0:
         return out
     chunks_per_row = -(-hidden // _CHUNK)
     if num_tokens * chunks_per_row >= _INDEX_LIMIT:
         raise ValueError(f'{op}: data is too large: {num_tokens} rows of {chunks_per_row} chunks of 32 channels reach 2^31 chunks')
-    # The packed words as the bytes the kernel reads: word w of token t is bytes [4t, 4t + 4) of row w.
-    sf_arg = sf
-    if packed:
-        words = sf.T if sf.T.stride(-1) == 1 else sf.T.contiguous()  # one token: any stride(0) will do
-        sf_arg = words.view(torch.uint8)
-    row_magic, row_shift = _magic(chunks_per_row)
-    block_magic, block_shift = _magic(num_per_channels)
+    sf_arg = packed_sf_bytes(sf) if packed else sf
+    row_magic, row_shift = magic(chunks_per_row)
+    block_magic, block_shift = magic(num_per_channels)
     aligned = hidden % _CHUNK == 0 and data.data_ptr() % 16 == 0
-    spec = dict(out_dtype=str(out.dtype).removeprefix('torch.'), sf_format='ue8m0' if packed else 'f32', aligned=aligned)
+    spec = dict(out_dtype=dtype_name(out.dtype), sf_format=sf_format(packed), aligned=aligned)
     scalars = dict(chunks_per_row=chunks_per_row, row_magic=row_magic, row_shift=row_shift, block_magic=block_magic, block_shift=block_shift)
     find_kernel('quant.cast_back_e5m6', spec, device)(device, {'out': out, 'x': data.view(torch.uint32), 'x_sf': sf_arg}, scalars)
     return out
@@ -173,7 +130,6 @@ def cast_back_from_e5m6(x: QuantTensor, fmt: str, x_block_size: tuple[int, int])
 def e5m6_spec_of(x: torch.Tensor, use_packed_ue8m0: bool) -> dict:
     """The spec per_token_cast_to_e5m6 picks for `x`: the 16-byte variant when hidden % 32 == 0 and the
     pointer and row stride are 16-byte aligned."""
-    row_bytes = x.stride(0) * x.element_size() if x.shape[0] > 1 else 0  # one row: the stride is unused
-    aligned = x.shape[1] % _CHUNK == 0 and (x.data_ptr() | row_bytes) % 16 == 0
-    return dict(in_dtype=_IN_DTYPES[x.dtype], sf_format='ue8m0' if use_packed_ue8m0 else 'f32', aligned=aligned)
+    aligned = x.shape[1] % _CHUNK == 0 and row_aligned(x, 16)
+    return dict(in_dtype=IN_DTYPES[x.dtype], sf_format=sf_format(use_packed_ue8m0), aligned=aligned)
 
