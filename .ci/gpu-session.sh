@@ -11,6 +11,8 @@ steps=${*:-tests bench tune cold}
 DIST=${DIST:-dist}          # the wheels to install
 TESTS=${TESTS:-tests/gpu}   # pytest selection
 KERNELS=${KERNELS:-*}       # benchmark selection (a glob over kernel names)
+# A warm machine keeps /tmp between calls, and pip --target skips packages already there: start clean.
+rm -rf "$SITE" "$WORK"
 mkdir -p "$OUT" "$SITE" "$WORK"
 export PYTHONPATH=$SITE PYTHONUNBUFFERED=1
 # Kernels that exercise launch features no shipped kernel uses (TMA, cooperative, big shared memory).
