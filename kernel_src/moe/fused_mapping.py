@@ -43,6 +43,7 @@ WARPS = THREADS // 32
 MAX_EXPERTS = 1024
 SLOTS = MAX_EXPERTS // THREADS  # experts per thread in the per-expert phases
 BLOCK_ROWS_IN_FLIGHT = 8  # rows of block_counts each thread loads before adding them up
+BATCH = 8  # rounds of 32 pairs a warp loads at once in phases 1 and 3
 
 
 def _device_assert(cond):
@@ -81,6 +82,7 @@ def build(arch: Arch, index_dtype: str) -> KernelProgram:
             before = T.alloc_local((SLOTS,), T.int32)
             aligned = T.alloc_local((SLOTS,), T.int32)
             mine = T.alloc_local((SLOTS,), T.int32)
+            experts = T.alloc_local((BATCH,), T.int32)
             numel = T.alloc_var(T.int32)
             numel = num_tokens * num_topk
             # Chunks are whole multiples of 32 pairs, so every lane of a warp runs the same iterations
@@ -105,15 +107,18 @@ def build(arch: Arch, index_dtype: str) -> KernelProgram:
                     pos_to_token_topk[p] = -1
             T.sync_warp()
 
-            # 1. Per-warp histograms, then the block's totals.
-            for it in T.serial(T.truncdiv(chunk, 32)):
-                i = first + it * 32 + lane
-                if i < numel:
+            # 1. Per-warp histograms, then the block's totals. A warp loads BATCH rounds of its pairs at
+            # once (BATCH loads in flight per lane, not one round trip per 32 pairs), then counts them.
+            for r in T.serial(T.truncdiv(T.truncdiv(chunk, 32) + BATCH - 1, BATCH)):
+                for u in T.unroll(BATCH):
+                    i = first + (r * BATCH + u) * 32 + lane
                     t = T.truncdiv(i, num_topk)
-                    e = T.Cast('int32', topk_idx[t, i - t * num_topk])
-                    _device_assert(e < num_experts)
-                    if e >= 0 and e < num_experts:
-                        T.atomic_add(warp_hist[warp, e], 1)
+                    experts[u] = T.if_then_else(i < numel and (r * BATCH + u) * 32 < chunk,
+                                                T.Cast('int32', topk_idx[T.min(t, num_tokens - 1), T.max(i - t * num_topk, 0)]), -1)
+                for u in T.unroll(BATCH):
+                    _device_assert(experts[u] < num_experts)
+                    if experts[u] >= 0 and experts[u] < num_experts:
+                        T.atomic_add(warp_hist[warp, experts[u]], 1)
             T.sync_threads()
             for s in T.unroll(SLOTS):
                 e = s * THREADS + tid
@@ -183,35 +188,37 @@ def build(arch: Arch, index_dtype: str) -> KernelProgram:
                         base = base + c
             T.sync_threads()
 
-            # 3. Placement, in flat order within each warp's chunk.
-            for it in T.serial(T.truncdiv(chunk, 32)):
-                i = first + it * 32 + lane
-                t = T.truncdiv(i, num_topk)
-                e = -1
-                if i < numel:
-                    e = T.Cast('int32', topk_idx[t, i - t * num_topk])
-                    if e >= num_experts:
-                        e = -1  # already reported by the assert of phase 1
-                group = T.call_extern('uint32', '__match_any_sync', T.uint32(0xFFFFFFFF), e)
-                rank = T.popcount(group & ((T.uint32(1) << T.Cast('uint32', lane)) - T.uint32(1)))
-                pos = T.alloc_var(T.int32)
-                pos = -1
-                if e >= 0:
-                    pos = warp_hist[warp, e] + T.Cast('int32', rank)
-                T.sync_warp()  # every lane of the group has read the base before the last one moves it
-                if e >= 0:
-                    if (group >> T.Cast('uint32', lane)) == T.uint32(1):
-                        warp_hist[warp, e] = pos + 1
-                    _device_assert(pos < num_expanded)
-                    if pos < num_expanded:
-                        pos_to_expert[pos] = e
-                        pos_to_token[pos] = t
-                        pos_to_token_topk[pos] = i
-                    else:
-                        pos = -1
-                if i < numel:
-                    token_topk_to_pos[t, i - t * num_topk] = pos
-                T.sync_warp()
+            # 3. Placement, in flat order within each warp's chunk, BATCH rounds loaded at a time.
+            for r in T.serial(T.truncdiv(T.truncdiv(chunk, 32) + BATCH - 1, BATCH)):
+                for u in T.unroll(BATCH):
+                    i = first + (r * BATCH + u) * 32 + lane
+                    t = T.truncdiv(i, num_topk)
+                    experts[u] = T.if_then_else(i < numel and (r * BATCH + u) * 32 < chunk,
+                                                T.Cast('int32', topk_idx[T.min(t, num_tokens - 1), T.max(i - t * num_topk, 0)]), -1)
+                for u in T.unroll(BATCH):
+                    i = first + (r * BATCH + u) * 32 + lane
+                    t = T.truncdiv(i, num_topk)
+                    e = T.if_then_else(experts[u] < num_experts, experts[u], -1)  # a bad index was reported in phase 1
+                    group = T.call_extern('uint32', '__match_any_sync', T.uint32(0xFFFFFFFF), e)
+                    rank = T.popcount(group & ((T.uint32(1) << T.Cast('uint32', lane)) - T.uint32(1)))
+                    pos = T.alloc_var(T.int32)
+                    pos = -1
+                    if e >= 0:
+                        pos = warp_hist[warp, e] + T.Cast('int32', rank)
+                    T.sync_warp()  # every lane of the group has read the base before the last one moves it
+                    if e >= 0:
+                        if (group >> T.Cast('uint32', lane)) == T.uint32(1):
+                            warp_hist[warp, e] = pos + 1
+                        _device_assert(pos < num_expanded)
+                        if pos < num_expanded:
+                            pos_to_expert[pos] = e
+                            pos_to_token[pos] = t
+                            pos_to_token_topk[pos] = i
+                        else:
+                            pos = -1
+                    if i < numel and (r * BATCH + u) * 32 < chunk:
+                        token_topk_to_pos[t, i - t * num_topk] = pos
+                    T.sync_warp()
 
     return KernelProgram(get_fused_mapping, alignment={
         'topk_idx': 4, 'pos_to_expert': 4, 'pos_to_token': 4, 'pos_to_token_topk': 4, 'token_topk_to_pos': 4,
