@@ -50,6 +50,11 @@ def _device_assert(cond):
     return T.call_intrin('void', tirx.op.Op.get('tl.device_assert'), cond)
 
 
+def _pair_expert(topk_idx, i, t, valid, num_tokens, num_topk):
+    """The expert of flat pair i (token t) as int32, or -1 where not `valid`; the load is predicated."""
+    return T.if_then_else(valid, T.Cast('int32', topk_idx[T.min(t, num_tokens - 1), T.max(i - t * num_topk, 0)]), -1)
+
+
 def build(arch: Arch, index_dtype: str) -> KernelProgram:
     num_tokens, num_topk = T.dynamic('num_tokens'), T.dynamic('num_topk')
     row_stride = T.dynamic('row_stride')
@@ -113,8 +118,7 @@ def build(arch: Arch, index_dtype: str) -> KernelProgram:
                 for u in T.unroll(BATCH):
                     i = first + (r * BATCH + u) * 32 + lane
                     t = T.truncdiv(i, num_topk)
-                    experts[u] = T.if_then_else(i < numel and (r * BATCH + u) * 32 < chunk,
-                                                T.Cast('int32', topk_idx[T.min(t, num_tokens - 1), T.max(i - t * num_topk, 0)]), -1)
+                    experts[u] = _pair_expert(topk_idx, i, t, T.And(i < numel, (r * BATCH + u) * 32 < chunk), num_tokens, num_topk)
                 for u in T.unroll(BATCH):
                     _device_assert(experts[u] < num_experts)
                     if experts[u] >= 0 and experts[u] < num_experts:
@@ -193,8 +197,7 @@ def build(arch: Arch, index_dtype: str) -> KernelProgram:
                 for u in T.unroll(BATCH):
                     i = first + (r * BATCH + u) * 32 + lane
                     t = T.truncdiv(i, num_topk)
-                    experts[u] = T.if_then_else(i < numel and (r * BATCH + u) * 32 < chunk,
-                                                T.Cast('int32', topk_idx[T.min(t, num_tokens - 1), T.max(i - t * num_topk, 0)]), -1)
+                    experts[u] = _pair_expert(topk_idx, i, t, T.And(i < numel, (r * BATCH + u) * 32 < chunk), num_tokens, num_topk)
                 for u in T.unroll(BATCH):
                     i = first + (r * BATCH + u) * 32 + lane
                     t = T.truncdiv(i, num_topk)

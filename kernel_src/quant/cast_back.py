@@ -14,13 +14,13 @@ dims. e2m1 codes decode with integer arithmetic: magnitude codes 2..7 are the fl
 from tilelang import language as T
 
 from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
+from kernel_src.quant.common import SF_FORMATS, e2m1_value
 
 NUM_THREADS = 128
 NUM_VECTORS = 4
 VECTOR_ELEMS = 16
 FORMATS = {'e4m3': 1, 'e2m1': 2}  # logical elements per byte
 OUT_DTYPES = ('bfloat16', 'float32')
-SF_FORMATS = ('f32', 'ue8m0')
 
 
 def check(fmt: str, out_dtype: str, sf_format: str) -> None:
@@ -30,17 +30,6 @@ def check(fmt: str, out_dtype: str, sf_format: str) -> None:
         raise ValueError(f'out_dtype must be one of {OUT_DTYPES}, got {out_dtype!r}')
     if sf_format not in SF_FORMATS:
         raise ValueError(f'sf_format must be one of {SF_FORMATS}, got {sf_format!r}')
-
-
-def e2m1_value(code):
-    """float32 of a 4-bit e2m1 code (an int32 in 0..15), exactly."""
-    magnitude = code & 7
-    bits = T.if_then_else(
-        magnitude >= 2,
-        T.Cast('uint32', ((magnitude >> 1) + 126) << 23 | (magnitude & 1) << 22),
-        T.Cast('uint32', T.if_then_else(magnitude == 1, 0x3F000000, 0)),
-    )
-    return T.reinterpret(bits | (T.Cast('uint32', code & 8) << T.uint32(28)), T.float32)
 
 
 def build(arch: Arch, fmt: str, out_dtype: str, sf_format: str, num_threads: int = NUM_THREADS, num_vectors: int = NUM_VECTORS) -> KernelProgram:

@@ -31,14 +31,13 @@ import tilelang  # noqa: F401  (before tvm: it sets up the tvm that tilelang shi
 from tilelang import language as T
 
 from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
+from kernel_src.quant.common import IN_DTYPES, SF_FORMATS, ceil_pow2_exponent, inverse_pow2, pow2
 
 NUM_THREADS = 128
 CHUNK = 32  # channels per chunk: 4 groups of 8 codes, 12 words
-IN_DTYPES = {'bfloat16': 2, 'float32': 4}
 OUT_DTYPES = ('bfloat16', 'float32')
 CHUNKS_PER_THREAD = {'bfloat16': 2, 'float32': 2}  # the cast: 32 or 64 registers of row data a thread
 E5M6_MAX, AMAX_FLOOR = 65024.0, 1e-4
-SF_FORMATS = ('f32', 'ue8m0')
 BACK_CHUNKS = 4  # the cast back: chunks a thread
 
 
@@ -159,14 +158,13 @@ def build_cast(arch: Arch, in_dtype: str, sf_format: str, aligned: bool) -> Kern
             clamped = T.max(amax, T.float32(AMAX_FLOOR))
             sf = clamped / T.float32(E5M6_MAX)
             if packed or round_sf != 0:  # UE8M0 holds powers of two only: the op requires round_sf
-                # (bits - 1) >> 23, plus one, is the biased exponent of the power of two at or above sf.
-                exponent = ((T.reinterpret(sf, T.uint32) - T.uint32(1)) >> T.uint32(23)) + T.uint32(1)
-                multiplier = T.reinterpret((T.uint32(254) - exponent) << T.uint32(23), T.float32)
+                exponent = ceil_pow2_exponent(sf)
+                multiplier = inverse_pow2(exponent)
                 if tid == 0:
                     if packed:
                         out_sf[row] = T.Cast(T.int32, exponent)  # the exponent byte, the word's other bytes zero
                     else:
-                        out_sf[row] = T.reinterpret(exponent << T.uint32(23), T.float32)
+                        out_sf[row] = pow2(exponent)
             else:
                 multiplier = T.float32(E5M6_MAX) / clamped
                 if tid == 0:

@@ -29,21 +29,15 @@ import tilelang  # noqa: F401  (tilelang before tvm)
 from tilelang import language as T
 
 from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
+from kernel_src.quant.common import (
+    FORMATS, IN_DTYPES, MODE_CAST, MODE_PRECOMPUTED, MODE_SF_ONLY, SF_FORMATS, ceil_pow2_exponent, e2m1_code, inverse_pow2, pow2,
+)
 
 NUM_THREADS = 256
 NUM_WARPS = NUM_THREADS // 32
 VECTOR_BYTES = 16
-IN_DTYPES = {'bfloat16': 2, 'float32': 4}
-FORMATS = {'e4m3': (448.0, 1e-4), 'e2m1': (6.0, 6.0 * 2.0**-126)}  # (max, amax floor)
 BLOCK_SIZES = (32, 128)
 PREBUILT_BLOCKS = ((128, 128), (32, 32))  # the block shapes upstream tests; the other two build on request
-SF_FORMATS = ('f32', 'ue8m0')
-MODE_CAST, MODE_SF_ONLY, MODE_PRECOMPUTED = 0, 1, 2
-
-# e2m1 round-to-nearest-even with saturation, as thresholds on |v|: code = number of thresholds passed,
-# with `>` where the tie goes down to the even code and `>=` where it goes up to it
-# (codes 0..7 are 0, 0.5, 1, 1.5, 2, 3, 4, 6). The same table as quant.per_token_cast and the reference.
-E2M1_THRESHOLDS = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, False), (3.5, True), (5.0, False))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,15 +129,6 @@ def check(in_dtype: str, fmt: str, block_m: int, block_k: int, sf_format: str) -
         raise ValueError(f'sf_format must be one of {SF_FORMATS}, got {sf_format!r}')
 
 
-def e2m1_code(v):
-    """The 4-bit e2m1 code of float32 v as an int32 (sign in bit 3), bit-exact with the reference's RTNE."""
-    a = T.abs(v)
-    code = T.Cast('int32', T.reinterpret(v, T.uint32) >> T.uint32(31)) * 8
-    for threshold, inclusive in E2M1_THRESHOLDS:
-        code = code + T.Cast('int32', (a >= T.float32(threshold)) if inclusive else (a > T.float32(threshold)))
-    return code
-
-
 def build(arch: Arch, in_dtype: str, fmt: str, block_m: int, block_k: int, sf_format: str) -> KernelProgram:
     elem_bytes = IN_DTYPES[in_dtype]
     epv = VECTOR_BYTES // elem_bytes  # elements per vector
@@ -211,10 +196,9 @@ def build(arch: Arch, in_dtype: str, fmt: str, block_m: int, block_k: int, sf_fo
             clamped = T.max(amax[0], T.float32(floor))
             sf = clamped / T.float32(fmax)
             if packed or round_sf != 0:  # UE8M0 scale factors are powers of two: the op requires round_sf
-                # (bits - 1) >> 23, plus one, is the biased exponent of the power of two at or above sf.
-                exponent = ((T.reinterpret(sf, T.uint32) - T.uint32(1)) >> T.uint32(23)) + T.uint32(1)
-                multiplier = T.reinterpret((T.uint32(254) - exponent) << T.uint32(23), T.float32)
-                sf = T.reinterpret(exponent << T.uint32(23), T.float32)
+                exponent = ceil_pow2_exponent(sf)
+                multiplier = inverse_pow2(exponent)
+                sf = pow2(exponent)
             else:
                 multiplier = T.float32(fmax) / clamped
             if not packed:

@@ -22,6 +22,7 @@ from tilelang import language as T
 from tvm import tirx
 
 from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
+from kernel_src.quant.common import e2m1_value
 from kernel_src.quant.per_block_cast import NUM_THREADS, NUM_WARPS, SF_FORMATS, TileShape, block_max, store_sf
 
 VECTOR_ELEMS = 16  # logical elements per vector: 8 bytes of e2m1 pairs in, 16 bytes of e4m3 out
@@ -38,18 +39,6 @@ def check(block_m: int, block_k: int, in_sf_format: str, sf_format: str) -> None
     for name, value in (('in_sf_format', in_sf_format), ('sf_format', sf_format)):
         if value not in SF_FORMATS:
             raise ValueError(f'{name} must be one of {SF_FORMATS}, got {value!r}')
-
-
-def e2m1_value(code):
-    """float32 of a 4-bit e2m1 code (an int32 in 0..15), exactly: magnitude codes 2..7 are the float32 with
-    exponent 126 + code // 2 and top mantissa bit code % 2, code 1 is 0.5, bit 3 is the sign (-0.0 kept)."""
-    magnitude = code & 7
-    bits = T.if_then_else(
-        magnitude >= 2,
-        T.Cast('uint32', ((magnitude >> 1) + 126) << 23 | (magnitude & 1) << 22),
-        T.Cast('uint32', T.if_then_else(magnitude == 1, 0x3F000000, 0)),
-    )
-    return T.reinterpret(bits | (T.Cast('uint32', code & 8) << T.uint32(28)), T.float32)
 
 
 def build(arch: Arch, block_m: int, block_k: int, in_sf_format: str, sf_format: str) -> KernelProgram:

@@ -27,6 +27,7 @@ from tilelang import language as T
 from tvm import tirx
 
 from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
+from kernel_src.quant.common import ceil_pow2_exponent, inverse_pow2, pow2
 
 NUM_THREADS = 256
 ROWS = 8  # tokens per thread
@@ -143,10 +144,9 @@ def build(arch: Arch, in_dtype: str, gather: bool, transpose: bool, num_per_toke
                 clamped = T.max(amax[e], T.float32(AMAX_FLOOR))
                 sf[e] = clamped / T.float32(E4M3_MAX)
                 if round_sf != 0:
-                    # (bits - 1) >> 23, plus one, is the biased exponent of the power of two at or above sf.
-                    exponent = ((T.reinterpret(sf[e], T.uint32) - T.uint32(1)) >> T.uint32(23)) + T.uint32(1)
-                    multiplier[e] = T.reinterpret((T.uint32(254) - exponent) << T.uint32(23), T.float32)
-                    sf[e] = T.reinterpret(exponent << T.uint32(23), T.float32)
+                    exponent = ceil_pow2_exponent(sf[e])
+                    multiplier[e] = inverse_pow2(exponent)
+                    sf[e] = pow2(exponent)
                 else:
                     multiplier[e] = T.float32(E4M3_MAX) / clamped
 

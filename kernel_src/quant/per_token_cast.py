@@ -28,19 +28,13 @@ out of bounds.
 from tilelang import language as T
 
 from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
+from kernel_src.quant.common import (
+    FORMATS, IN_DTYPES, MODE_CAST, MODE_PRECOMPUTED, MODE_SF_ONLY, SF_FORMATS, block_scale, e2m1_code,
+)
 
 NUM_THREADS = 128
 NUM_VECTORS = 4  # vectors per thread in the flat layout: 64 bytes of loads in flight
 ROW_VECTORS = 16  # per_row: vectors per thread, so rows of up to 128 * 16 vectors (16384 bf16, 8192 fp32)
-IN_DTYPES = {'bfloat16': 2, 'float32': 4}
-FORMATS = {'e4m3': (448.0, 1e-4), 'e2m1': (6.0, 6.0 * 2.0**-126)}  # (max, amax floor)
-SF_FORMATS = ('f32', 'ue8m0')
-MODE_CAST, MODE_SF_ONLY, MODE_PRECOMPUTED = 0, 1, 2
-
-# e2m1 round-to-nearest-even with saturation, as thresholds on |v|: code = number of thresholds passed,
-# with `>` where the tie goes down to the even code and `>=` where it goes up to it
-# (codes 0..7 are 0, 0.5, 1, 1.5, 2, 3, 4, 6).
-E2M1_THRESHOLDS = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, False), (3.5, True), (5.0, False))
 
 
 def check(in_dtype: str, fmt: str, sf_format: str, per_row: bool, aligned: bool) -> None:
@@ -50,15 +44,6 @@ def check(in_dtype: str, fmt: str, sf_format: str, per_row: bool, aligned: bool)
         raise ValueError(f'fmt must be one of {sorted(FORMATS)}, got {fmt!r}')
     if sf_format not in SF_FORMATS:
         raise ValueError(f'sf_format must be one of {SF_FORMATS}, got {sf_format!r}')
-
-
-def e2m1_code(v):
-    """The 4-bit e2m1 code of float32 v as an int32 (sign in bit 3), bit-exact with the reference's RTNE."""
-    a = T.abs(v)
-    code = T.Cast('int32', T.reinterpret(v, T.uint32) >> T.uint32(31)) * 8
-    for threshold, inclusive in E2M1_THRESHOLDS:
-        code = code + T.Cast('int32', (a >= T.float32(threshold)) if inclusive else (a > T.float32(threshold)))
-    return code
 
 
 def build(arch: Arch, in_dtype: str, fmt: str, sf_format: str, per_row: bool, aligned: bool,
@@ -90,24 +75,6 @@ def build(arch: Arch, in_dtype: str, fmt: str, sf_format: str, per_row: bool, al
         sf_type = T.StridedTensor[(num_sf_words, num_tokens * 4), (sf_word_stride, 1), T.uint8]
     else:
         sf_type = T.StridedTensor[(num_tokens, num_sf_blocks), (sf_stride_t, sf_stride_k), T.float32]
-
-    @T.macro
-    def scale(amax, round_sf, sf, multiplier, j):
-        """sf[j] (float32, or the UE8M0 byte as a float) and multiplier[j] of a block of that amax."""
-        clamped = T.max(amax, T.float32(floor))
-        sf_f = T.alloc_var(T.float32)
-        sf_f = clamped / T.float32(fmax)
-        if packed or round_sf != 0:  # UE8M0 scale factors are powers of two: the op requires round_sf
-            # (bits - 1) >> 23, plus one, is the biased exponent of the power of two at or above sf.
-            exponent = ((T.reinterpret(sf_f, T.uint32) - T.uint32(1)) >> T.uint32(23)) + T.uint32(1)
-            multiplier[j] = T.reinterpret((T.uint32(254) - exponent) << T.uint32(23), T.float32)
-            if packed:
-                sf[j] = T.Cast(T.float32, exponent)
-            else:
-                sf[j] = T.reinterpret(exponent << T.uint32(23), T.float32)
-        else:
-            multiplier[j] = T.float32(fmax) / clamped
-            sf[j] = sf_f
 
     # Row and column (in elements) of a thread's j-th vector, computed once into int32 registers (the
     # column as a vector index, so that tilelang still proves col = vec * epv a multiple of the vector and
@@ -182,7 +149,7 @@ def build(arch: Arch, in_dtype: str, fmt: str, sf_format: str, per_row: bool, al
                         if num_sf_blocks > 0:
                             multiplier[0] = T.float32(1) / out_sf[pid, 0]
                 else:
-                    scale(amax[0], round_sf, sf, multiplier, 0)
+                    block_scale(amax[0], T.float32(floor), fmax, round_sf, packed, sf, multiplier, 0)
                     if tid == 0:
                         if packed:
                             if num_sf_words > 0:
@@ -215,7 +182,7 @@ def build(arch: Arch, in_dtype: str, fmt: str, sf_format: str, per_row: bool, al
                         own = amax[0]
                         for j in T.unroll(1, num_vectors):
                             own = T.Select(k == j, amax[j], own)
-                        scale(own, round_sf, sf, multiplier, 0)
+                        block_scale(own, T.float32(floor), fmax, round_sf, packed, sf, multiplier, 0)
                         own_sf = T.alloc_var(T.float32)
                         own_sf = sf[0]
                         own_mult = T.alloc_var(T.float32)
@@ -225,7 +192,7 @@ def build(arch: Arch, in_dtype: str, fmt: str, sf_format: str, per_row: bool, al
                             sf[j] = own_sf
                     else:
                         for j in T.unroll(num_vectors):
-                            scale(amax[j], round_sf, sf, multiplier, j)
+                            block_scale(amax[j], T.float32(floor), fmax, round_sf, packed, sf, multiplier, j)
                     # The scale factor of vector j is stored by the lane at offset j of its block, which
                     # holds it in sf[j] either way.
                     for j in T.unroll(num_vectors):

@@ -31,10 +31,9 @@ import tilelang  # noqa: F401  (puts its bundled tvm on the path)
 from tilelang import language as T
 
 from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
+from kernel_src.quant.common import IN_DTYPES, SF_FORMATS, block_scale
 
 E4M3_MAX = 448.0
-IN_DTYPES = {'bfloat16': 2, 'float32': 4}
-SF_FORMATS = ('f32', 'ue8m0')
 
 FWD_THREADS = 256
 FWD_VECTORS = 2  # 16-byte vectors of each half per thread and step: 64 bytes of loads in flight
@@ -49,27 +48,6 @@ CH_SEGMENT = 32  # tokens per thread in the cast phase
 
 BWD_THREADS = 64
 BWD_ELEMS = 16  # elements per thread-step (16 bytes of e4m3)
-
-
-@T.macro
-def _scale(amax, sf_floor, round_sf, packed, sf, multiplier, j):
-    """sf[j] (float32, or the UE8M0 exponent as a float) and multiplier[j] of a block of that amax.
-    (A kernel scalar passed to a macro takes the name of the macro's parameter in the lowered kernel:
-    hence sf_floor here, the name the op passes.)"""
-    clamped = T.max(amax, sf_floor)
-    sf_f = T.alloc_var(T.float32)
-    sf_f = clamped / T.float32(E4M3_MAX)
-    if packed or round_sf != 0:
-        # (bits - 1) >> 23, plus one, is the biased exponent of the power of two at or above sf.
-        exponent = ((T.reinterpret(sf_f, T.uint32) - T.uint32(1)) >> T.uint32(23)) + T.uint32(1)
-        multiplier[j] = T.reinterpret((T.uint32(254) - exponent) << T.uint32(23), T.float32)
-        if packed:
-            sf[j] = T.Cast(T.float32, exponent)
-        else:
-            sf[j] = T.reinterpret(exponent << T.uint32(23), T.float32)
-    else:
-        multiplier[j] = T.float32(E4M3_MAX) / clamped
-        sf[j] = sf_f
 
 
 def _swiglu(l, r, use_clamp, c):
@@ -244,7 +222,7 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> K
                             if w < (1 << (tpr_log2 - 5)):
                                 amax[0] = T.max(amax[0], red[it % 2, first_warp + w])
                     if live[0] != 0:
-                        _scale(amax[0], sf_floor, round_sf, False, sf, multiplier, 0)
+                        block_scale(amax[0], sf_floor, E4M3_MAX, round_sf, False, sf, multiplier, 0)
                         if lane == 0:
                             out_sf[row, 0] = sf[0]
                         for j in T.unroll(1, num_vectors):
@@ -280,7 +258,7 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> K
                         row = T.Cast(T.int32, (T.Cast(T.int64, v) * row_magic) >> T.Cast(T.int64, row_shift))
                         col = (v - row * vectors_per_row) * epv
                         if live[j] != 0:
-                            _scale(amax[j], sf_floor, round_sf, packed, sf, multiplier, j)
+                            block_scale(amax[j], sf_floor, E4M3_MAX, round_sf, packed, sf, multiplier, j)
                             block = col // BLOCK
                             if tid % (1 << lanes_log2) == 0:
                                 if packed:
@@ -379,7 +357,7 @@ def build_channel(arch: Arch, transpose: bool) -> KernelProgram:
                 T.sync_threads()
                 for k in T.unroll(num_segments):
                     amax[0] = T.max(amax[0], amax_shared[k, c])
-            _scale(amax[0], T.float32(1e-4), round_sf, False, sf, multiplier, 0)
+            block_scale(amax[0], T.float32(1e-4), E4M3_MAX, round_sf, False, sf, multiplier, 0)
             if npt_log2 == 7:
                 if s == 0:
                     out_sf[pid_t, h0 + c] = sf[0]
@@ -515,8 +493,8 @@ def build_backward(arch: Arch, grad_dtype: str) -> KernelProgram:
                             amax[0] = T.max(amax[0], T.shfl_xor(amax[0], 1 << s))
                             amax[1] = T.max(amax[1], T.shfl_xor(amax[1], 1 << s))
                     if col < hidden:
-                        _scale(amax[0], T.float32(1e-4), round_sf, False, sf, multiplier, 0)
-                        _scale(amax[1], T.float32(1e-4), round_sf, False, sf, multiplier, 1)
+                        block_scale(amax[0], T.float32(1e-4), E4M3_MAX, round_sf, False, sf, multiplier, 0)
+                        block_scale(amax[1], T.float32(1e-4), E4M3_MAX, round_sf, False, sf, multiplier, 1)
                         if (tid & ((1 << lanes_log2) - 1)) == 0:
                             x_grad_sf[pid, col >> npc_log2] = sf[0]
                             x_grad_sf[pid, (hidden + col) >> npc_log2] = sf[1]
