@@ -468,14 +468,14 @@ def get_fused_mapping(
         if num_expanded_tokens > _INT32_LIMIT:
             raise ValueError(f'{op}: the fused buffer bound {num_expanded_tokens} exceeds the int32 range; pass num_expanded_tokens')
 
-    # One block per SM at most: a block (256 threads, ~37 KB of shared memory) always fits on an SM, so the
-    # cooperative grid is co-resident. Within that, the block count trades a warp's serial walk over its
-    # pairs (~1.3 us per 32 pairs) against each block reading every block's counts after the grid barrier
-    # (~0.27 us per block): the kernel time on an H200 (2026-11-30, E 256, K 8) fits 5.6 + 1.33 * pairs /
-    # (256 * blocks) + 0.27 * blocks us, smallest at blocks = sqrt(pairs / 51) (8192 tokens: 36 blocks,
-    # 24.8 us measured at 32 against 35.7 us at 132). The result does not depend on the count.
+    # One block per SM at most: a block (256 threads, ~41 KB of shared memory) always fits on an SM, so the
+    # cooperative grid is co-resident. Within that, more blocks shorten each warp's serial walk over its
+    # pairs and spread the scattered stores, but every block reads every block's counts after the grid
+    # barrier (one L2 round trip per 32 blocks). H200 sweep (2026-11-30, E 256, K 8, docs/benchmarks.md):
+    # the best count grows like sqrt(pairs); sqrt(pairs / 8) gives 11 blocks at 128 tokens, 91 at 8192,
+    # all SMs at 32768. The result does not depend on the count.
     sms = min(get_num_sms(device), get_device_num_sms(device))
-    num_blocks = max(1, min(sms, round(math.sqrt(num_tokens * num_topk / 51.2))))
+    num_blocks = max(1, min(sms, round(math.sqrt(num_tokens * num_topk / 8))))
     new = topk_idx.new_empty
     pos_to_expert, pos_to_token, pos_to_token_topk = (new((num_expanded_tokens,), dtype=torch.int32) for _ in range(3))
     token_topk_to_pos = new((num_tokens, num_topk), dtype=torch.int32)

@@ -11,13 +11,14 @@ or the run. (Upstream's order depends on its SM count; its tests check structure
 layout satisfies too.)
 
 Each warp of the grid owns one contiguous, 32-aligned chunk of the flat pairs, in block-major order.
-  1. Every block sets the pos_to_* arrays to -1 (grid-stride) and counts its warps' pairs per expert
-     into per-warp shared histograms; each block's totals go to the `block_counts` scratch (one row
-     per block), then the grid syncs.
-  2. Every block reads all rows of `block_counts` (8 rows in flight per thread): an expert's total and
-     the count of the blocks before it. A block-wide scan of the aligned totals gives the segment
-     starts; block 0 writes expert_start / expert_end / num_tokens_per_expert. Each warp's base in
-     each segment is start + earlier blocks + earlier warps of this block.
+  1. Every block counts its warps' pairs per expert into per-warp shared histograms; each block's totals
+     go to the `block_counts` scratch (one row per block), then the grid syncs.
+  2. Every block reads all rows of `block_counts` (ROWS_IN_FLIGHT rows in flight per thread, unconditional
+     loads): an expert's total and the count of the blocks before it. A block-wide scan of the aligned
+     totals gives the segment starts; block 0 writes expert_start / expert_end / num_tokens_per_expert.
+     Each warp's base in each segment is start + earlier blocks + earlier warps of this block. The grid
+     writes -1 to the positions no pair will take (each segment's padding, and the buffer past the last
+     segment), one warp per expert; upstream fills the whole buffer with -1 first, three times the stores.
   3. Each warp walks its chunk in order, 32 pairs at a time: __match_any_sync groups the lanes with
      the same expert, a lane's rank in its group is the popcount of the lower lanes in it, and the
      group's highest lane moves the warp's base past the group.
@@ -25,8 +26,8 @@ Each warp of the grid owns one contiguous, 32-aligned chunk of the flat pairs, i
 The number of experts (up to MAX_EXPERTS), the top-k, the alignment and the block count are run-time
 arguments; the only specialisation is the index dtype.
 
-Co-residency: the kernel uses THREADS threads and about 37 KB of static shared memory per block and
-no dynamic shared memory, so at least one block fits on every SM of sm_90 / sm_100 (228 KB of shared
+Co-residency: the kernel uses THREADS threads and about 41 KB of shared memory per block, so at
+least one block fits on every SM of sm_90 / sm_100 (228 KB of shared
 memory and 2048 threads per SM). The op therefore launches at most one block per SM; the loader
 checks the occupancy query too and refuses a grid that cannot be co-resident.
 """
@@ -42,7 +43,7 @@ THREADS = 256
 WARPS = THREADS // 32
 MAX_EXPERTS = 1024
 SLOTS = MAX_EXPERTS // THREADS  # experts per thread in the per-expert phases
-BLOCK_ROWS_IN_FLIGHT = 8  # rows of block_counts each thread loads before adding them up
+ROWS_IN_FLIGHT = 32  # rows of block_counts each thread has loading at once in phase 2 (one L2 round trip per 32 blocks)
 BATCH = 8  # rounds of 32 pairs a warp loads at once in phases 1 and 3
 
 
@@ -82,11 +83,13 @@ def build(arch: Arch, index_dtype: str) -> KernelProgram:
             # warp_hist[w, e]: first the count of warp w's pairs routed to e, then warp w's next position in e.
             warp_hist = T.alloc_shared((WARPS, MAX_EXPERTS), T.int32)
             seg = T.alloc_shared((MAX_EXPERTS,), T.int32)  # aligned counts, then segment starts
+            padding_from = T.alloc_shared((MAX_EXPERTS,), T.int32)  # start + count: the first padding position
             warp_sums = T.alloc_shared((WARPS,), T.int32)
             total = T.alloc_local((SLOTS,), T.int32)
             before = T.alloc_local((SLOTS,), T.int32)
             aligned = T.alloc_local((SLOTS,), T.int32)
             mine = T.alloc_local((SLOTS,), T.int32)
+            rows = T.alloc_local((ROWS_IN_FLIGHT,), T.int32)
             experts = T.alloc_local((BATCH,), T.int32)
             numel = T.alloc_var(T.int32)
             numel = num_tokens * num_topk
@@ -104,12 +107,6 @@ def build(arch: Arch, index_dtype: str) -> KernelProgram:
             for j in T.serial(T.truncdiv(num_experts + 31, 32)):
                 if j * 32 + lane < num_experts:
                     warp_hist[warp, j * 32 + lane] = 0
-            for j in T.serial(T.truncdiv(num_expanded + num_blocks * THREADS - 1, num_blocks * THREADS)):
-                p = (j * num_blocks + bid) * THREADS + tid
-                if p < num_expanded:
-                    pos_to_expert[p] = -1
-                    pos_to_token[p] = -1
-                    pos_to_token_topk[p] = -1
             T.sync_warp()
 
             # 1. Per-warp histograms, then the block's totals. A warp loads BATCH rounds of its pairs at
@@ -134,19 +131,20 @@ def build(arch: Arch, index_dtype: str) -> KernelProgram:
                     block_counts[bid, e] = acc
             T.sync_grid()
 
-            # 2. Totals and the counts of earlier blocks, then the segment starts.
+            # 2. Totals and the counts of earlier blocks, then the segment starts. Every block reads every
+            # row: the loads are unconditional (clamped indices, masked values), so ROWS_IN_FLIGHT of them
+            # are outstanding at once instead of one round trip to L2 per row.
             for s in T.unroll(SLOTS):
                 total[s] = 0
                 before[s] = 0
-            for b0 in T.serial(T.truncdiv(num_blocks + BLOCK_ROWS_IN_FLIGHT - 1, BLOCK_ROWS_IN_FLIGHT)):
-                for u in T.unroll(BLOCK_ROWS_IN_FLIGHT):
-                    for s in T.unroll(SLOTS):
-                        b = b0 * BLOCK_ROWS_IN_FLIGHT + u
-                        e = s * THREADS + tid
-                        if b < num_blocks and e < num_experts:
-                            c = block_counts[b, e]
+                if s * THREADS < num_experts:  # uniform across the block
+                    for b0 in T.serial(T.truncdiv(num_blocks + ROWS_IN_FLIGHT - 1, ROWS_IN_FLIGHT)):
+                        for u in T.unroll(ROWS_IN_FLIGHT):
+                            rows[u] = block_counts[T.min(b0 * ROWS_IN_FLIGHT + u, num_blocks - 1), T.min(s * THREADS + tid, num_experts - 1)]
+                        for u in T.unroll(ROWS_IN_FLIGHT):
+                            c = T.if_then_else(b0 * ROWS_IN_FLIGHT + u < num_blocks, rows[u], 0)
                             total[s] = total[s] + c
-                            before[s] = before[s] + T.if_then_else(b < bid, c, 0)
+                            before[s] = before[s] + T.if_then_else(b0 * ROWS_IN_FLIGHT + u < bid, c, 0)
             for s in T.unroll(SLOTS):
                 e = s * THREADS + tid
                 aligned[s] = T.truncdiv(total[s] + alignment - 1, alignment) * alignment
@@ -169,9 +167,13 @@ def build(arch: Arch, index_dtype: str) -> KernelProgram:
             T.sync_threads()
             offset = T.alloc_var(T.int32)
             offset = inclusive - run
+            used = T.alloc_var(T.int32)  # positions the segments take, padding included
+            used = 0
             for w in T.unroll(WARPS):
-                if w < warp:
-                    offset = offset + warp_sums[w]
+                offset = offset + T.if_then_else(w < warp, warp_sums[w], 0)
+                used = used + warp_sums[w]
+            if bid == 0 and tid == 0:
+                _device_assert(used <= num_expanded)  # num_expanded_tokens too small for this routing
             T.sync_threads()  # everyone has read seg before it is overwritten
             for s in T.unroll(SLOTS):
                 seg[tid * SLOTS + s] = offset + mine[s]
@@ -180,6 +182,7 @@ def build(arch: Arch, index_dtype: str) -> KernelProgram:
                 e = s * THREADS + tid
                 if e < num_experts:
                     start = seg[e]
+                    padding_from[e] = start + total[s]
                     if bid == 0:
                         expert_start[e] = start
                         expert_end[e] = start + aligned[s]
@@ -191,6 +194,21 @@ def build(arch: Arch, index_dtype: str) -> KernelProgram:
                         warp_hist[w, e] = base
                         base = base + c
             T.sync_threads()
+
+            # -1 at the positions no pair takes: each segment's padding (one warp of the grid per expert)
+            # and the buffer past the last segment. Placement never writes these, so there is no race.
+            for k in T.serial(T.truncdiv(num_experts + num_blocks * WARPS - 1 - (bid * WARPS + warp), num_blocks * WARPS)):
+                x = bid * WARPS + warp + k * num_blocks * WARPS
+                padding_end = T.if_then_else(x + 1 < num_experts, seg[T.min(x + 1, num_experts - 1)], used)
+                for p in T.serial(padding_from[x] + lane, T.min(padding_end, num_expanded), 32):
+                    pos_to_expert[p] = -1
+                    pos_to_token[p] = -1
+                    pos_to_token_topk[p] = -1
+            for k in T.serial(T.truncdiv(T.max(num_expanded - used + num_blocks * THREADS - 1 - (bid * THREADS + tid), 0), num_blocks * THREADS)):
+                p = used + bid * THREADS + tid + k * num_blocks * THREADS
+                pos_to_expert[p] = -1
+                pos_to_token[p] = -1
+                pos_to_token_topk[p] = -1
 
             # 3. Placement, in flat order within each warp's chunk, BATCH rounds loaded at a time.
             for r in T.serial(T.truncdiv(T.truncdiv(chunk, 32) + BATCH - 1, BATCH)):
@@ -212,8 +230,7 @@ def build(arch: Arch, index_dtype: str) -> KernelProgram:
                     if e >= 0:
                         if (group >> T.Cast('uint32', lane)) == T.uint32(1):
                             warp_hist[warp, e] = pos + 1
-                        _device_assert(pos < num_expanded)
-                        if pos < num_expanded:
+                        if pos < num_expanded:  # else the assert above has fired
                             pos_to_expert[pos] = e
                             pos_to_token[pos] = t
                             pos_to_token_topk[pos] = i
