@@ -119,6 +119,15 @@ def per_token_cast_case(tk, tokens):
         _all_same_bits, nbytes(x) + x.numel() + tokens * 56 * 4
 
 
+def per_token_requant_case(tk, tokens):
+    x = torch.randn(tokens, 7168, device='cuda').bfloat16()
+    flags = dict(use_tma_aligned_col_major_sf=True, round_sf=True, use_packed_ue8m0=True)
+    q = ours.quant.per_block_cast(x, 'e4m3', (128, 128), **flags)
+    return 'e4m3 (128,128) -> e4m3 128/ch packed UE8M0 H7168', \
+        lambda: ours.quant.per_token_cast(q, 'e4m3', 128, x_block_size=(128, 128), **flags), \
+        lambda: tk.quant.per_token_cast(q, 'e4m3', 128, x_block_size=(128, 128), **flags), _all_same_bits, 2 * x.numel() + tokens * 56 * 4
+
+
 def cast_back_case(tk, tokens):
     x = torch.randn(tokens, 7168, device='cuda').bfloat16()
     q = ours.quant.per_token_cast(x, 'e4m3', 128, use_tma_aligned_col_major_sf=True, round_sf=True, use_packed_ue8m0=True)
@@ -283,6 +292,7 @@ CASES = {
     'moe.inplace_unique_group_indices': unique_case,
     'moe.mask_indices_by_tp': mask_by_tp_case,
     'quant.per_token_cast': per_token_cast_case,
+    'quant.per_token_requant': per_token_requant_case,
     'quant.cast_back': cast_back_case,
     'quant.swiglu_forward_and_per_token_cast': swiglu_forward_case,
     'quant.swiglu_forward_and_per_channel_cast_and_transpose': swiglu_channel_case,

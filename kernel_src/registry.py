@@ -5,7 +5,7 @@ from kernel_src.moe import (
     counting, inplace_unique_group_indices, mask_indices_by_tp, normalize_weight, top2_sum_gate, topk_gate, topk_sum_and_topk_group_idx,
 )
 from kernel_src.moe import expand_to_fused, fused_mapping, reduce_fused
-from kernel_src.quant import cast_back, per_token_cast
+from kernel_src.quant import cast_back, per_token_cast, per_token_requant
 from kernel_src.quant import swiglu
 from kernel_src.quant import per_block_cast, per_block_cast_lossless
 from kernel_src.quant import e5m6, per_channel_cast
@@ -24,6 +24,7 @@ DECLS: dict[str, KernelDecl] = {
         inplace_unique_group_indices.DECL,
         mask_indices_by_tp.DECL,
         per_token_cast.DECL,
+        per_token_requant.DECL,
         per_channel_cast.FUSED,
         per_channel_cast.TRANSPOSE,
         e5m6.CAST,

@@ -1,9 +1,10 @@
-"""quant.cast_back for per-token blocks: e4m3 or e2m1 data with (1, num_per_channels) scale factors, back to
-bf16 or fp32: out = float(q) * sf, rounded once to the output dtype.
+"""quant.cast_back: e4m3 or e2m1 data with one scale factor per (num_per_tokens, num_per_channels) block, back
+to bf16 or fp32: out = float(q) * sf, rounded once to the output dtype.
 
 The data format, the scale-factor storage (float32 in any strides, or packed UE8M0 bytes) and the output
-dtype are compile time; the hidden size, the block width (any multiple of 16) and the scale-factor
-strides are run-time arguments. A vector is 16 logical elements (16 bytes of e4m3, 8 of e2m1); the
+dtype are compile time; the hidden size, the block width (any multiple of 16), the block height (a power
+of two: the scale-factor row of a token is token >> sf_row_shift) and the scale-factor strides are
+run-time arguments. A vector is 16 logical elements (16 bytes of e4m3, 8 of e2m1); the
 vectors of all rows form one flat sequence and thread t of CTA b holds vectors b * slots + j * 128 + t,
 so every slot is busy whatever the hidden size. Rows and blocks come from flat indices by host-computed
 multiply-shift magic numbers (see tile_kernels_aot.quant), and every access is masked against the buffer
@@ -45,6 +46,7 @@ def build(arch: Arch, fmt: str, out_dtype: str, sf_format: str, num_threads: int
         hidden = packed_hidden * 2
     else:
         hidden = T.dynamic('hidden')
+    num_sf_rows = T.dynamic('num_sf_rows')  # ceil(num_tokens / num_per_tokens)
     num_sf_blocks = T.dynamic('num_sf_blocks')
     sf_stride_t = T.dynamic('sf_stride_t')
     sf_stride_k = T.dynamic('sf_stride_k')
@@ -52,9 +54,9 @@ def build(arch: Arch, fmt: str, out_dtype: str, sf_format: str, num_threads: int
     sf_word_stride = T.dynamic('sf_word_stride')
     in_type = T.Tensor[(num_tokens, packed_hidden), T.int8] if fp4 else T.Tensor[(num_tokens, hidden), T.float8_e4m3fn]
     if packed:
-        sf_type = T.StridedTensor[(num_sf_words, num_tokens * 4), (sf_word_stride, 1), T.uint8]
+        sf_type = T.StridedTensor[(num_sf_words, num_sf_rows * 4), (sf_word_stride, 1), T.uint8]
     else:
-        sf_type = T.StridedTensor[(num_tokens, num_sf_blocks), (sf_stride_t, sf_stride_k), T.float32]
+        sf_type = T.StridedTensor[(num_sf_rows, num_sf_blocks), (sf_stride_t, sf_stride_k), T.float32]
 
     # Row and column (in elements) of a thread's j-th vector, as plain expressions so that tilelang can
     # prove the column a multiple of the vector and emit wide accesses.
@@ -73,6 +75,7 @@ def build(arch: Arch, fmt: str, out_dtype: str, sf_format: str, num_threads: int
         row_shift: T.int32,
         block_magic: T.int64,
         block_shift: T.int32,
+        sf_row_shift: T.int32,
     ):
         with T.Kernel(T.ceildiv(num_tokens * vectors_per_row, slots), threads=num_threads) as pid:
             if fp4:
@@ -93,13 +96,14 @@ def build(arch: Arch, fmt: str, out_dtype: str, sf_format: str, num_threads: int
                 row, col = where(pid, j, tid, vectors_per_row, row_magic, row_shift)
                 # The block of the vector: (col / 16) // (num_per_channels / 16), by magic number.
                 block = T.Cast('int32', (T.Cast('int64', col // VECTOR_ELEMS) * block_magic) >> T.Cast('int64', block_shift))
+                sf_row = row >> sf_row_shift
                 sf[j] = T.float32(0)
-                if row < num_tokens and col < hidden:
+                if row < num_tokens and col < hidden and sf_row < num_sf_rows:
                     if packed:
                         if (block >> 2) < num_sf_words:
-                            sf[j] = T.reinterpret(T.Cast('uint32', x_sf[block >> 2, row * 4 + (block & 3)]) << T.uint32(23), T.float32)
+                            sf[j] = T.reinterpret(T.Cast('uint32', x_sf[block >> 2, sf_row * 4 + (block & 3)]) << T.uint32(23), T.float32)
                     elif block < num_sf_blocks:
-                        sf[j] = x_sf[row, block]
+                        sf[j] = x_sf[sf_row, block]
             for j in T.unroll(num_vectors):
                 row, col = where(pid, j, tid, vectors_per_row, row_magic, row_shift)
                 if row < num_tokens and col < hidden:

@@ -38,6 +38,22 @@ def test_per_token_cast_back_bitwise(spec, num_tokens, hidden):
                 check_unbiased(back.float(), x.float())
 
 
+@pytest.mark.parametrize('block', ((32, 32), (128, 128), (128, 32)))
+@pytest.mark.parametrize('num_tokens', TOKEN_COUNTS)
+@pytest.mark.parametrize('spec', installed_specs('quant.cast_back'))
+def test_cast_back_of_token_blocks(spec, num_tokens, block):
+    """Scale factors shared by blocks of tokens (per_block_cast's layouts): sf row = token // block[0]."""
+    fmt, out_fmt = spec['fmt'], OUT_DTYPES[spec['out_dtype']]
+    x = torch.randn((num_tokens, 7168), device='cuda', dtype=getattr(torch, spec['out_dtype']))
+    for col_major, round_sf, packed in layouts(spec):
+        data, sf = reference.cast(x, fmt, block, round_sf=round_sf, use_tma_aligned_col_major_sf=col_major, use_packed_ue8m0=packed)
+        poison_allocator(((num_tokens, 7168), x.dtype))
+        back = tile_kernels_aot.quant.cast_back((data, sf), out_fmt, block)
+        assert_bitwise_equal(back, reference.cast_back((data, sf), out_fmt, block))
+        if fmt == 'e4m3':
+            assert calc_diff(back, x) < 2e-3  # a sanity check (as test_per_block_cast): the bitwise comparison is the test
+
+
 @pytest.mark.parametrize('fmt', ('e4m3', 'e2m1'))
 def test_cast_back_of_the_op_output(fmt):
     """Upstream's round trip: per_token_cast with each layout, then per_token_cast_back."""
@@ -57,8 +73,10 @@ def test_cast_back_rejects_bad_input():
     op = tile_kernels_aot.quant
     with pytest.raises(ValueError, match="fmt must be 'bf16' or 'fp32'"):
         op.cast_back((data, sf), 'fp16', (1, 128))
-    with pytest.raises(NotImplementedError, match='blocks of more than one token'):
-        op.cast_back((data, torch.ones((1, 56), device='cuda')), 'bf16', (128, 128))
+    with pytest.raises(ValueError, match='power of two'):
+        op.cast_back((data, torch.ones((1, 56), device='cuda')), 'bf16', (96, 128))
+    with pytest.raises(ValueError, match=r'sf must have shape \(1, 56\)'):
+        op.cast_back((data, sf), 'bf16', (128, 128))
     with pytest.raises(TypeError, match='uint8'):  # E5M6 data is packed uint8
         op.cast_back((data, sf), 'bf16', (1, 128), x_special_fmt='e5m6')
     with pytest.raises(ValueError, match='sf must have shape'):

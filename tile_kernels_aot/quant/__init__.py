@@ -7,9 +7,10 @@ Built in this release:
   to e4m3 or e2m1 (two codes per int8, low nibble = even column), 16, 32, 64 or 128 channels per scale
   factor, or one per row (``num_per_channels == hidden``, hidden a multiple of 64 and at most 16384 bf16 /
   8192 fp32 elements); scale factors row-major float32, TMA-aligned column-major float32, or packed UE8M0
-  (column-major, with ``round_sf``); with or without ``round_sf``.
-* ``cast_back`` and ``per_token_cast_back`` (per_token.py): e4m3 or e2m1 data with per-token scale factors
-  (blocks of ``(1, n)``, n a multiple of 16) in any of those layouts, to bf16 or fp32.
+  (column-major, with ``round_sf``); with or without ``round_sf``. ``per_token_cast`` also re-quantises an
+  e4m3 / e2m1 ``(data, sf)`` input with scale factors per ``x_block_size`` block (per_token_requant).
+* ``cast_back`` and ``per_token_cast_back`` (per_token.py): e4m3 or e2m1 data with scale factors per
+  ``(m, n)`` block (m a power of two, n a multiple of 16) in any of those layouts, to bf16 or fp32.
 * ``per_token_cast(fmt='e5m6')`` and ``cast_back(x_special_fmt='e5m6')`` (e5m6.py, also exported as
   ``per_token_cast_to_e5m6`` and ``cast_back_from_e5m6``): 12-bit floats, one scale factor per token.
 * ``per_block_cast``, ``per_block_cast_with_sf_only``, ``per_block_cast_with_precomputed_sf`` (per_block.py):
@@ -24,9 +25,9 @@ Built in this release:
   ``swiglu_backward_and_per_token_cast`` (swiglu.py): SwiGLU fused with e4m3 casts.
 
 Not built (they raise NotImplementedError naming what is missing; nothing falls back to a slower path):
-re-quantising an FP8/FP4 ``(data, sf)`` input in the per-token casts, ``fmt='e5m6'`` in
-``per_token_cast_with_sf_only`` and ``per_token_cast_with_precomputed_sf``, a precomputed packed UE8M0
-``sf``, and ``cast_back`` with blocks of more than one token.
+``fmt='e5m6'`` in ``per_token_cast_with_sf_only`` and ``per_token_cast_with_precomputed_sf``, and a
+precomputed packed UE8M0 ``sf``. (Upstream asserts on a quantised input to the sf-only and precomputed
+variants; so do these, with a ValueError.)
 
 Every argument is checked before anything is allocated or launched; what varies at run time (token
 counts, hidden sizes, strides, flags) is a run-time argument of the kernels. Helpers the families share

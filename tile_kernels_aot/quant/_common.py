@@ -90,16 +90,18 @@ def unpack_quant(op: str, x: object) -> QuantTensor:
 
 
 def check_cast_back_args(op: str, x: object, x_block_size: object, data_dtypes: tuple[torch.dtype, ...],
-                         multiple: int) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """(data, sf, n) of a cast back's ``x`` and ``x_block_size = (1, n)``, n a positive multiple of ``multiple``;
-    blocks of more than one token are not built."""
+                         multiple: int, token_blocks: bool = False) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(data, sf, n) of a cast back's ``x`` and ``x_block_size = (m, n)``, n a positive multiple of ``multiple``;
+    m is 1, or with ``token_blocks`` any power of two (the kernels shift the token index)."""
     data, sf = unpack_quant(op, x)
     check_int_pair(op, 'x_block_size', x_block_size)
     _checks.tensor(op, 'data', data, ndim=2, dtypes=data_dtypes)
     _checks.tensor(op, 'sf', sf, ndim=2, dtypes=(torch.float32, torch.int32))
     num_per_tokens, num_per_channels = x_block_size
-    if num_per_tokens != 1:
+    if num_per_tokens != 1 and not token_blocks:
         raise not_built(op, f'x_block_size={x_block_size} (blocks of more than one token)')
+    if num_per_tokens < 1 or num_per_tokens & (num_per_tokens - 1):
+        raise ValueError(f'{op}: x_block_size[0] must be a power of two, got {num_per_tokens}')
     if num_per_channels < multiple or num_per_channels % multiple:
         raise ValueError(f'{op}: x_block_size[1] must be a positive multiple of {multiple}, got {num_per_channels}')
     return data, sf, num_per_channels

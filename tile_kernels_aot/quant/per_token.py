@@ -16,13 +16,14 @@ from tile_kernels_aot import _checks
 from tile_kernels_aot._select import find_kernel
 from tile_kernels_aot.quant._common import (
     FORMATS, IN_DTYPES, INDEX_LIMIT, MODE_CAST, MODE_PRECOMPUTED, MODE_SF_ONLY, VECTOR_BYTES, QuantTensor, alloc_quant_out, alloc_sf,
-    check_cast_back_args, check_input_sf, check_out_fmt, check_packed_ue8m0, check_sf_flags, dtype_name, magic, not_built, packed_sf_bytes,
-    row_aligned, sf_format,
+    check_cast_back_args, check_input_sf, check_int_pair, check_out_fmt, check_packed_ue8m0, check_sf_flags, dtype_name, magic, not_built,
+    packed_sf_bytes, row_aligned, sf_format, unpack_quant,
 )
 from tile_kernels_aot.quant.e5m6 import cast_back_from_e5m6, per_token_cast_to_e5m6
 
 _BLOCK_WIDTHS = (16, 32, 64, 128)
 _ROW_MAX_VECTORS = 128 * 16  # per-row kernel: 128 threads x 16 vectors
+_REQUANT_BLOCK_WIDTHS = (32, 64, 128)  # a quantised input is read in chunks of 32 elements
 
 
 def _check_fmt(op: str, fmt: object) -> str:
@@ -46,8 +47,12 @@ def _per_token_cast(
     sf: Optional[torch.Tensor] = None,
 ):
     fmt = _check_fmt(op, fmt)
-    if isinstance(x, tuple) or x_block_size is not None:
-        raise not_built(op, 're-quantising an FP8/FP4 (data, sf) input')
+    if isinstance(x, tuple):
+        if mode != MODE_CAST:
+            raise ValueError(f'{op}: a quantised (data, sf) input is re-quantised by per_token_cast only')
+        return _requantize(op, x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
+    if x_block_size is not None:
+        raise ValueError(f'{op}: x_block_size is for a quantised (data, sf) input; x is a tensor')
     _checks.tensor(op, 'x', x, ndim=2, dtypes=tuple(IN_DTYPES))
     _checks.integer(op, 'num_per_channels', num_per_channels, low=1)
     col_major, round_sf, packed = check_sf_flags(op, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
@@ -91,6 +96,51 @@ def _per_token_cast(
     return out, returned
 
 
+def _requantize(op: str, x: object, fmt: str, num_per_channels: int, x_block_size: object, use_tma_aligned_col_major_sf: bool,
+                round_sf: bool, use_packed_ue8m0: bool) -> QuantTensor:
+    """per_token_cast of e4m3 / e2m1 ``(data, sf)`` with scale factors per ``x_block_size`` block."""
+    data, in_sf = unpack_quant(op, x)
+    if x_block_size is None:
+        raise ValueError(f'{op}: a quantised (data, sf) input needs x_block_size, the block of its scale factors')
+    in_block_m, in_block_k = check_int_pair(op, 'x_block_size', x_block_size)
+    _checks.tensor(op, 'data', data, ndim=2, dtypes=(torch.float8_e4m3fn, torch.int8))
+    _checks.tensor(op, 'sf', in_sf, ndim=2, dtypes=(torch.float32, torch.int32))
+    col_major, round_sf, packed = check_sf_flags(op, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
+    check_packed_ue8m0(op, packed, col_major, round_sf)
+    if num_per_channels not in _REQUANT_BLOCK_WIDTHS:
+        raise ValueError(f'{op}: num_per_channels must be 32, 64 or 128 for a quantised input, got {num_per_channels}')
+    if in_block_m < 1 or in_block_m & (in_block_m - 1):
+        raise ValueError(f'{op}: x_block_size[0] must be a power of two, got {in_block_m}')
+    if in_block_k < 32 or in_block_k & (in_block_k - 1):
+        raise ValueError(f'{op}: x_block_size[1] must be a power of two of at least 32, got {in_block_k}')
+    in_fp4 = data.dtype == torch.int8
+    num_tokens, width = data.shape
+    hidden = width * 2 if in_fp4 else width
+    if hidden % 32:
+        raise ValueError(f'{op}: data must have a logical hidden divisible by 32, got {hidden}')
+    _checks.inner_contiguous(op, 'data', data)
+    in_packed = check_input_sf(op, in_sf, -(-num_tokens // in_block_m), -(-hidden // in_block_k),
+                               f'{num_tokens} tokens of {hidden} channels in blocks of {(in_block_m, in_block_k)}')
+    device = _checks.on_one_cuda_device(op, data=data, sf=in_sf)
+    num_blocks = -(-hidden // num_per_channels)
+    chunks_per_row = num_blocks * num_per_channels // 32
+    if num_tokens * chunks_per_row * 32 > INDEX_LIMIT:
+        raise ValueError(f'{op}: data is too large: {num_tokens} x {hidden} elements reach the 32-bit index range')
+    returned, sf_arg = alloc_sf(num_tokens, num_blocks, col_major, packed, data.device)
+    out = alloc_quant_out(num_tokens, hidden, fmt, data.device)
+    if num_tokens:
+        if not row_aligned(data, VECTOR_BYTES):
+            raise ValueError(f'{op}: data must have a 16-byte aligned pointer and row stride, got {data.data_ptr():#x} and '
+                             f'{data.stride(0)} bytes')
+        row_magic, row_shift = magic(chunks_per_row)
+        spec = dict(in_fmt='e2m1' if in_fp4 else 'e4m3', fmt=fmt, in_sf_format=sf_format(in_packed), sf_format=sf_format(packed))
+        scalars = dict(chunks_per_row=chunks_per_row, row_magic=row_magic, row_shift=row_shift, npc_log2=num_per_channels.bit_length() - 1,
+                       in_block_m_log2=in_block_m.bit_length() - 1, in_block_k_log2=in_block_k.bit_length() - 1, round_sf=int(round_sf))
+        tensors = {'x': data, 'x_sf': packed_sf_bytes(in_sf) if in_packed else in_sf, 'out': out, 'out_sf': sf_arg}
+        find_kernel('quant.per_token_requant', spec, device)(device, tensors, scalars)
+    return out, returned
+
+
 def per_token_cast_spec(x: torch.Tensor, fmt: str, num_per_channels: int, use_packed_ue8m0: bool) -> dict:
     """The spec that serves `x`: the 16-byte vector variant when its pointer and row stride allow it."""
     per_row = num_per_channels == x.shape[1] and num_per_channels not in _BLOCK_WIDTHS
@@ -115,12 +165,16 @@ def per_token_cast(
 
     Args:
         x: ``[num_tokens, hidden]`` bfloat16 or float32 CUDA tensor, contiguous in ``hidden`` (a multiple
-            of 16); the row stride is free.
+            of 16); the row stride is free. Or a quantised ``(data, sf)`` pair (see ``x_block_size``).
         fmt: ``'e4m3'``, ``'e2m1'`` or ``'e5m6'`` (12-bit floats, 8 per 3 words, ``num_per_channels ==
             hidden`` only, hidden a multiple of 8 and at most 8192; see ``tile_kernels_aot.quant.e5m6``).
         num_per_channels: 16, 32, 64 or 128, or ``hidden`` (one scale factor per row; hidden a multiple of
             64, at most 16384 for bfloat16 and 8192 for float32 input).
-        x_block_size: only for re-quantising an FP8/FP4 ``(data, sf)`` input (not built).
+        x_block_size: for a quantised ``(data, sf)`` input (e4m3, or e2m1 pairs in int8), the ``(m, k)``
+            block of its scale factors (m a power of two, k a power of two >= 32; float32 in any strides
+            or packed UE8M0 words). It is re-quantised without a bf16 copy: amax = max ``|q| * s`` per
+            output block and ``out = cast(q * (s * multiplier))``, as upstream; ``num_per_channels`` is then
+            32, 64 or 128, and only per_token_cast itself takes such an input.
         use_tma_aligned_col_major_sf: float32 scale factors column-major, the token dim padded to 4.
         round_sf: round scale factors up to powers of two.
         use_packed_ue8m0: four UE8M0 exponents per int32 (needs the column-major layout and round_sf);
@@ -134,7 +188,7 @@ def per_token_cast(
     """
     if fmt == 'e5m6':
         if isinstance(x, tuple) or x_block_size is not None:
-            raise not_built('per_token_cast', "fmt='e5m6' from an FP8/FP4 (data, sf) input")
+            raise ValueError("per_token_cast: fmt='e5m6' takes a bfloat16 or float32 tensor, not a quantised (data, sf) input")
         return per_token_cast_to_e5m6(x, num_per_channels, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
     return _per_token_cast('per_token_cast', x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf,
                            use_packed_ue8m0, MODE_CAST)
@@ -185,10 +239,11 @@ def cast_back(
     Args:
         x: ``(data, sf)``: data float8_e4m3fn ``[num_tokens, hidden]`` or int8 ``[num_tokens, hidden / 2]``
             (e2m1 pairs, low nibble = even column), contiguous, hidden a multiple of 16; sf float32
-            ``[num_tokens, b]`` in any strides, or packed UE8M0 int32 ``[num_tokens, ceil(b / 4)]`` with
-            ``stride(0) == 1`` (as per_token_cast returns them), ``b = ceil(hidden / n)``.
+            ``[ceil(num_tokens / m), b]`` in any strides, or packed UE8M0 int32 ``[ceil(num_tokens / m),
+            ceil(b / 4)]`` with ``stride(0) == 1`` (as the casts return them), ``b = ceil(hidden / n)``.
         fmt: ``'bf16'`` or ``'fp32'``.
-        x_block_size: ``(1, n)`` with n a multiple of 16 (blocks of more than one token are not built).
+        x_block_size: ``(m, n)``: m a power of two (1 for per-token scale factors; 32 or 128 for
+            per_block_cast's blocks), n a multiple of 16; sf then has ``ceil(num_tokens / m)`` rows.
         x_special_fmt: None, or ``'e5m6'`` for the uint8 ``[num_tokens, hidden * 3 / 2]`` data of
             ``per_token_cast(fmt='e5m6')`` (blocks of ``(1, hidden)``).
     """
@@ -198,7 +253,8 @@ def cast_back(
         return cast_back_from_e5m6(x, fmt, x_block_size)
     if x_special_fmt is not None:
         raise ValueError(f"{op}: x_special_fmt must be None or 'e5m6', got {x_special_fmt!r}")
-    data, sf, num_per_channels = check_cast_back_args(op, x, x_block_size, (torch.float8_e4m3fn, torch.int8), 16)
+    data, sf, num_per_channels = check_cast_back_args(op, x, x_block_size, (torch.float8_e4m3fn, torch.int8), 16, token_blocks=True)
+    num_per_tokens = x_block_size[0]
     fp4 = data.dtype == torch.int8
     num_tokens, width = data.shape
     hidden = width * 2 if fp4 else width
@@ -206,8 +262,8 @@ def cast_back(
         raise ValueError(f'{op}: data must have a logical hidden divisible by 16, got {hidden}')
     if not data.is_contiguous():
         raise ValueError(f'{op}: data must be contiguous, got strides {data.stride()}')
-    packed = check_input_sf(op, sf, num_tokens, -(-hidden // num_per_channels),
-                            f'{num_tokens} tokens of {hidden} channels in blocks of {num_per_channels}')
+    packed = check_input_sf(op, sf, -(-num_tokens // num_per_tokens), -(-hidden // num_per_channels),
+                            f'{num_tokens} tokens of {hidden} channels in blocks of {tuple(x_block_size)}')
     device = _checks.on_one_cuda_device(op, data=data, sf=sf)
     out = torch.empty((num_tokens, hidden), dtype=out_dtype, device=data.device)
     if num_tokens == 0:
@@ -221,7 +277,8 @@ def cast_back(
     row_magic, row_shift = magic(vectors_per_row)
     block_magic, block_shift = magic(num_per_channels // 16)
     spec = dict(fmt='e2m1' if fp4 else 'e4m3', out_dtype=dtype_name(out.dtype), sf_format=sf_format(packed))
-    scalars = dict(vectors_per_row=vectors_per_row, row_magic=row_magic, row_shift=row_shift, block_magic=block_magic, block_shift=block_shift)
+    scalars = dict(vectors_per_row=vectors_per_row, row_magic=row_magic, row_shift=row_shift, block_magic=block_magic, block_shift=block_shift,
+                   sf_row_shift=num_per_tokens.bit_length() - 1)
     find_kernel('quant.cast_back', spec, device)(device, {'x': data, 'x_sf': sf_arg, 'out': out}, scalars)
     return out
 

@@ -111,12 +111,13 @@ def cast(
     Returns (data, sf): data float8_e4m3fn [M, K] or int8 [M, K / 2] (e2m1); sf in the layout the flags
     choose (see the module docstring; packed UE8M0 needs round_sf and the column-major flag). With a
     given float32 `sf` (the precomputed case, any strides) returns only the data, quantised with
-    multiplier 1 / sf.
+    multiplier 1 / sf. `x` may also be a quantised (data, sf) pair with scale-factor blocks of
+    `x_block_size`: re-quantised as upstream's per_token_cast does (see _requantize).
     """
     if fmt not in FORMATS:
         raise NotImplementedError(f'reference cast: fmt={fmt!r} is not implemented, only e4m3 and e2m1')
-    if isinstance(x, tuple) or x_block_size is not None:
-        raise NotImplementedError('reference cast: re-quantising an FP8/FP4 (data, sf) input is not implemented')
+    if isinstance(x, tuple):
+        return _requantize(x, fmt, block_size, x_block_size, round_sf, use_tma_aligned_col_major_sf, use_packed_ue8m0)
     if x.dim() != 2 or x.dtype not in (torch.bfloat16, torch.float32):
         raise ValueError(f'reference cast: x must be a 2-D bfloat16/float32 tensor, got {x.dim()}-d {x.dtype}')
     if use_packed_ue8m0 and not (round_sf and use_tma_aligned_col_major_sf) and sf is None:
@@ -150,6 +151,38 @@ def cast(
     if sf is not None:
         return data
     return data, _format_sf(scale, use_tma_aligned_col_major_sf, use_packed_ue8m0)
+
+
+def _requantize(x: tuple[torch.Tensor, torch.Tensor], fmt: str, block_size: tuple[int, int], x_block_size: tuple[int, int] | None,
+                round_sf: bool, col_major: bool, packed: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """cast of a quantised (data, sf) input, as upstream's per_token_cast computes it (not via a dequantised copy):
+    amax = max |q| * s over the block (s the input scale factor of each element), and q * (s * multiplier)."""
+    if x_block_size is None:
+        raise ValueError('reference cast: a (data, sf) input needs x_block_size')
+    data, in_sf = x
+    q = e2m1_unpack(data) if data.dtype == torch.int8 else data.float()
+    m, k = q.shape
+    s = _sf_values(in_sf).repeat_interleave(x_block_size[0], dim=0).repeat_interleave(x_block_size[1], dim=1)[:m, :k]
+    fmax, floor = FORMATS[fmt]
+    if m == 0:
+        return cast(q, fmt, block_size, round_sf=round_sf, use_tma_aligned_col_major_sf=col_major, use_packed_ue8m0=packed)
+    products, real = _blocks(q.abs() * s, block_size)
+    amax = torch.where(real, products, torch.zeros((), device=q.device)).amax(dim=(1, 3))
+    clamped = amax.clamp(min=floor)
+    scale = clamped / torch.full_like(clamped, fmax)
+    if round_sf:
+        scale = _round_up_pow2(scale)
+        multiplier = 1.0 / scale
+    else:
+        multiplier = torch.full_like(clamped, fmax) / clamped
+    expanded = multiplier.repeat_interleave(block_size[0], dim=0).repeat_interleave(block_size[1], dim=1)[:m, :k]
+    v = q * (s * expanded)
+    if fmt == 'e4m3':
+        out = v.clamp(-fmax, fmax).to(torch.float8_e4m3fn)
+    else:
+        codes = e2m1_codes(v.contiguous()).view(m, k // 2, 2)
+        out = (codes[..., 0] | (codes[..., 1] << 4)).view(torch.int8)
+    return out, _format_sf(scale, col_major, packed)
 
 
 def cast_back(x: tuple[torch.Tensor, torch.Tensor], fmt: str, block_size: tuple[int, int]) -> torch.Tensor:

@@ -1,0 +1,159 @@
+"""quant.per_token_requant: per_token_cast of an already quantised (data, sf) input, without a bf16 round trip.
+
+The input is e4m3 data, or e2m1 pairs (int8, low nibble = even column), with one scale factor per
+(in_block_m, in_block_k) block; the output is e4m3 or e2m1 with one scale factor per (1, num_per_channels)
+block, exactly as upstream's per_token_cast computes it for a QuantTensor:
+  amax  = max over the block of |q| * s, s the input scale factor of each element (float32; the max of |q|
+          within a 32-element chunk times its s is the same number, rounding being monotone),
+  sf / multiplier from amax as in per_token_cast (floor, two divisions, or round_sf's powers of two),
+  out   = cast(q * (s * multiplier)), the two factors multiplied first, as upstream.
+
+Layout: thread t of CTA b owns the 32-element chunk b * 128 + t of the flat sequence of all rows' chunks,
+each row padded to whole output blocks, so the chunks of a block are adjacent lanes and its amax is a
+butterfly of shuffles over num_per_channels / 32 lanes. A chunk lies inside one input block (the input
+block width is a power of two of at least 32). Compile time: the two formats and the two scale-factor
+storages (float32 in any strides, or packed UE8M0 bytes); run time: hidden, the block sizes (as shifts),
+round_sf and the strides. Every access is masked against the buffer dims.
+"""
+
+from tilelang import language as T
+
+from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
+from kernel_src.quant.common import FORMATS, SF_FORMATS, block_scale, e2m1_code, e2m1_value
+
+NUM_THREADS = 128
+CHUNK = 32  # logical elements per thread
+
+
+def check(in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) -> None:
+    for name, value, allowed in (('in_fmt', in_fmt, FORMATS), ('fmt', fmt, FORMATS),
+                                 ('in_sf_format', in_sf_format, SF_FORMATS), ('sf_format', sf_format, SF_FORMATS)):
+        if value not in allowed:
+            raise ValueError(f'{name} must be one of {sorted(allowed)}, got {value!r}')
+
+
+def _sf_tensor(packed: bool, rows, blocks, words, word_stride, stride_t, stride_k):
+    """Scale factors as the kernels read and write them: float32 [rows, blocks] in any strides, or the bytes
+    of packed UE8M0 words (word w of row r is bytes [4r, 4r + 4) of row w)."""
+    if packed:
+        return T.StridedTensor[(words, rows * 4), (word_stride, 1), T.uint8]
+    return T.StridedTensor[(rows, blocks), (stride_t, stride_k), T.float32]
+
+
+def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) -> KernelProgram:
+    in_fp4, out_fp4 = in_fmt == 'e2m1', fmt == 'e2m1'
+    in_packed, packed = in_sf_format == 'ue8m0', sf_format == 'ue8m0'
+    fmax, floor = FORMATS[fmt]
+    in_bytes = CHUNK // 2 if in_fp4 else CHUNK
+    out_bytes = CHUNK // 2 if out_fp4 else CHUNK
+
+    num_tokens = T.dynamic('num_tokens')
+    in_width = T.dynamic('in_width')  # bytes per input row: hidden, or hidden / 2 for e2m1
+    row_stride = T.dynamic('row_stride')
+    hidden = in_width * 2 if in_fp4 else in_width
+    num_in_sf_rows, num_in_sf_blocks, num_in_sf_words = T.dynamic('num_in_sf_rows'), T.dynamic('num_in_sf_blocks'), T.dynamic('num_in_sf_words')
+    in_sf_type = _sf_tensor(in_packed, num_in_sf_rows, num_in_sf_blocks, num_in_sf_words,
+                            T.dynamic('in_sf_word_stride'), T.dynamic('in_sf_stride_t'), T.dynamic('in_sf_stride_k'))
+    num_sf_blocks, num_sf_words = T.dynamic('num_sf_blocks'), T.dynamic('num_sf_words')
+    sf_type = _sf_tensor(packed, num_tokens, num_sf_blocks, num_sf_words, T.dynamic('sf_word_stride'),
+                        T.dynamic('sf_stride_t'), T.dynamic('sf_stride_k'))
+    in_dtype = T.int8 if in_fp4 else T.float8_e4m3fn
+    out_dtype = T.int8 if out_fp4 else T.float8_e4m3fn
+
+    @T.prim_func
+    def per_token_requant(
+        x: T.StridedTensor[(num_tokens, in_width), (row_stride, 1), in_dtype],
+        x_sf: in_sf_type,
+        out: T.Tensor[(num_tokens, hidden // 2 if out_fp4 else hidden), out_dtype],
+        out_sf: sf_type,
+        chunks_per_row: T.int32,  # ceil(hidden / num_per_channels) * num_per_channels / 32
+        row_magic: T.int64,
+        row_shift: T.int32,
+        npc_log2: T.int32,
+        in_block_m_log2: T.int32,
+        in_block_k_log2: T.int32,
+        round_sf: T.int32,
+    ):
+        with T.Kernel(T.ceildiv(num_tokens * chunks_per_row, NUM_THREADS), threads=NUM_THREADS) as pid:
+            T.assume(in_width % in_bytes == 0)
+            T.assume(row_stride % 16 == 0)
+            tid = T.get_thread_binding()
+            data = T.alloc_local((in_bytes,), in_dtype)
+            values = T.alloc_local((CHUNK,), T.float32)
+            result = T.alloc_local((out_bytes,), out_dtype)
+            scale = T.alloc_local((1,), T.float32)  # the input scale factor of the chunk
+            amax = T.alloc_local((1,), T.float32)
+            sf = T.alloc_local((1,), T.float32)
+            multiplier = T.alloc_local((1,), T.float32)
+            c = pid * NUM_THREADS + tid
+            row = T.Cast('int32', (T.Cast('uint64', T.Cast('uint32', c)) * T.Cast('uint64', T.Cast('uint32', row_magic))) >> T.Cast('uint64', row_shift))
+            col = (c - row * chunks_per_row) * CHUNK
+            active = T.And(row < num_tokens, col < hidden)
+            in_row = row >> in_block_m_log2
+            in_block = col >> in_block_k_log2
+
+            scale[0] = T.float32(0)
+            if active:
+                for e in T.vectorized(in_bytes):
+                    data[e] = x[row, (col // 2 if in_fp4 else col) + e]
+                if in_packed:
+                    if (in_block >> 2) < num_in_sf_words and in_row < num_in_sf_rows:
+                        scale[0] = T.reinterpret(T.Cast('uint32', x_sf[in_block >> 2, in_row * 4 + (in_block & 3)]) << T.uint32(23), T.float32)
+                elif in_row < num_in_sf_rows and in_block < num_in_sf_blocks:
+                    scale[0] = x_sf[in_row, in_block]
+            else:
+                for e in T.vectorized(in_bytes):
+                    data[e] = T.cast(0, in_dtype)
+            amax[0] = T.float32(0)
+            for e in T.unroll(CHUNK):
+                if in_fp4:
+                    values[e] = e2m1_value((T.Cast('int32', data[e // 2]) >> (4 * (e % 2))) & 15)
+                else:
+                    values[e] = T.Cast('float32', data[e])
+                amax[0] = T.max(amax[0], T.abs(values[e]))
+            amax[0] = amax[0] * scale[0]
+            for s in T.unroll(2):  # blocks of 64 or 128 elements span 2 or 4 lanes
+                if s < npc_log2 - 5:
+                    amax[0] = T.max(amax[0], T.shfl_xor(amax[0], 1 << s))
+            block_scale(amax[0], T.float32(floor), fmax, round_sf, packed, sf, multiplier, 0)
+            factor = scale[0] * multiplier[0]
+
+            block = col >> npc_log2
+            if active and (tid & ((1 << (npc_log2 - 5)) - 1)) == 0:
+                if packed:
+                    if (block >> 2) < num_sf_words:
+                        out_sf[block >> 2, row * 4 + (block & 3)] = T.Cast(T.uint8, sf[0])
+                        # The last block of a row zeroes the rest of its word (deterministic output).
+                        if (block + 1) << npc_log2 >= hidden:
+                            for b in T.unroll(1, 4):
+                                if (block & 3) + b < 4:
+                                    out_sf[block >> 2, row * 4 + (block & 3) + b] = T.uint8(0)
+                elif block < num_sf_blocks:
+                    out_sf[row, block] = sf[0]
+            if active:
+                for e in T.unroll(out_bytes):
+                    if out_fp4:
+                        result[e] = T.Cast(T.int8, e2m1_code(values[2 * e] * factor) | (e2m1_code(values[2 * e + 1] * factor) << 4))
+                    else:
+                        result[e] = T.Cast(T.float8_e4m3fn, values[e] * factor)
+                for e in T.vectorized(out_bytes):
+                    out[row, (col // 2 if out_fp4 else col) + e] = result[e]
+
+    return KernelProgram(per_token_requant, alignment={'x': 16, 'x_sf': 1 if in_packed else 4, 'out': 16, 'out_sf': 1 if packed else 4})
+
+
+def prebuilt():
+    for in_fmt in FORMATS:
+        for fmt in FORMATS:
+            for sf_format in SF_FORMATS:
+                yield dict(in_fmt=in_fmt, fmt=fmt, in_sf_format=sf_format, sf_format=sf_format)
+
+
+DECL = KernelDecl(
+    name='quant.per_token_requant',
+    params=(param('in_fmt', 'str', 'in'), param('fmt', 'str', ''), param('in_sf_format', 'str', 'insf'), param('sf_format', 'str', 'sf')),
+    factory=build,
+    prebuilt=prebuilt,
+    check=check,
+    pass_configs={'tl.disable_warp_specialized': True, 'tl.enable_lower_ldgstg': True, 'tl.disable_safe_memory_legalize': True},
+)
