@@ -54,7 +54,8 @@ def build(arch: Arch, fmt: str, out_dtype: str, sf_format: str, num_threads: int
     sf_word_stride = T.dynamic('sf_word_stride')
     in_type = T.Tensor[(num_tokens, packed_hidden), T.int8] if fp4 else T.Tensor[(num_tokens, hidden), T.float8_e4m3fn]
     if packed:
-        sf_type = T.StridedTensor[(num_sf_words, num_sf_rows * 4), (sf_word_stride, 1), T.uint8]
+        sf_row_bytes = T.dynamic('sf_row_bytes')  # 4 * the rows: no other buffer binds them
+        sf_type = T.StridedTensor[(num_sf_words, sf_row_bytes), (sf_word_stride, 1), T.uint8]
     else:
         sf_type = T.StridedTensor[(num_sf_rows, num_sf_blocks), (sf_stride_t, sf_stride_k), T.float32]
 
@@ -98,11 +99,11 @@ def build(arch: Arch, fmt: str, out_dtype: str, sf_format: str, num_threads: int
                 block = T.Cast('int32', (T.Cast('int64', col // VECTOR_ELEMS) * block_magic) >> T.Cast('int64', block_shift))
                 sf_row = row >> sf_row_shift
                 sf[j] = T.float32(0)
-                if row < num_tokens and col < hidden and sf_row < num_sf_rows:
+                if row < num_tokens and col < hidden:
                     if packed:
-                        if (block >> 2) < num_sf_words:
+                        if (block >> 2) < num_sf_words and sf_row * 4 < sf_row_bytes:
                             sf[j] = T.reinterpret(T.Cast('uint32', x_sf[block >> 2, sf_row * 4 + (block & 3)]) << T.uint32(23), T.float32)
-                    elif block < num_sf_blocks:
+                    elif block < num_sf_blocks and sf_row < num_sf_rows:
                         sf[j] = x_sf[sf_row, block]
             for j in T.unroll(num_vectors):
                 row, col = where(pid, j, tid, vectors_per_row, row_magic, row_shift)

@@ -32,11 +32,12 @@ def check(in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) -> None:
             raise ValueError(f'{name} must be one of {sorted(allowed)}, got {value!r}')
 
 
-def _sf_tensor(packed: bool, rows, blocks, words, word_stride, stride_t, stride_k):
+def _sf_tensor(packed: bool, rows, blocks, words, word_stride, stride_t, stride_k, row_bytes=None):
     """Scale factors as the kernels read and write them: float32 [rows, blocks] in any strides, or the bytes
-    of packed UE8M0 words (word w of row r is bytes [4r, 4r + 4) of row w)."""
+    of packed UE8M0 words (word w of row r is bytes [4r, 4r + 4) of row w; `row_bytes` = 4 * rows, its own
+    variable where no other buffer binds the rows)."""
     if packed:
-        return T.StridedTensor[(words, rows * 4), (word_stride, 1), T.uint8]
+        return T.StridedTensor[(words, rows * 4 if row_bytes is None else row_bytes), (word_stride, 1), T.uint8]
     return T.StridedTensor[(rows, blocks), (stride_t, stride_k), T.float32]
 
 
@@ -52,8 +53,9 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) 
     row_stride = T.dynamic('row_stride')
     hidden = in_width * 2 if in_fp4 else in_width
     num_in_sf_rows, num_in_sf_blocks, num_in_sf_words = T.dynamic('num_in_sf_rows'), T.dynamic('num_in_sf_blocks'), T.dynamic('num_in_sf_words')
+    in_sf_row_bytes = T.dynamic('in_sf_row_bytes')
     in_sf_type = _sf_tensor(in_packed, num_in_sf_rows, num_in_sf_blocks, num_in_sf_words,
-                            T.dynamic('in_sf_word_stride'), T.dynamic('in_sf_stride_t'), T.dynamic('in_sf_stride_k'))
+                            T.dynamic('in_sf_word_stride'), T.dynamic('in_sf_stride_t'), T.dynamic('in_sf_stride_k'), in_sf_row_bytes)
     num_sf_blocks, num_sf_words = T.dynamic('num_sf_blocks'), T.dynamic('num_sf_words')
     sf_type = _sf_tensor(packed, num_tokens, num_sf_blocks, num_sf_words, T.dynamic('sf_word_stride'),
                         T.dynamic('sf_stride_t'), T.dynamic('sf_stride_k'))
@@ -97,7 +99,7 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) 
                 for e in T.vectorized(in_bytes):
                     data[e] = x[row, (col // 2 if in_fp4 else col) + e]
                 if in_packed:
-                    if (in_block >> 2) < num_in_sf_words and in_row < num_in_sf_rows:
+                    if (in_block >> 2) < num_in_sf_words and in_row * 4 < in_sf_row_bytes:
                         scale[0] = T.reinterpret(T.Cast('uint32', x_sf[in_block >> 2, in_row * 4 + (in_block & 3)]) << T.uint32(23), T.float32)
                 elif in_row < num_in_sf_rows and in_block < num_in_sf_blocks:
                     scale[0] = x_sf[in_row, in_block]
