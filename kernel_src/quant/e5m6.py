@@ -19,12 +19,15 @@ other bytes are zero (the packed layout, one block per row).
 
 The cast back dequantises out = float(half(code)) * sf (rounded once to the output dtype) with scale
 factors of (1, n) blocks, n a multiple of 8, float32 in any strides or packed UE8M0; it walks the flat
-sequence of 32-channel chunks of all rows, 4 chunks a thread, the row of a chunk found by a host-computed
-multiply-shift, as quant.per_token_cast does.
+sequence of 32-channel chunks of all rows (the row of a chunk found by a host-computed multiply-shift, as
+quant.per_token_cast does), a lane decoding one group of 8 channels (3 words in, 16 or 32 bytes out) and
+the 32 lanes of a warp 32 adjacent groups, so that every load and store instruction of a warp covers one
+contiguous span (lanes that each own a 32-channel chunk made each instruction touch twice the sectors).
 
-`aligned` variants need a 16-byte aligned input pointer and row stride and hidden % 32 == 0, and move 16
-bytes per access; the others load element by element (the cast) or word by word (the cast back) and
-mask each group of 8 channels, so any hidden divisible by 8 works.
+`aligned` variants need a 16-byte aligned input pointer and row stride and hidden % 32 == 0. The cast's
+moves 16 bytes per access; the other loads element by element and masks each group of 8 channels, so any
+hidden divisible by 8 works. The cast back reads each group as 3 words in both (a group's 12 bytes are
+only 4-byte aligned); its aligned variant just drops the column mask, a chunk never crossing a row end.
 """
 
 import tilelang  # noqa: F401  (before tvm: it sets up the tvm that tilelang ships)
@@ -38,7 +41,8 @@ CHUNK = 32  # channels per chunk: 4 groups of 8 codes, 12 words
 OUT_DTYPES = ('bfloat16', 'float32')
 CHUNKS_PER_THREAD = {'bfloat16': 2, 'float32': 2}  # the cast: 32 or 64 registers of row data a thread
 E5M6_MAX, AMAX_FLOOR = 65024.0, 1e-4
-BACK_CHUNKS = 4  # the cast back: chunks a thread
+GROUPS_PER_CHUNK = CHUNK // 8  # groups of 8 channels (3 packed words)
+BACK_GROUPS = 8  # the cast back: groups a thread, 24 words of loads in flight
 
 
 def max_hidden(in_dtype: str) -> int:
@@ -193,7 +197,8 @@ def build_cast(arch: Arch, in_dtype: str, sf_format: str, aligned: bool) -> Kern
 def build_back(arch: Arch, out_dtype: str, sf_format: str, aligned: bool) -> KernelProgram:
     packed = sf_format == 'ue8m0'
     out_epv = 16 // (2 if out_dtype == 'bfloat16' else 4)  # output channels per 16-byte vector
-    slots = NUM_THREADS * BACK_CHUNKS
+    groups = BACK_GROUPS
+    cta_chunks = NUM_THREADS * groups // GROUPS_PER_CHUNK  # chunks of 32 channels a CTA
 
     num_tokens = T.dynamic('num_tokens')
     hidden = T.dynamic('hidden')
@@ -208,13 +213,19 @@ def build_back(arch: Arch, out_dtype: str, sf_format: str, aligned: bool) -> Ker
     else:
         sf_type = T.StridedTensor[(num_tokens, num_sf_cols), (sf_stride_t, sf_stride_k), T.float32]
 
-    # Chunk j of a thread is flat chunk pid * slots + j * 128 + tid; its row comes from a multiply-shift
-    # (exact below 2^31 chunks, which the op checks); chunks past the last row get a row of num_tokens or
-    # more, which the masks treat as inactive. Plain expressions, so that tilelang can prove alignments.
-    def where(pid, j, tid, chunks_per_row, row_magic, row_shift):
-        v = pid * slots + j * NUM_THREADS + tid
-        row = T.Cast('int32', (T.Cast('int64', v) * row_magic) >> T.Cast('int64', row_shift))
-        return row, (v - row * chunks_per_row) * CHUNK
+    # Group i of a thread (8 channels, 3 words in, one or two 16-byte vectors out) is group g = tid % 4 of
+    # flat chunk v = pid * cta_chunks + i * 32 + tid // 4, so a warp's lanes cover 32 adjacent groups (8
+    # adjacent chunks, one span of 384 bytes in and 512 or 1024 out when the row does not end among them).
+    # The row of a chunk comes from a 32 x 32 -> 64-bit multiply and a shift (row_magic < 2^32 and
+    # v < 2^31, which the op checks); chunks past the last row get a row of num_tokens or more, which
+    # the masks treat as inactive. Row and group column are computed once into int32 registers.
+    @T.macro
+    def locate(pid, tid, rows, group_cols, chunks_per_row, row_magic, row_shift):
+        for i in T.unroll(groups):
+            v = pid * cta_chunks + i * (NUM_THREADS // GROUPS_PER_CHUNK) + tid // GROUPS_PER_CHUNK
+            rows[i] = T.Cast('int32', (T.Cast('uint64', T.Cast('uint32', v)) * T.Cast('uint64', T.Cast('uint32', row_magic)))
+                             >> T.Cast('uint64', row_shift))
+            group_cols[i] = (v - rows[i] * chunks_per_row) * GROUPS_PER_CHUNK + tid % GROUPS_PER_CHUNK
 
     # `out` comes first so that the launcher binds `hidden` from it and checks x's shape against it.
     @T.prim_func
@@ -228,47 +239,43 @@ def build_back(arch: Arch, out_dtype: str, sf_format: str, aligned: bool) -> Ker
         block_magic: T.int64,
         block_shift: T.int32,
     ):
-        with T.Kernel(T.ceildiv(num_tokens * chunks_per_row, slots), threads=NUM_THREADS) as pid:
+        with T.Kernel(T.ceildiv(num_tokens * chunks_per_row, cta_chunks), threads=NUM_THREADS) as pid:
             T.assume(hidden % 8 == 0)
             if aligned:
                 T.assume(hidden % CHUNK == 0)
             tid = T.get_thread_binding()
-            words = T.alloc_local((BACK_CHUNKS, 12), T.uint32)
+            rows = T.alloc_local((groups,), T.int32)
+            group_cols = T.alloc_local((groups,), T.int32)
+            words = T.alloc_local((groups, 3), T.uint32)
+            scales = T.alloc_local((groups,), T.float32)
             result = T.alloc_local((8,), out_dtype)
             halves = T.alloc_local((8,), T.uint32)
-            scale = T.alloc_var(T.float32)
 
-            for j in T.unroll(BACK_CHUNKS):
-                row, col = where(pid, j, tid, chunks_per_row, row_magic, row_shift)
-                if row < num_tokens:
-                    if aligned:
-                        if col < hidden:
-                            for q in T.unroll(3):
-                                for k in T.vectorized(4):
-                                    words[j, q * 4 + k] = x[row, col // 8 * 3 + q * 4 + k]
+            locate(pid, tid, rows, group_cols, chunks_per_row, row_magic, row_shift)
+            # Every load first (3 words and the scale factor of each group), then the arithmetic.
+            for i in T.unroll(groups):
+                # With hidden % 32 == 0 every group of a row's chunks is inside the row.
+                if rows[i] < num_tokens and (aligned or group_cols[i] * 8 < hidden):
+                    for k in T.unroll(3):
+                        words[i, k] = x[T.Cast('int64', rows[i]), group_cols[i] * 3 + k]
+                    # The block of the group's channels (a block holds whole groups: n % 8 == 0), by the same
+                    # unsigned 32 x 32 -> 64-bit multiply-shift (block_magic < 2^32, the column < 2^31).
+                    block = T.Cast('int32', (T.Cast('uint64', T.Cast('uint32', group_cols[i] * 8)) * T.Cast('uint64', T.Cast('uint32', block_magic)))
+                                   >> T.Cast('uint64', block_shift))
+                    if packed:
+                        scales[i] = T.reinterpret(T.Cast(T.uint32, x_sf[block >> 2, rows[i] * 4 + (block & 3)]) << T.uint32(23), T.float32)
                     else:
-                        for g in T.unroll(CHUNK // 8):
-                            if col + g * 8 < hidden:
-                                for k in T.unroll(3):
-                                    words[j, g * 3 + k] = x[row, (col + g * 8) // 8 * 3 + k]
+                        scales[i] = x_sf[rows[i], block]
 
-            for j in T.unroll(BACK_CHUNKS):
-                row, col = where(pid, j, tid, chunks_per_row, row_magic, row_shift)
-                for g in T.unroll(CHUNK // 8):
-                    if row < num_tokens and col + g * 8 < hidden:
-                        # The block of the group's channels (a block holds whole groups: n % 8 == 0).
-                        block = T.Cast('int32', (T.Cast('int64', col + g * 8) * block_magic) >> T.Cast('int64', block_shift))
-                        if packed:
-                            scale = T.reinterpret(T.Cast(T.uint32, x_sf[block >> 2, row * 4 + (block & 3)]) << T.uint32(23), T.float32)
-                        else:
-                            scale = x_sf[row, block]
-                        unpack_halves(words, j, g * 3, halves)
-                        for e in T.unroll(8):
-                            value = T.Cast('float32', T.reinterpret(T.Cast(T.uint16, halves[e]), T.float16))
-                            result[e] = T.Cast(out_dtype, value * scale)
-                        for v in T.unroll(8 // out_epv):
-                            for e in T.vectorized(out_epv):
-                                out[row, col + g * 8 + v * out_epv + e] = result[v * out_epv + e]
+            for i in T.unroll(groups):
+                if rows[i] < num_tokens and (aligned or group_cols[i] * 8 < hidden):
+                    unpack_halves(words, i, 0, halves)
+                    for e in T.unroll(8):
+                        value = T.Cast('float32', T.reinterpret(T.Cast(T.uint16, halves[e]), T.float16))
+                        result[e] = T.Cast(out_dtype, value * scales[i])
+                    for v in T.unroll(8 // out_epv):
+                        for e in T.vectorized(out_epv):
+                            out[T.Cast('int64', rows[i]), group_cols[i] * 8 + v * out_epv + e] = result[v * out_epv + e]
 
     return KernelProgram(cast_back_e5m6, alignment={'x': 16 if aligned else 4, 'x_sf': 1 if packed else 4, 'out': 16})
 
