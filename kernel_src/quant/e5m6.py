@@ -11,11 +11,13 @@ w2 = h5 << 24 | h6 << 12 | h7. Decoding puts each code in the top 12 bits of a h
 The cast has one scale factor per row (num_per_channels == hidden, as upstream requires): amax over the
 row, clamped = max(amax, 1e-4), sf = clamped / 65024, multiplier 65024 / clamped, or with round_sf (run
 time) sf rounded up to a power of two and the multiplier its exact inverse; the data is e5m6(x * multiplier).
-A CTA of 128 threads owns a row; thread t holds chunks t, t + 128, ... of 32 channels (four groups
-of 8 codes, 48 output bytes) in registers, so a row is read once: at most 2 chunks a thread (8192 channels;
-4 chunks of bfloat16 needed 254 registers a thread). The scale factor is float32 (one per token, any token stride:
-row-major and column-major layouts alike) or a UE8M0 exponent in the low byte of an int32 word whose
-other bytes are zero (the packed layout, one block per row).
+A CTA of 128 threads owns a row; thread t holds groups t, t + 128, ... of 8 channels (8 codes, 3 output
+words) in registers, so a row is read once: at most 8 groups a thread (8192 channels). Adjacent lanes hold
+adjacent groups, so each warp load (one or two 16-byte vectors a lane) and each of the 3 word stores is one
+contiguous span; lanes owning 32-channel chunks made every instruction touch about twice the sectors.
+The scale factor is float32 (one per token, any token stride: row-major and column-major layouts alike)
+or a UE8M0 exponent in the low byte of an int32 word whose other bytes are zero (the packed layout, one
+block per row).
 
 The cast back dequantises out = float(half(code)) * sf (rounded once to the output dtype) with scale
 factors of (1, n) blocks, n a multiple of 8, float32 in any strides or packed UE8M0; it walks the flat
@@ -39,15 +41,15 @@ from kernel_src.quant.common import IN_DTYPES, SF_FORMATS, ceil_pow2_exponent, i
 NUM_THREADS = 128
 CHUNK = 32  # channels per chunk: 4 groups of 8 codes, 12 words
 OUT_DTYPES = ('bfloat16', 'float32')
-CHUNKS_PER_THREAD = {'bfloat16': 2, 'float32': 2}  # the cast: 32 or 64 registers of row data a thread
-E5M6_MAX, AMAX_FLOOR = 65024.0, 1e-4
 GROUPS_PER_CHUNK = CHUNK // 8  # groups of 8 channels (3 packed words)
+GROUPS_PER_THREAD = 8  # the cast: rows of up to 128 * 8 groups (8192 channels); 32 or 64 registers of row data
+E5M6_MAX, AMAX_FLOOR = 65024.0, 1e-4
 BACK_GROUPS = 8  # the cast back: groups a thread, 24 words of loads in flight
 
 
 def max_hidden(in_dtype: str) -> int:
     """The widest row the cast holds in registers."""
-    return NUM_THREADS * CHUNK * CHUNKS_PER_THREAD[in_dtype]
+    return NUM_THREADS * 8 * GROUPS_PER_THREAD
 
 
 def check_cast(in_dtype: str, sf_format: str, aligned: bool) -> None:
@@ -97,7 +99,7 @@ def unpack_halves(words, j, w0, h):
 
 def build_cast(arch: Arch, in_dtype: str, sf_format: str, aligned: bool) -> KernelProgram:
     epv = 16 // IN_DTYPES[in_dtype]  # channels per 16-byte vector
-    chunks = CHUNKS_PER_THREAD[in_dtype]
+    groups = GROUPS_PER_THREAD
     packed = sf_format == 'ue8m0'
     num_warps = NUM_THREADS // 32
 
@@ -120,37 +122,37 @@ def build_cast(arch: Arch, in_dtype: str, sf_format: str, aligned: bool) -> Kern
             T.annotate_min_blocks_per_sm(4)
             T.assume(hidden % 8 == 0)
             if aligned:
-                T.assume(hidden % CHUNK == 0)
                 T.assume(row_stride % epv == 0)
             tid = T.get_thread_binding()
-            values = T.alloc_local((chunks, CHUNK), in_dtype)
+            values = T.alloc_local((groups, 8), in_dtype)
             amax = T.alloc_var(T.float32)
             multiplier = T.alloc_var(T.float32)
             sf = T.alloc_var(T.float32)
             codes = T.alloc_local((8,), T.uint32)
-            words = T.alloc_local((12,), T.uint32)
+            words = T.alloc_local((3,), T.uint32)
             red = T.alloc_shared((num_warps,), T.float32)
 
-            # Chunk j of the thread starts at channel (j * 128 + tid) * 32.
-            for j in T.unroll(chunks):
-                col = (j * NUM_THREADS + tid) * CHUNK
-                for g in T.unroll(CHUNK // 8):
-                    if col + g * 8 < hidden:
-                        if aligned:
-                            for v in T.unroll(8 // epv):
-                                for e in T.vectorized(epv):
-                                    values[j, g * 8 + v * epv + e] = x[row, col + g * 8 + v * epv + e]
-                        else:
-                            for e in T.unroll(8):
-                                values[j, g * 8 + e] = x[row, col + g * 8 + e]
+            # Group i of the thread is channels [(i * 128 + tid) * 8, +8): a warp's lanes cover adjacent
+            # groups, so each load (16 bytes a lane, or 2 bytes a lane per channel) and each store (12 bytes
+            # a lane, as three words) of a warp is one contiguous span.
+            for i in T.unroll(groups):
+                group = i * NUM_THREADS + tid
+                if group * 8 < hidden:
+                    if aligned:
+                        for v in T.unroll(8 // epv):
+                            for e in T.vectorized(epv):
+                                values[i, v * epv + e] = x[row, group * 8 + v * epv + e]
                     else:
-                        for e in T.vectorized(8):
-                            values[j, g * 8 + e] = T.cast(0, in_dtype)  # zeros cannot raise the amax
+                        for e in T.unroll(8):
+                            values[i, e] = x[row, group * 8 + e]
+                else:
+                    for e in T.vectorized(8):
+                        values[i, e] = T.cast(0, in_dtype)  # zeros cannot raise the amax
 
             amax = T.float32(0)
-            for j in T.unroll(chunks):
-                for e in T.unroll(CHUNK):
-                    amax = T.max(amax, T.abs(T.Cast('float32', values[j, e])))
+            for i in T.unroll(groups):
+                for e in T.unroll(8):
+                    amax = T.max(amax, T.abs(T.Cast('float32', values[i, e])))
             for s in T.unroll(5):
                 amax = T.max(amax, T.shfl_xor(amax, 16 >> s))
             if tid % 32 == 0:
@@ -174,22 +176,14 @@ def build_cast(arch: Arch, in_dtype: str, sf_format: str, aligned: bool) -> Kern
                 if tid == 0:
                     out_sf[row] = sf
 
-            for j in T.unroll(chunks):
-                col = (j * NUM_THREADS + tid) * CHUNK
-                for g in T.unroll(CHUNK // 8):
+            for i in T.unroll(groups):
+                group = i * NUM_THREADS + tid
+                if group * 8 < hidden:
                     for e in T.unroll(8):
-                        codes[e] = e5m6_code(T.Cast('float32', values[j, g * 8 + e]) * multiplier)
-                    pack_words(codes, words, g * 3)
-                if aligned:
-                    if col < hidden:
-                        for q in T.unroll(3):
-                            for k in T.vectorized(4):
-                                out[row, col // 8 * 3 + q * 4 + k] = words[q * 4 + k]
-                else:
-                    for g in T.unroll(CHUNK // 8):
-                        if col + g * 8 < hidden:
-                            for k in T.unroll(3):
-                                out[row, (col + g * 8) // 8 * 3 + k] = words[g * 3 + k]
+                        codes[e] = e5m6_code(T.Cast('float32', values[i, e]) * multiplier)
+                    pack_words(codes, words, 0)
+                    for k in T.unroll(3):
+                        out[row, group * 3 + k] = words[k]
 
     return KernelProgram(per_token_cast_to_e5m6, alignment={'x': 16 if aligned else IN_DTYPES[in_dtype], 'out': 16, 'out_sf': 4})
 
