@@ -22,14 +22,15 @@ block per row).
 The cast back dequantises out = float(half(code)) * sf (rounded once to the output dtype) with scale
 factors of (1, n) blocks, n a multiple of 8, float32 in any strides or packed UE8M0; it walks the flat
 sequence of 32-channel chunks of all rows (the row of a chunk found by a host-computed multiply-shift, as
-quant.per_token_cast does), a lane decoding one group of 8 channels (3 words in, 16 or 32 bytes out) and
-the 32 lanes of a warp 32 adjacent groups, so that every load and store instruction of a warp covers one
-contiguous span (lanes that each own a 32-channel chunk made each instruction touch twice the sectors).
+quant.per_token_cast does), a lane decoding one 16-byte output vector (a group of 8 channels from its 3
+words for bfloat16; half a group from 2 of its words for float32) and the 32 lanes of a warp 32 adjacent
+vectors, so that every load and store instruction of a warp covers one contiguous span (lanes that each
+owned a 32-channel chunk made each instruction touch twice the sectors it filled).
 
 `aligned` variants need a 16-byte aligned input pointer and row stride and hidden % 32 == 0. The cast's
 moves 16 bytes per access; the other loads element by element and masks each group of 8 channels, so any
-hidden divisible by 8 works. The cast back reads each group as 3 words in both (a group's 12 bytes are
-only 4-byte aligned); its aligned variant just drops the column mask, a chunk never crossing a row end.
+hidden divisible by 8 works. The cast back reads words one by one in both (a group's 12 bytes are only
+4-byte aligned); its aligned variant just drops the column mask, a chunk never crossing a row end.
 """
 
 import tilelang  # noqa: F401  (before tvm: it sets up the tvm that tilelang ships)
@@ -44,7 +45,7 @@ OUT_DTYPES = ('bfloat16', 'float32')
 GROUPS_PER_CHUNK = CHUNK // 8  # groups of 8 channels (3 packed words)
 GROUPS_PER_THREAD = 8  # the cast: rows of up to 128 * 8 groups (8192 channels); 32 or 64 registers of row data
 E5M6_MAX, AMAX_FLOOR = 65024.0, 1e-4
-BACK_GROUPS = 8  # the cast back: groups a thread, 24 words of loads in flight
+BACK_UNITS = 8  # the cast back: 16-byte output vectors a thread (24 or 16 words of loads in flight)
 
 
 def max_hidden(in_dtype: str) -> int:
@@ -85,16 +86,22 @@ def pack_words(h, words, w0):
 
 
 @T.macro
-def unpack_halves(words, j, w0, h):
-    """h[0..8): the half-precision bit patterns (the code in bits 4..15) of words[j, w0..w0+2]."""
-    h[0] = (words[j, w0] >> T.uint32(16)) & T.uint32(0xFFF0)
-    h[1] = (words[j, w0] >> T.uint32(4)) & T.uint32(0xFFF0)
-    h[2] = ((words[j, w0] << T.uint32(8)) | (words[j, w0 + 1] >> T.uint32(24))) & T.uint32(0xFFF0)
-    h[3] = (words[j, w0 + 1] >> T.uint32(12)) & T.uint32(0xFFF0)
-    h[4] = words[j, w0 + 1] & T.uint32(0xFFF0)
-    h[5] = ((words[j, w0 + 1] << T.uint32(12)) | (words[j, w0 + 2] >> T.uint32(20))) & T.uint32(0xFFF0)
-    h[6] = (words[j, w0 + 2] >> T.uint32(8)) & T.uint32(0xFFF0)
-    h[7] = (words[j, w0 + 2] << T.uint32(4)) & T.uint32(0xFFF0)
+def unpack_first_half(words, j, h):
+    """h[0..4): the half-precision bit patterns (the code in bits 4..15) of codes 0..3 of a group, the top
+    48 bits of its words 0 and 1 (words[j, 0..1])."""
+    h[0] = (words[j, 0] >> T.uint32(16)) & T.uint32(0xFFF0)
+    h[1] = (words[j, 0] >> T.uint32(4)) & T.uint32(0xFFF0)
+    h[2] = ((words[j, 0] << T.uint32(8)) | (words[j, 1] >> T.uint32(24))) & T.uint32(0xFFF0)
+    h[3] = (words[j, 1] >> T.uint32(12)) & T.uint32(0xFFF0)
+
+
+@T.macro
+def unpack_second_half(words, j, h):
+    """h[4..8): the same for codes 4..7, the low 48 bits of words 1 and 2 (words[j, 1..2])."""
+    h[4] = words[j, 1] & T.uint32(0xFFF0)
+    h[5] = ((words[j, 1] << T.uint32(12)) | (words[j, 2] >> T.uint32(20))) & T.uint32(0xFFF0)
+    h[6] = (words[j, 2] >> T.uint32(8)) & T.uint32(0xFFF0)
+    h[7] = (words[j, 2] << T.uint32(4)) & T.uint32(0xFFF0)
 
 
 def build_cast(arch: Arch, in_dtype: str, sf_format: str, aligned: bool) -> KernelProgram:
@@ -190,9 +197,14 @@ def build_cast(arch: Arch, in_dtype: str, sf_format: str, aligned: bool) -> Kern
 
 def build_back(arch: Arch, out_dtype: str, sf_format: str, aligned: bool) -> KernelProgram:
     packed = sf_format == 'ue8m0'
-    out_epv = 16 // (2 if out_dtype == 'bfloat16' else 4)  # output channels per 16-byte vector
-    groups = BACK_GROUPS
-    cta_chunks = NUM_THREADS * groups // GROUPS_PER_CHUNK  # chunks of 32 channels a CTA
+    # A lane decodes one 16-byte output vector: a whole group (bfloat16), or half a group (float32, the
+    # two halves on adjacent lanes), so that the 16-byte stores of a warp are one contiguous 512 bytes.
+    unit_channels = 16 // (2 if out_dtype == 'bfloat16' else 4)
+    lanes_per_group = 8 // unit_channels
+    units_per_chunk = GROUPS_PER_CHUNK * lanes_per_group
+    unit_words = 3 if lanes_per_group == 1 else 2  # the words that hold a unit's codes
+    units = BACK_UNITS
+    cta_chunks = NUM_THREADS * units // units_per_chunk  # chunks of 32 channels a CTA
 
     num_tokens = T.dynamic('num_tokens')
     hidden = T.dynamic('hidden')
@@ -207,19 +219,19 @@ def build_back(arch: Arch, out_dtype: str, sf_format: str, aligned: bool) -> Ker
     else:
         sf_type = T.StridedTensor[(num_tokens, num_sf_cols), (sf_stride_t, sf_stride_k), T.float32]
 
-    # Group i of a thread (8 channels, 3 words in, one or two 16-byte vectors out) is group g = tid % 4 of
-    # flat chunk v = pid * cta_chunks + i * 32 + tid // 4, so a warp's lanes cover 32 adjacent groups (8
-    # adjacent chunks, one span of 384 bytes in and 512 or 1024 out when the row does not end among them).
-    # The row of a chunk comes from a 32 x 32 -> 64-bit multiply and a shift (row_magic < 2^32 and
-    # v < 2^31, which the op checks); chunks past the last row get a row of num_tokens or more, which
-    # the masks treat as inactive. Row and group column are computed once into int32 registers.
+    # Unit i of a thread is unit tid % units_per_chunk of flat chunk
+    # v = pid * cta_chunks + i * (128 / units_per_chunk) + tid / units_per_chunk, so a warp's lanes cover
+    # 32 adjacent units (one span of 512 bytes out, and of 384 or 192 bytes in, when no row ends among
+    # them). The row of a chunk comes from a 32 x 32 -> 64-bit multiply and a shift (row_magic < 2^32 and
+    # v < 2^31, which the op checks); chunks past the last row get a row of num_tokens or more, which the
+    # masks treat as inactive. Row and group column are computed once into int32 registers.
     @T.macro
     def locate(pid, tid, rows, group_cols, chunks_per_row, row_magic, row_shift):
-        for i in T.unroll(groups):
-            v = pid * cta_chunks + i * (NUM_THREADS // GROUPS_PER_CHUNK) + tid // GROUPS_PER_CHUNK
+        for i in T.unroll(units):
+            v = pid * cta_chunks + i * (NUM_THREADS // units_per_chunk) + tid // units_per_chunk
             rows[i] = T.Cast('int32', (T.Cast('uint64', T.Cast('uint32', v)) * T.Cast('uint64', T.Cast('uint32', row_magic)))
                              >> T.Cast('uint64', row_shift))
-            group_cols[i] = (v - rows[i] * chunks_per_row) * GROUPS_PER_CHUNK + tid % GROUPS_PER_CHUNK
+            group_cols[i] = (v - rows[i] * chunks_per_row) * GROUPS_PER_CHUNK + tid % units_per_chunk // lanes_per_group
 
     # `out` comes first so that the launcher binds `hidden` from it and checks x's shape against it.
     @T.prim_func
@@ -238,20 +250,22 @@ def build_back(arch: Arch, out_dtype: str, sf_format: str, aligned: bool) -> Ker
             if aligned:
                 T.assume(hidden % CHUNK == 0)
             tid = T.get_thread_binding()
-            rows = T.alloc_local((groups,), T.int32)
-            group_cols = T.alloc_local((groups,), T.int32)
-            words = T.alloc_local((groups, 3), T.uint32)
-            scales = T.alloc_local((groups,), T.float32)
-            result = T.alloc_local((8,), out_dtype)
-            halves = T.alloc_local((8,), T.uint32)
+            half = tid % lanes_per_group  # float32: which half of its group the lane decodes
+            rows = T.alloc_local((units,), T.int32)
+            group_cols = T.alloc_local((units,), T.int32)
+            words = T.alloc_local((units, unit_words), T.uint32)
+            scales = T.alloc_local((units,), T.float32)
+            result = T.alloc_local((unit_channels,), out_dtype)
+            halves = T.alloc_local((unit_channels,), T.uint32)
 
             locate(pid, tid, rows, group_cols, chunks_per_row, row_magic, row_shift)
-            # Every load first (3 words and the scale factor of each group), then the arithmetic.
-            for i in T.unroll(groups):
+            # Every load first (the unit's words and its scale factor), then the arithmetic.
+            for i in T.unroll(units):
                 # With hidden % 32 == 0 every group of a row's chunks is inside the row.
                 if rows[i] < num_tokens and (aligned or group_cols[i] * 8 < hidden):
-                    for k in T.unroll(3):
-                        words[i, k] = x[T.Cast('int64', rows[i]), group_cols[i] * 3 + k]
+                    # Codes 0..3 of a group lie in words 0..1 (bits 31..8), codes 4..7 in words 1..2 (bits 15..0).
+                    for k in T.unroll(unit_words):
+                        words[i, k] = x[T.Cast('int64', rows[i]), group_cols[i] * 3 + half + k]
                     # The block of the group's channels (a block holds whole groups: n % 8 == 0), by the same
                     # unsigned 32 x 32 -> 64-bit multiply-shift (block_magic < 2^32, the column < 2^31).
                     block = T.Cast('int32', (T.Cast('uint64', T.Cast('uint32', group_cols[i] * 8)) * T.Cast('uint64', T.Cast('uint32', block_magic)))
@@ -261,15 +275,24 @@ def build_back(arch: Arch, out_dtype: str, sf_format: str, aligned: bool) -> Ker
                     else:
                         scales[i] = x_sf[rows[i], block]
 
-            for i in T.unroll(groups):
+            for i in T.unroll(units):
                 if rows[i] < num_tokens and (aligned or group_cols[i] * 8 < hidden):
-                    unpack_halves(words, i, 0, halves)
-                    for e in T.unroll(8):
+                    if lanes_per_group == 1:
+                        unpack_first_half(words, i, halves)
+                        unpack_second_half(words, i, halves)
+                    else:
+                        # Codes 4..7 sit in words 1..2 exactly 16 bits below where codes 0..3 sit in words
+                        # 0..1: the second half's lane shifts its word pair left by 16 (a funnel shift) and
+                        # decodes it as a first half.
+                        shift = T.Cast(T.uint32, half * 16)
+                        words[i, 0] = T.call_extern(T.uint32, '__funnelshift_l', words[i, 1], words[i, 0], shift)
+                        words[i, 1] = words[i, 1] << shift
+                        unpack_first_half(words, i, halves)
+                    for e in T.unroll(unit_channels):
                         value = T.Cast('float32', T.reinterpret(T.Cast(T.uint16, halves[e]), T.float16))
                         result[e] = T.Cast(out_dtype, value * scales[i])
-                    for v in T.unroll(8 // out_epv):
-                        for e in T.vectorized(out_epv):
-                            out[T.Cast('int64', rows[i]), group_cols[i] * 8 + v * out_epv + e] = result[v * out_epv + e]
+                    for e in T.vectorized(unit_channels):
+                        out[T.Cast('int64', rows[i]), group_cols[i] * 8 + half * unit_channels + e] = result[e]
 
     return KernelProgram(cast_back_e5m6, alignment={'x': 16 if aligned else 4, 'x_sf': 1 if packed else 4, 'out': 16})
 
