@@ -13,8 +13,9 @@ row, clamped = max(amax, 1e-4), sf = clamped / 65024, multiplier 65024 / clamped
 time) sf rounded up to a power of two and the multiplier its exact inverse; the data is e5m6(x * multiplier).
 A CTA of 128 threads owns a row; thread t holds groups t, t + 128, ... of 8 channels (8 codes, 3 output
 words) in registers, so a row is read once: at most 8 groups a thread (8192 channels). Adjacent lanes hold
-adjacent groups, so each warp load (one or two 16-byte vectors a lane) and each of the 3 word stores is one
-contiguous span; lanes owning 32-channel chunks made every instruction touch about twice the sectors.
+adjacent groups, so each warp load (one or two 16-byte vectors a lane) is one contiguous span (lanes owning
+32-channel chunks made every instruction touch about twice the sectors); the packed words go through
+shared memory and leave as 16-byte vectors (aligned) or words, adjacent across lanes.
 The scale factor is float32 (one per token, any token stride: row-major and column-major layouts alike)
 or a UE8M0 exponent in the low byte of an int32 word whose other bytes are zero (the packed layout, one
 block per row).
@@ -129,6 +130,7 @@ def build_cast(arch: Arch, in_dtype: str, sf_format: str, aligned: bool) -> Kern
             T.annotate_min_blocks_per_sm(4)
             T.assume(hidden % 8 == 0)
             if aligned:
+                T.assume(hidden % CHUNK == 0)
                 T.assume(row_stride % epv == 0)
             tid = T.get_thread_binding()
             values = T.alloc_local((groups, 8), in_dtype)
@@ -138,6 +140,7 @@ def build_cast(arch: Arch, in_dtype: str, sf_format: str, aligned: bool) -> Kern
             codes = T.alloc_local((8,), T.uint32)
             words = T.alloc_local((3,), T.uint32)
             red = T.alloc_shared((num_warps,), T.float32)
+            staged = T.alloc_shared((groups * NUM_THREADS * 3,), T.uint32)
 
             # Group i of the thread is channels [(i * 128 + tid) * 8, +8): a warp's lanes cover adjacent
             # groups, so each load (16 bytes a lane, or 2 bytes a lane per channel) and each store (12 bytes
@@ -183,6 +186,9 @@ def build_cast(arch: Arch, in_dtype: str, sf_format: str, aligned: bool) -> Kern
                 if tid == 0:
                     out_sf[row] = sf
 
+            # The words go through shared memory, so that the row is stored in 16-byte vectors (aligned: a
+            # row is a multiple of 12 words) or words, adjacent across lanes: writing a group's 3 words
+            # straight from its lane made each store instruction touch 3 times the sectors it filled.
             for i in T.unroll(groups):
                 group = i * NUM_THREADS + tid
                 if group * 8 < hidden:
@@ -190,7 +196,19 @@ def build_cast(arch: Arch, in_dtype: str, sf_format: str, aligned: bool) -> Kern
                         codes[e] = e5m6_code(T.Cast('float32', values[i, e]) * multiplier)
                     pack_words(codes, words, 0)
                     for k in T.unroll(3):
-                        out[row, group * 3 + k] = words[k]
+                        staged[group * 3 + k] = words[k]  # lanes 3 words apart: no bank conflicts
+            T.sync_threads()
+            if aligned:
+                for m in T.unroll(groups * 3 // 4):
+                    vector = m * NUM_THREADS + tid
+                    if vector * 4 < hidden // 8 * 3:
+                        for k in T.vectorized(4):
+                            out[row, vector * 4 + k] = staged[vector * 4 + k]
+            else:
+                for m in T.unroll(groups * 3):
+                    word = m * NUM_THREADS + tid
+                    if word < hidden // 8 * 3:
+                        out[row, word] = staged[word]
 
     return KernelProgram(per_token_cast_to_e5m6, alignment={'x': 16 if aligned else IN_DTYPES[in_dtype], 'out': 16, 'out_sf': 4})
 
