@@ -75,7 +75,10 @@ def e5m6_code(v):
     half_bits = T.Cast(T.uint32, T.call_extern(T.uint16, '__half_as_ushort', T.call_extern(T.float16, '__float2half_rz', v)))
     code = half_bits >> T.uint32(4)
     below = T.reinterpret(v, T.uint32) & T.uint32(0x1FFFF)  # the float32 bits below the 6 kept mantissa bits
-    return (code + T.Cast(T.uint32, (code & T.uint32(1)) + below > T.uint32(0x10000))) & T.uint32(0xFFF)
+    # Round up where (code & 1) + below > 0x10000: that sum is at most 0x20000, so adding 0x7FFEFFFF sets
+    # bit 31 exactly then; an add and a shift (folded into the final add) instead of a compare and a select.
+    round_up = ((code & T.uint32(1)) + below + T.uint32(0x7FFEFFFF)) >> T.uint32(31)
+    return (code + round_up) & T.uint32(0xFFF)
 
 
 @T.macro
