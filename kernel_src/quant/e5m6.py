@@ -11,20 +11,27 @@ w2 = h5 << 24 | h6 << 12 | h7. Decoding puts each code in the top 12 bits of a h
 The cast has one scale factor per row (num_per_channels == hidden, as upstream requires): amax over the
 row, clamped = max(amax, 1e-4), sf = clamped / 65024, multiplier 65024 / clamped, or with round_sf (run
 time) sf rounded up to a power of two and the multiplier its exact inverse; the data is e5m6(x * multiplier).
-A CTA of 128 threads owns a row; thread t holds chunks t, t + 128, ... of 32 channels (four groups
-of 8 codes, 48 output bytes) in registers, so a row is read once: at most 2 chunks a thread (8192 channels;
-4 chunks of bfloat16 needed 254 registers a thread). The scale factor is float32 (one per token, any token stride:
-row-major and column-major layouts alike) or a UE8M0 exponent in the low byte of an int32 word whose
-other bytes are zero (the packed layout, one block per row).
+A CTA of 128 threads owns a row; thread t holds groups t, t + 128, ... of 8 channels (8 codes, 3 output
+words) in registers, so a row is read once: at most 8 groups a thread (8192 channels). Adjacent lanes hold
+adjacent groups, so each warp load (one or two 16-byte vectors a lane) is one contiguous span (lanes owning
+32-channel chunks made every instruction touch about twice the sectors); the packed words go through
+shared memory and leave as 16-byte vectors (aligned) or words, adjacent across lanes.
+The scale factor is float32 (one per token, any token stride: row-major and column-major layouts alike)
+or a UE8M0 exponent in the low byte of an int32 word whose other bytes are zero (the packed layout, one
+block per row).
 
 The cast back dequantises out = float(half(code)) * sf (rounded once to the output dtype) with scale
 factors of (1, n) blocks, n a multiple of 8, float32 in any strides or packed UE8M0; it walks the flat
-sequence of 32-channel chunks of all rows, 4 chunks a thread, the row of a chunk found by a host-computed
-multiply-shift, as quant.per_token_cast does.
+sequence of 32-channel chunks of all rows (the row of a chunk found by a host-computed multiply-shift, as
+quant.per_token_cast does), a lane decoding one 16-byte output vector (a group of 8 channels from its 3
+words for bfloat16; half a group from 2 of its words for float32) and the 32 lanes of a warp 32 adjacent
+vectors, so that every load and store instruction of a warp covers one contiguous span (lanes that each
+owned a 32-channel chunk made each instruction touch twice the sectors it filled).
 
-`aligned` variants need a 16-byte aligned input pointer and row stride and hidden % 32 == 0, and move 16
-bytes per access; the others load element by element (the cast) or word by word (the cast back) and
-mask each group of 8 channels, so any hidden divisible by 8 works.
+`aligned` variants need a 16-byte aligned input pointer and row stride and hidden % 32 == 0. The cast's
+moves 16 bytes per access; the other loads element by element and masks each group of 8 channels, so any
+hidden divisible by 8 works. The cast back reads words one by one in both (a group's 12 bytes are only
+4-byte aligned); its aligned variant just drops the column mask, a chunk never crossing a row end.
 """
 
 import tilelang  # noqa: F401  (before tvm: it sets up the tvm that tilelang ships)
@@ -36,14 +43,15 @@ from kernel_src.quant.common import IN_DTYPES, SF_FORMATS, ceil_pow2_exponent, i
 NUM_THREADS = 128
 CHUNK = 32  # channels per chunk: 4 groups of 8 codes, 12 words
 OUT_DTYPES = ('bfloat16', 'float32')
-CHUNKS_PER_THREAD = {'bfloat16': 2, 'float32': 2}  # the cast: 32 or 64 registers of row data a thread
+GROUPS_PER_CHUNK = CHUNK // 8  # groups of 8 channels (3 packed words)
+GROUPS_PER_THREAD = 8  # the cast: rows of up to 128 * 8 groups (8192 channels); 32 or 64 registers of row data
 E5M6_MAX, AMAX_FLOOR = 65024.0, 1e-4
-BACK_CHUNKS = 4  # the cast back: chunks a thread
+BACK_UNITS = 8  # the cast back: 16-byte output vectors a thread (24 or 16 words of loads in flight)
 
 
 def max_hidden(in_dtype: str) -> int:
     """The widest row the cast holds in registers."""
-    return NUM_THREADS * CHUNK * CHUNKS_PER_THREAD[in_dtype]
+    return NUM_THREADS * 8 * GROUPS_PER_THREAD
 
 
 def check_cast(in_dtype: str, sf_format: str, aligned: bool) -> None:
@@ -67,7 +75,10 @@ def e5m6_code(v):
     half_bits = T.Cast(T.uint32, T.call_extern(T.uint16, '__half_as_ushort', T.call_extern(T.float16, '__float2half_rz', v)))
     code = half_bits >> T.uint32(4)
     below = T.reinterpret(v, T.uint32) & T.uint32(0x1FFFF)  # the float32 bits below the 6 kept mantissa bits
-    return (code + T.Cast(T.uint32, (code & T.uint32(1)) + below > T.uint32(0x10000))) & T.uint32(0xFFF)
+    # Round up where (code & 1) + below > 0x10000: that sum is at most 0x20000, so adding 0x7FFEFFFF sets
+    # bit 31 exactly then; an add and a shift (folded into the final add) instead of a compare and a select.
+    round_up = ((code & T.uint32(1)) + below + T.uint32(0x7FFEFFFF)) >> T.uint32(31)
+    return (code + round_up) & T.uint32(0xFFF)
 
 
 @T.macro
@@ -79,21 +90,27 @@ def pack_words(h, words, w0):
 
 
 @T.macro
-def unpack_halves(words, j, w0, h):
-    """h[0..8): the half-precision bit patterns (the code in bits 4..15) of words[j, w0..w0+2]."""
-    h[0] = (words[j, w0] >> T.uint32(16)) & T.uint32(0xFFF0)
-    h[1] = (words[j, w0] >> T.uint32(4)) & T.uint32(0xFFF0)
-    h[2] = ((words[j, w0] << T.uint32(8)) | (words[j, w0 + 1] >> T.uint32(24))) & T.uint32(0xFFF0)
-    h[3] = (words[j, w0 + 1] >> T.uint32(12)) & T.uint32(0xFFF0)
-    h[4] = words[j, w0 + 1] & T.uint32(0xFFF0)
-    h[5] = ((words[j, w0 + 1] << T.uint32(12)) | (words[j, w0 + 2] >> T.uint32(20))) & T.uint32(0xFFF0)
-    h[6] = (words[j, w0 + 2] >> T.uint32(8)) & T.uint32(0xFFF0)
-    h[7] = (words[j, w0 + 2] << T.uint32(4)) & T.uint32(0xFFF0)
+def unpack_first_half(words, j, h):
+    """h[0..4): the half-precision bit patterns (the code in bits 4..15) of codes 0..3 of a group, the top
+    48 bits of its words 0 and 1 (words[j, 0..1])."""
+    h[0] = (words[j, 0] >> T.uint32(16)) & T.uint32(0xFFF0)
+    h[1] = (words[j, 0] >> T.uint32(4)) & T.uint32(0xFFF0)
+    h[2] = ((words[j, 0] << T.uint32(8)) | (words[j, 1] >> T.uint32(24))) & T.uint32(0xFFF0)
+    h[3] = (words[j, 1] >> T.uint32(12)) & T.uint32(0xFFF0)
+
+
+@T.macro
+def unpack_second_half(words, j, h):
+    """h[4..8): the same for codes 4..7, the low 48 bits of words 1 and 2 (words[j, 1..2])."""
+    h[4] = words[j, 1] & T.uint32(0xFFF0)
+    h[5] = ((words[j, 1] << T.uint32(12)) | (words[j, 2] >> T.uint32(20))) & T.uint32(0xFFF0)
+    h[6] = (words[j, 2] >> T.uint32(8)) & T.uint32(0xFFF0)
+    h[7] = (words[j, 2] << T.uint32(4)) & T.uint32(0xFFF0)
 
 
 def build_cast(arch: Arch, in_dtype: str, sf_format: str, aligned: bool) -> KernelProgram:
     epv = 16 // IN_DTYPES[in_dtype]  # channels per 16-byte vector
-    chunks = CHUNKS_PER_THREAD[in_dtype]
+    groups = GROUPS_PER_THREAD
     packed = sf_format == 'ue8m0'
     num_warps = NUM_THREADS // 32
 
@@ -119,34 +136,36 @@ def build_cast(arch: Arch, in_dtype: str, sf_format: str, aligned: bool) -> Kern
                 T.assume(hidden % CHUNK == 0)
                 T.assume(row_stride % epv == 0)
             tid = T.get_thread_binding()
-            values = T.alloc_local((chunks, CHUNK), in_dtype)
+            values = T.alloc_local((groups, 8), in_dtype)
             amax = T.alloc_var(T.float32)
             multiplier = T.alloc_var(T.float32)
             sf = T.alloc_var(T.float32)
             codes = T.alloc_local((8,), T.uint32)
-            words = T.alloc_local((12,), T.uint32)
+            words = T.alloc_local((3,), T.uint32)
             red = T.alloc_shared((num_warps,), T.float32)
+            staged = T.alloc_shared((groups * NUM_THREADS * 3,), T.uint32)
 
-            # Chunk j of the thread starts at channel (j * 128 + tid) * 32.
-            for j in T.unroll(chunks):
-                col = (j * NUM_THREADS + tid) * CHUNK
-                for g in T.unroll(CHUNK // 8):
-                    if col + g * 8 < hidden:
-                        if aligned:
-                            for v in T.unroll(8 // epv):
-                                for e in T.vectorized(epv):
-                                    values[j, g * 8 + v * epv + e] = x[row, col + g * 8 + v * epv + e]
-                        else:
-                            for e in T.unroll(8):
-                                values[j, g * 8 + e] = x[row, col + g * 8 + e]
+            # Group i of the thread is channels [(i * 128 + tid) * 8, +8): a warp's lanes cover adjacent
+            # groups, so each load (16 bytes a lane, or 2 bytes a lane per channel) and each store (12 bytes
+            # a lane, as three words) of a warp is one contiguous span.
+            for i in T.unroll(groups):
+                group = i * NUM_THREADS + tid
+                if group * 8 < hidden:
+                    if aligned:
+                        for v in T.unroll(8 // epv):
+                            for e in T.vectorized(epv):
+                                values[i, v * epv + e] = x[row, group * 8 + v * epv + e]
                     else:
-                        for e in T.vectorized(8):
-                            values[j, g * 8 + e] = T.cast(0, in_dtype)  # zeros cannot raise the amax
+                        for e in T.unroll(8):
+                            values[i, e] = x[row, group * 8 + e]
+                else:
+                    for e in T.vectorized(8):
+                        values[i, e] = T.cast(0, in_dtype)  # zeros cannot raise the amax
 
             amax = T.float32(0)
-            for j in T.unroll(chunks):
-                for e in T.unroll(CHUNK):
-                    amax = T.max(amax, T.abs(T.Cast('float32', values[j, e])))
+            for i in T.unroll(groups):
+                for e in T.unroll(8):
+                    amax = T.max(amax, T.abs(T.Cast('float32', values[i, e])))
             for s in T.unroll(5):
                 amax = T.max(amax, T.shfl_xor(amax, 16 >> s))
             if tid % 32 == 0:
@@ -170,30 +189,43 @@ def build_cast(arch: Arch, in_dtype: str, sf_format: str, aligned: bool) -> Kern
                 if tid == 0:
                     out_sf[row] = sf
 
-            for j in T.unroll(chunks):
-                col = (j * NUM_THREADS + tid) * CHUNK
-                for g in T.unroll(CHUNK // 8):
+            # The words go through shared memory, so that the row is stored in 16-byte vectors (aligned: a
+            # row is a multiple of 12 words) or words, adjacent across lanes: writing a group's 3 words
+            # straight from its lane made each store instruction touch 3 times the sectors it filled.
+            for i in T.unroll(groups):
+                group = i * NUM_THREADS + tid
+                if group * 8 < hidden:
                     for e in T.unroll(8):
-                        codes[e] = e5m6_code(T.Cast('float32', values[j, g * 8 + e]) * multiplier)
-                    pack_words(codes, words, g * 3)
-                if aligned:
-                    if col < hidden:
-                        for q in T.unroll(3):
-                            for k in T.vectorized(4):
-                                out[row, col // 8 * 3 + q * 4 + k] = words[q * 4 + k]
-                else:
-                    for g in T.unroll(CHUNK // 8):
-                        if col + g * 8 < hidden:
-                            for k in T.unroll(3):
-                                out[row, (col + g * 8) // 8 * 3 + k] = words[g * 3 + k]
+                        codes[e] = e5m6_code(T.Cast('float32', values[i, e]) * multiplier)
+                    pack_words(codes, words, 0)
+                    for k in T.unroll(3):
+                        staged[group * 3 + k] = words[k]  # lanes 3 words apart: no bank conflicts
+            T.sync_threads()
+            if aligned:
+                for m in T.unroll(groups * 3 // 4):
+                    vector = m * NUM_THREADS + tid
+                    if vector * 4 < hidden // 8 * 3:
+                        for k in T.vectorized(4):
+                            out[row, vector * 4 + k] = staged[vector * 4 + k]
+            else:
+                for m in T.unroll(groups * 3):
+                    word = m * NUM_THREADS + tid
+                    if word < hidden // 8 * 3:
+                        out[row, word] = staged[word]
 
     return KernelProgram(per_token_cast_to_e5m6, alignment={'x': 16 if aligned else IN_DTYPES[in_dtype], 'out': 16, 'out_sf': 4})
 
 
 def build_back(arch: Arch, out_dtype: str, sf_format: str, aligned: bool) -> KernelProgram:
     packed = sf_format == 'ue8m0'
-    out_epv = 16 // (2 if out_dtype == 'bfloat16' else 4)  # output channels per 16-byte vector
-    slots = NUM_THREADS * BACK_CHUNKS
+    # A lane decodes one 16-byte output vector: a whole group (bfloat16), or half a group (float32, the
+    # two halves on adjacent lanes), so that the 16-byte stores of a warp are one contiguous 512 bytes.
+    unit_channels = 16 // (2 if out_dtype == 'bfloat16' else 4)
+    lanes_per_group = 8 // unit_channels
+    units_per_chunk = GROUPS_PER_CHUNK * lanes_per_group
+    unit_words = 3 if lanes_per_group == 1 else 2  # the words that hold a unit's codes
+    units = BACK_UNITS
+    cta_chunks = NUM_THREADS * units // units_per_chunk  # chunks of 32 channels a CTA
 
     num_tokens = T.dynamic('num_tokens')
     hidden = T.dynamic('hidden')
@@ -208,13 +240,19 @@ def build_back(arch: Arch, out_dtype: str, sf_format: str, aligned: bool) -> Ker
     else:
         sf_type = T.StridedTensor[(num_tokens, num_sf_cols), (sf_stride_t, sf_stride_k), T.float32]
 
-    # Chunk j of a thread is flat chunk pid * slots + j * 128 + tid; its row comes from a multiply-shift
-    # (exact below 2^31 chunks, which the op checks); chunks past the last row get a row of num_tokens or
-    # more, which the masks treat as inactive. Plain expressions, so that tilelang can prove alignments.
-    def where(pid, j, tid, chunks_per_row, row_magic, row_shift):
-        v = pid * slots + j * NUM_THREADS + tid
-        row = T.Cast('int32', (T.Cast('int64', v) * row_magic) >> T.Cast('int64', row_shift))
-        return row, (v - row * chunks_per_row) * CHUNK
+    # Unit i of a thread is unit tid % units_per_chunk of flat chunk
+    # v = pid * cta_chunks + i * (128 / units_per_chunk) + tid / units_per_chunk, so a warp's lanes cover
+    # 32 adjacent units (one span of 512 bytes out, and of 384 or 192 bytes in, when no row ends among
+    # them). The row of a chunk comes from a 32 x 32 -> 64-bit multiply and a shift (row_magic < 2^32 and
+    # v < 2^31, which the op checks); chunks past the last row get a row of num_tokens or more, which the
+    # masks treat as inactive. Row and group column are computed once into int32 registers.
+    @T.macro
+    def locate(pid, tid, rows, group_cols, chunks_per_row, row_magic, row_shift):
+        for i in T.unroll(units):
+            v = pid * cta_chunks + i * (NUM_THREADS // units_per_chunk) + tid // units_per_chunk
+            rows[i] = T.Cast('int32', (T.Cast('uint64', T.Cast('uint32', v)) * T.Cast('uint64', T.Cast('uint32', row_magic)))
+                             >> T.Cast('uint64', row_shift))
+            group_cols[i] = (v - rows[i] * chunks_per_row) * GROUPS_PER_CHUNK + tid % units_per_chunk // lanes_per_group
 
     # `out` comes first so that the launcher binds `hidden` from it and checks x's shape against it.
     @T.prim_func
@@ -228,47 +266,54 @@ def build_back(arch: Arch, out_dtype: str, sf_format: str, aligned: bool) -> Ker
         block_magic: T.int64,
         block_shift: T.int32,
     ):
-        with T.Kernel(T.ceildiv(num_tokens * chunks_per_row, slots), threads=NUM_THREADS) as pid:
+        with T.Kernel(T.ceildiv(num_tokens * chunks_per_row, cta_chunks), threads=NUM_THREADS) as pid:
             T.assume(hidden % 8 == 0)
             if aligned:
                 T.assume(hidden % CHUNK == 0)
             tid = T.get_thread_binding()
-            words = T.alloc_local((BACK_CHUNKS, 12), T.uint32)
-            result = T.alloc_local((8,), out_dtype)
-            halves = T.alloc_local((8,), T.uint32)
-            scale = T.alloc_var(T.float32)
+            half = tid % lanes_per_group  # float32: which half of its group the lane decodes
+            rows = T.alloc_local((units,), T.int32)
+            group_cols = T.alloc_local((units,), T.int32)
+            words = T.alloc_local((units, unit_words), T.uint32)
+            scales = T.alloc_local((units,), T.float32)
+            result = T.alloc_local((unit_channels,), out_dtype)
+            halves = T.alloc_local((unit_channels,), T.uint32)
 
-            for j in T.unroll(BACK_CHUNKS):
-                row, col = where(pid, j, tid, chunks_per_row, row_magic, row_shift)
-                if row < num_tokens:
-                    if aligned:
-                        if col < hidden:
-                            for q in T.unroll(3):
-                                for k in T.vectorized(4):
-                                    words[j, q * 4 + k] = x[row, col // 8 * 3 + q * 4 + k]
+            locate(pid, tid, rows, group_cols, chunks_per_row, row_magic, row_shift)
+            # Every load first (the unit's words and its scale factor), then the arithmetic.
+            for i in T.unroll(units):
+                # With hidden % 32 == 0 every group of a row's chunks is inside the row.
+                if rows[i] < num_tokens and (aligned or group_cols[i] * 8 < hidden):
+                    # Codes 0..3 of a group lie in words 0..1 (bits 31..8), codes 4..7 in words 1..2 (bits 15..0).
+                    for k in T.unroll(unit_words):
+                        words[i, k] = x[T.Cast('int64', rows[i]), group_cols[i] * 3 + half + k]
+                    # The block of the group's channels (a block holds whole groups: n % 8 == 0), by the same
+                    # unsigned 32 x 32 -> 64-bit multiply-shift (block_magic < 2^32, the column < 2^31).
+                    block = T.Cast('int32', (T.Cast('uint64', T.Cast('uint32', group_cols[i] * 8)) * T.Cast('uint64', T.Cast('uint32', block_magic)))
+                                   >> T.Cast('uint64', block_shift))
+                    if packed:
+                        scales[i] = T.reinterpret(T.Cast(T.uint32, x_sf[block >> 2, rows[i] * 4 + (block & 3)]) << T.uint32(23), T.float32)
                     else:
-                        for g in T.unroll(CHUNK // 8):
-                            if col + g * 8 < hidden:
-                                for k in T.unroll(3):
-                                    words[j, g * 3 + k] = x[row, (col + g * 8) // 8 * 3 + k]
+                        scales[i] = x_sf[rows[i], block]
 
-            for j in T.unroll(BACK_CHUNKS):
-                row, col = where(pid, j, tid, chunks_per_row, row_magic, row_shift)
-                for g in T.unroll(CHUNK // 8):
-                    if row < num_tokens and col + g * 8 < hidden:
-                        # The block of the group's channels (a block holds whole groups: n % 8 == 0).
-                        block = T.Cast('int32', (T.Cast('int64', col + g * 8) * block_magic) >> T.Cast('int64', block_shift))
-                        if packed:
-                            scale = T.reinterpret(T.Cast(T.uint32, x_sf[block >> 2, row * 4 + (block & 3)]) << T.uint32(23), T.float32)
-                        else:
-                            scale = x_sf[row, block]
-                        unpack_halves(words, j, g * 3, halves)
-                        for e in T.unroll(8):
-                            value = T.Cast('float32', T.reinterpret(T.Cast(T.uint16, halves[e]), T.float16))
-                            result[e] = T.Cast(out_dtype, value * scale)
-                        for v in T.unroll(8 // out_epv):
-                            for e in T.vectorized(out_epv):
-                                out[row, col + g * 8 + v * out_epv + e] = result[v * out_epv + e]
+            for i in T.unroll(units):
+                if rows[i] < num_tokens and (aligned or group_cols[i] * 8 < hidden):
+                    if lanes_per_group == 1:
+                        unpack_first_half(words, i, halves)
+                        unpack_second_half(words, i, halves)
+                    else:
+                        # Codes 4..7 sit in words 1..2 exactly 16 bits below where codes 0..3 sit in words
+                        # 0..1: the second half's lane shifts its word pair left by 16 (a funnel shift) and
+                        # decodes it as a first half.
+                        shift = T.Cast(T.uint32, half * 16)
+                        words[i, 0] = T.call_extern(T.uint32, '__funnelshift_l', words[i, 1], words[i, 0], shift)
+                        words[i, 1] = words[i, 1] << shift
+                        unpack_first_half(words, i, halves)
+                    for e in T.unroll(unit_channels):
+                        value = T.Cast('float32', T.reinterpret(T.Cast(T.uint16, halves[e]), T.float16))
+                        result[e] = T.Cast(out_dtype, value * scales[i])
+                    for e in T.vectorized(unit_channels):
+                        out[T.Cast('int64', rows[i]), group_cols[i] * 8 + half * unit_channels + e] = result[e]
 
     return KernelProgram(cast_back_e5m6, alignment={'x': 16 if aligned else 4, 'x_sf': 1 if packed else 4, 'out': 16})
 
