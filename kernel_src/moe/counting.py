@@ -2,12 +2,15 @@
 
 Each block of a grid-stride loop counts its tokens into a shared-memory histogram, then adds it to the
 global one with integer atomics, so the counts do not depend on the number of blocks or their order.
-In aux_fi the block that finishes last (a ticket counter after the counts) turns the counts into
-f_e = count_e * E / (T * num_aux_topk), one rounding per expert, so the op is one launch. (Upstream
-adds per-block fractions with float atomics, so its result depends on the block order; this one does
-not.) Indices of -1 are padding and skipped; an index past the last
-expert fails a device assert. The top-k, the number of experts (up to MAX_BINS) and the block count are
-run-time arguments: one binary serves every model and every GPU size.
+aux_fi needs the whole count before it can divide, without a second launch or a fence-and-ticket
+round trip: each block adds `(1 << 32) + its count` to a 64-bit slot per expert and gets the slot's
+previous value back. The block whose add comes last on that slot sees `num_blocks - 1` arrivals in
+the high half and every other block's count in the low half, and writes
+f_e = count_e * E / (T * num_aux_topk) itself, one rounding per expert. (Upstream adds per-block
+fractions with float atomics, so its result depends on the block order; this one does not.) Indices of
+-1 are padding and skipped; an index past the last expert fails a device assert. The top-k, the number
+of experts (up to MAX_BINS) and the block count are run-time arguments: one binary serves every model
+and every GPU size.
 """
 
 from tilelang import language as T
@@ -22,11 +25,10 @@ UNROLLED = 16  # indices per row loaded together; covers the top-k of every mode
 
 
 @T.macro
-def _count_into(indices, counts, num_bins, num_tokens, num_topk, num_blocks, pid):
-    """Grid-stride histogram of indices[:, :num_topk] into the global int32 `counts` (zeroed by the op).
+def _count_in_shared(indices, local, num_bins, num_tokens, num_topk, num_blocks, pid):
+    """Grid-stride histogram of indices[:, :num_topk] into this block's shared `local` (num_bins used).
     A thread's first UNROLLED indices of a row are loaded together (predicated), the rest in a loop."""
     tid = T.get_thread_binding()
-    local = T.alloc_shared((MAX_BINS,), T.int32)
     row_indices = T.alloc_local((UNROLLED,), T.int32)
     for i in T.serial(T.ceildiv(num_bins, THREADS)):
         if i * THREADS + tid < num_bins:
@@ -47,10 +49,6 @@ def _count_into(indices, counts, num_bins, num_tokens, num_topk, num_blocks, pid
                 if index >= 0 and index < num_bins:
                     T.atomic_add(local[index], 1)
     T.sync_threads()
-    for i in T.serial(T.ceildiv(num_bins, THREADS)):
-        b = i * THREADS + tid
-        if b < num_bins and local[b] > 0:
-            T.atomic_add(counts[b], local[b])
 
 
 def build_group_count(arch: Arch, index_dtype: str) -> KernelProgram:
@@ -64,46 +62,59 @@ def build_group_count(arch: Arch, index_dtype: str) -> KernelProgram:
         num_blocks: T.int32,
     ):
         with T.Kernel(num_blocks, threads=THREADS) as pid:
-            _count_into(group_idx, out, num_groups, num_tokens, num_topk, num_blocks, pid)
+            tid = T.get_thread_binding()
+            local = T.alloc_shared((MAX_BINS,), T.int32)
+            _count_in_shared(group_idx, local, num_groups, num_tokens, num_topk, num_blocks, pid)
+            for i in T.serial(T.ceildiv(num_groups, THREADS)):
+                b = i * THREADS + tid
+                if b < num_groups and local[b] > 0:
+                    T.atomic_add(out[b], local[b])  # `out` zeroed by the op
 
     return KernelProgram(group_count, alignment={'group_idx': 4, 'out': 4})
+
+
+def _global_fetch_add(buffer, index, value):
+    """CUDA's 64-bit atomicAdd on a global int64 slot, returning the old value as uint64: one ATOMG.
+    tilelang's atomic_add(return_prev=True) does not compile for int64 (its cuda::atomic_ref binds the
+    slot as unsigned long long), and through atomic_ref it would be a generic ATOM with a shared/local
+    fallback branch on its result."""
+    pointer = T.call_extern('handle', '(unsigned long long *)', T.address_of(buffer[index]))
+    return T.call_extern('uint64', 'atomicAdd', pointer, value)
+
+
+ARRIVAL = 1 << 32  # one block's arrival in an aux_fi slot; the low half holds the count (< 2**32)
 
 
 def build_aux_fi(arch: Arch, index_dtype: str) -> KernelProgram:
     num_tokens, num_topk = T.dynamic('num_tokens'), T.dynamic('num_topk')
     row_stride, num_experts = T.dynamic('row_stride'), T.dynamic('num_bins')
-    num_slots = T.dynamic('num_slots')  # num_experts counts, then the ticket of finished blocks
 
     @T.prim_func
     def aux_fi(
         topk_idx: T.StridedTensor[(num_tokens, num_topk), (row_stride, 1), index_dtype],
-        counts: T.Tensor[(num_slots,), T.int32],
+        slots: T.Tensor[(num_experts,), T.int64],  # per expert: blocks arrived << 32 | count
         out: T.Tensor[(num_experts,), T.float32],
         num_aux_topk: T.int32,
         num_blocks: T.int32,
     ):
         with T.Kernel(num_blocks, threads=THREADS) as pid:
             tid = T.get_thread_binding()
-            last = T.alloc_shared((1,), T.int32)
-            _count_into(topk_idx, counts, num_experts, num_tokens, num_topk, num_blocks, pid)
-            # The block that finishes last turns the counts into fractions: a fence makes this block's
-            # count atomics visible before its ticket, and the last ticket sees every block's.
-            T.call_extern('void', '__threadfence')
-            T.sync_threads()
-            if tid == 0:
-                last[0] = T.if_then_else(T.atomic_add(counts[num_experts], 1, return_prev=True) == num_blocks - 1, 1, 0)
-            T.sync_threads()
-            if last[0] == 1:
-                T.call_extern('void', '__threadfence')
-                for i in T.serial(T.ceildiv(num_experts, THREADS)):
-                    e = i * THREADS + tid
-                    if e < num_experts:
-                        # Read through the atomic unit (L2): this block's L1 may not have seen other blocks' adds.
-                        count = T.atomic_add(counts[e], 0, return_prev=True)
-                        # The integer product is exact; each float conversion and the division round once.
-                        out[e] = T.Cast('float32', T.Cast('int64', count) * num_experts) / T.Cast('float32', T.Cast('int64', num_tokens) * num_aux_topk)
+            local = T.alloc_shared((MAX_BINS,), T.int32)
+            _count_in_shared(topk_idx, local, num_experts, num_tokens, num_topk, num_blocks, pid)
+            # A thread's slot atomics are all issued before any result is used: one round trip.
+            before = T.alloc_local((MAX_BINS // THREADS,), T.uint64)
+            for i in T.unroll(MAX_BINS // THREADS):
+                if i * THREADS + tid < num_experts:
+                    # Every block arrives at every slot, with a count of 0 too: the arrivals tell the last.
+                    before[i] = _global_fetch_add(slots, i * THREADS + tid, T.Cast('uint64', local[i * THREADS + tid]) + T.uint64(ARRIVAL))
+            for i in T.unroll(MAX_BINS // THREADS):
+                e = i * THREADS + tid
+                if e < num_experts and before[i] // T.uint64(ARRIVAL) == T.Cast('uint64', num_blocks - 1):
+                    count = T.Cast('int64', before[i] % T.uint64(ARRIVAL)) + T.Cast('int64', local[e])
+                    # The integer product is exact; each float conversion and the division round once.
+                    out[e] = T.Cast('float32', count * num_experts) / T.Cast('float32', T.Cast('int64', num_tokens) * num_aux_topk)
 
-    return KernelProgram(aux_fi, alignment={'topk_idx': 4, 'counts': 4, 'out': 4})
+    return KernelProgram(aux_fi, alignment={'topk_idx': 4, 'slots': 8, 'out': 4})
 
 
 PASS_CONFIGS = {'tl.disable_warp_specialized': True}
