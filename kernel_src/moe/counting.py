@@ -27,27 +27,50 @@ UNROLLED = 16  # indices per row loaded together; covers the top-k of every mode
 @T.macro
 def _count_in_shared(indices, local, num_bins, num_tokens, num_topk, num_blocks, pid):
     """Grid-stride histogram of indices[:, :num_topk] into this block's shared `local` (num_bins used).
-    A thread's first UNROLLED indices of a row are loaded together (predicated), the rest in a loop."""
+
+    A block takes THREADS rows a step and reads their THREADS * num_topk indices in row-major order:
+    element j * THREADS + tid goes to thread tid, so a warp's load covers 32 consecutive indices (2-3
+    cache lines, where one row per lane touched 16-32 and fetched each sector up to 4 times). Each
+    thread still loads num_topk indices, the first
+    UNROLLED together (predicated), the rest in a loop. Its (row, k) advances by divmod(THREADS, num_topk)
+    per element, with one carry, so there is no division per index."""
     tid = T.get_thread_binding()
-    row_indices = T.alloc_local((UNROLLED,), T.int32)
+    values = T.alloc_local((UNROLLED,), T.int32)
+    row = T.alloc_var(T.int32)
+    k = T.alloc_var(T.int32)
+    # Divisions once, in registers (as expressions nvcc would redo them at every unrolled step).
+    rows_per_pass = T.alloc_var(T.int32)
+    ks_per_pass = T.alloc_var(T.int32)
+    row_in_step = T.alloc_var(T.int32)
+    first_k = T.alloc_var(T.int32)
+    rows_per_pass = T.truncdiv(THREADS, T.max(num_topk, 1))  # aux_fi may get [T, 0]: then nothing is loaded
+    ks_per_pass = THREADS - rows_per_pass * num_topk
+    row_in_step = T.truncdiv(tid, T.max(num_topk, 1))
+    first_k = tid - row_in_step * num_topk
     for i in T.serial(T.ceildiv(num_bins, THREADS)):
         if i * THREADS + tid < num_bins:
             local[i * THREADS + tid] = 0
     T.sync_threads()
     for step in T.serial(T.ceildiv(num_tokens, num_blocks * THREADS)):
-        row = (step * num_blocks + pid) * THREADS + tid
-        if row < num_tokens:
-            for k in T.unroll(UNROLLED):
-                row_indices[k] = T.if_then_else(k < num_topk, T.Cast('int32', indices[row, T.min(k, num_topk - 1)]), -1)
-            for k in T.unroll(UNROLLED):
-                T.call_intrin('void', tirx.op.Op.get('tl.device_assert'), row_indices[k] < num_bins)
-                if row_indices[k] >= 0 and row_indices[k] < num_bins:
-                    T.atomic_add(local[row_indices[k]], 1)
-            for k in T.serial(T.max(num_topk - UNROLLED, 0)):
-                index = T.Cast('int32', indices[row, UNROLLED + k])
-                T.call_intrin('void', tirx.op.Op.get('tl.device_assert'), index < num_bins)
-                if index >= 0 and index < num_bins:
-                    T.atomic_add(local[index], 1)
+        row = (step * num_blocks + pid) * THREADS + row_in_step
+        k = first_k
+        for j in T.unroll(UNROLLED):
+            values[j] = -1
+            if j < num_topk:  # uniform: a small top-k skips the rest of the unrolled steps
+                values[j] = T.if_then_else(row < num_tokens, T.Cast('int32', indices[row, k]), -1)
+                row = row + rows_per_pass + T.if_then_else(k + ks_per_pass >= num_topk, 1, 0)
+                k = T.if_then_else(k + ks_per_pass >= num_topk, k + ks_per_pass - num_topk, k + ks_per_pass)
+        for j in T.unroll(UNROLLED):
+            T.call_intrin('void', tirx.op.Op.get('tl.device_assert'), values[j] < num_bins)
+            if values[j] >= 0 and values[j] < num_bins:
+                T.atomic_add(local[values[j]], 1)
+        for j in T.serial(T.max(num_topk - UNROLLED, 0)):
+            index = T.if_then_else(row < num_tokens, T.Cast('int32', indices[row, k]), -1)
+            T.call_intrin('void', tirx.op.Op.get('tl.device_assert'), index < num_bins)
+            if index >= 0 and index < num_bins:
+                T.atomic_add(local[index], 1)
+            row = row + rows_per_pass + T.if_then_else(k + ks_per_pass >= num_topk, 1, 0)
+            k = T.if_then_else(k + ks_per_pass >= num_topk, k + ks_per_pass - num_topk, k + ks_per_pass)
     T.sync_threads()
 
 
@@ -117,7 +140,12 @@ def build_aux_fi(arch: Arch, index_dtype: str) -> KernelProgram:
     return KernelProgram(aux_fi, alignment={'topk_idx': 4, 'slots': 8, 'out': 4})
 
 
-PASS_CONFIGS = {'tl.disable_warp_specialized': True}
+PASS_CONFIGS = {
+    'tl.disable_warp_specialized': True,
+    # Every index load is already guarded by row < num_tokens (k < num_topk by construction); tilelang's
+    # own guard would add compares and a branch around each of them.
+    'tl.disable_safe_memory_legalize': True,
+}
 
 GROUP_COUNT = KernelDecl('moe.group_count', INDEX_DTYPE_PARAMS, build_group_count, index_dtype_specs, check_index_dtype, PASS_CONFIGS)
 AUX_FI = KernelDecl('moe.aux_fi', INDEX_DTYPE_PARAMS, build_aux_fi, index_dtype_specs, check_index_dtype, PASS_CONFIGS)
