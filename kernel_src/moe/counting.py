@@ -74,6 +74,17 @@ def _count_in_shared(indices, local, num_bins, num_tokens, num_topk, num_blocks,
     T.sync_threads()
 
 
+def _wait_for_zeroed_output():
+    """cudaGridDependencySynchronize: wait for the kernel before this one on the stream to finish.
+
+    The kernels are launched with programmatic stream serialization (PDL; the manifest records it from
+    this call), so they may start while the op's torch.zeros of the global counts is still finishing,
+    and count their indices meanwhile. Only the global atomics wait. The indices themselves are safe
+    to read before the wait: the zero fill was launched without PDL, so whatever wrote the indices had
+    completed before it started, and this kernel cannot start before every block of the fill has run."""
+    return T.call_intrin('void', tirx.op.Op.get('tl.pdl_sync'))
+
+
 def build_group_count(arch: Arch, index_dtype: str) -> KernelProgram:
     num_tokens, num_topk = T.dynamic('num_tokens'), T.dynamic('num_topk')
     row_stride, num_groups = T.dynamic('row_stride'), T.dynamic('num_bins')
@@ -88,6 +99,7 @@ def build_group_count(arch: Arch, index_dtype: str) -> KernelProgram:
             tid = T.get_thread_binding()
             local = T.alloc_shared((MAX_BINS,), T.int32)
             _count_in_shared(group_idx, local, num_groups, num_tokens, num_topk, num_blocks, pid)
+            _wait_for_zeroed_output()
             for i in T.serial(T.ceildiv(num_groups, THREADS)):
                 b = i * THREADS + tid
                 if b < num_groups and local[b] > 0:
@@ -124,6 +136,7 @@ def build_aux_fi(arch: Arch, index_dtype: str) -> KernelProgram:
             tid = T.get_thread_binding()
             local = T.alloc_shared((MAX_BINS,), T.int32)
             _count_in_shared(topk_idx, local, num_experts, num_tokens, num_topk, num_blocks, pid)
+            _wait_for_zeroed_output()
             # A thread's slot atomics are all issued before any result is used: one round trip.
             before = T.alloc_local((MAX_BINS // THREADS,), T.uint64)
             for i in T.unroll(MAX_BINS // THREADS):
