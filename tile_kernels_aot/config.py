@@ -1,7 +1,7 @@
 """Run-time configuration shared with upstream TileKernels: the SM count that persistent grids use.
 
 Kernels that loop over tokens with a fixed grid (group_count, aux_fi) size it as 2 x the SM count at
-every call; it is a launch argument, not baked into the binary, so set_num_sms takes effect at once and
+every call (fewer when the tokens fill fewer blocks); it is a launch argument, not baked into the binary, so set_num_sms takes effect at once and
 one binary serves GPUs of any size. Results do not depend on it.
 """
 

@@ -274,10 +274,14 @@ def _index_tensor(op: str, name: str, t: object) -> torch.Tensor:
     return t
 
 
+COUNTING_ROWS_PER_BLOCK = 128  # group_count / aux_fi: a block counts 128 consecutive rows per step, one a thread
+
+
 def _persistent_blocks(num_tokens: int, device: int) -> int:
-    """Blocks of a grid-stride loop over tokens: 2 per SM, fewer when there are fewer than 32 tokens a
-    block (spreading the loads over every SM matters more than the idle threads)."""
-    return max(1, min(2 * get_num_sms(device), -(-num_tokens // 32)))
+    """Blocks of a grid-stride loop over tokens: 2 per SM, fewer when the tokens fill fewer blocks. A
+    block past the last row would count nothing, yet still launch and flush: aux_fi's blocks each make
+    one atomic per expert, so that idle blocks would add contention on the same slots."""
+    return max(1, min(2 * get_num_sms(device), -(-num_tokens // COUNTING_ROWS_PER_BLOCK)))
 
 
 def group_count(group_idx: torch.Tensor, num_groups: int) -> torch.Tensor:
@@ -326,9 +330,9 @@ def aux_fi(topk_idx: torch.Tensor, num_experts: int, num_aux_topk: int) -> torch
     if num_tokens == 0:
         return torch.zeros((num_experts,), dtype=torch.float32, device=topk_idx.device)  # as upstream
     out = torch.empty((num_experts,), dtype=torch.float32, device=topk_idx.device)
-    counts = torch.zeros((num_experts + 1,), dtype=torch.int32, device=topk_idx.device)  # + the kernel's ticket
+    slots = torch.zeros((num_experts,), dtype=torch.int64, device=topk_idx.device)  # blocks arrived << 32 | count
     kernel = find_kernel('moe.aux_fi', {'index_dtype': INDEX_DTYPES[topk_idx.dtype]}, device)
-    kernel(device, {'topk_idx': topk_idx, 'counts': counts, 'out': out},
+    kernel(device, {'topk_idx': topk_idx, 'slots': slots, 'out': out},
            {'num_aux_topk': num_aux_topk, 'num_blocks': _persistent_blocks(num_tokens, device)})
     return out
 

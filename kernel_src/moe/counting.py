@@ -2,12 +2,15 @@
 
 Each block of a grid-stride loop counts its tokens into a shared-memory histogram, then adds it to the
 global one with integer atomics, so the counts do not depend on the number of blocks or their order.
-In aux_fi the block that finishes last (a ticket counter after the counts) turns the counts into
-f_e = count_e * E / (T * num_aux_topk), one rounding per expert, so the op is one launch. (Upstream
-adds per-block fractions with float atomics, so its result depends on the block order; this one does
-not.) Indices of -1 are padding and skipped; an index past the last
-expert fails a device assert. The top-k, the number of experts (up to MAX_BINS) and the block count are
-run-time arguments: one binary serves every model and every GPU size.
+aux_fi needs the whole count before it can divide, without a second launch or a fence-and-ticket
+round trip: each block adds `(1 << 32) + its count` to a 64-bit slot per expert and gets the slot's
+previous value back. The block whose add comes last on that slot sees `num_blocks - 1` arrivals in
+the high half and every other block's count in the low half, and writes
+f_e = count_e * E / (T * num_aux_topk) itself, one rounding per expert. (Upstream adds per-block
+fractions with float atomics, so its result depends on the block order; this one does not.) Indices of
+-1 are padding and skipped; an index past the last expert fails a device assert. The top-k, the number
+of experts (up to MAX_BINS) and the block count are run-time arguments: one binary serves every model
+and every GPU size.
 """
 
 from tilelang import language as T
@@ -22,35 +25,64 @@ UNROLLED = 16  # indices per row loaded together; covers the top-k of every mode
 
 
 @T.macro
-def _count_into(indices, counts, num_bins, num_tokens, num_topk, num_blocks, pid):
-    """Grid-stride histogram of indices[:, :num_topk] into the global int32 `counts` (zeroed by the op).
-    A thread's first UNROLLED indices of a row are loaded together (predicated), the rest in a loop."""
+def _count_in_shared(indices, local, num_bins, num_tokens, num_topk, num_blocks, pid):
+    """Grid-stride histogram of indices[:, :num_topk] into this block's shared `local` (num_bins used).
+
+    A block takes THREADS rows a step and reads their THREADS * num_topk indices in row-major order:
+    element j * THREADS + tid goes to thread tid, so a warp's load covers 32 consecutive indices (2-3
+    cache lines, where one row per lane touched 16-32 and fetched each sector up to 4 times). Each
+    thread still loads num_topk indices, the first
+    UNROLLED together (predicated), the rest in a loop. Its (row, k) advances by divmod(THREADS, num_topk)
+    per element, with one carry, so there is no division per index."""
     tid = T.get_thread_binding()
-    local = T.alloc_shared((MAX_BINS,), T.int32)
-    row_indices = T.alloc_local((UNROLLED,), T.int32)
+    values = T.alloc_local((UNROLLED,), T.int32)
+    row = T.alloc_var(T.int32)
+    k = T.alloc_var(T.int32)
+    # Divisions once, in registers (as expressions nvcc would redo them at every unrolled step).
+    rows_per_pass = T.alloc_var(T.int32)
+    ks_per_pass = T.alloc_var(T.int32)
+    row_in_step = T.alloc_var(T.int32)
+    first_k = T.alloc_var(T.int32)
+    rows_per_pass = T.truncdiv(THREADS, T.max(num_topk, 1))  # aux_fi may get [T, 0]: then nothing is loaded
+    ks_per_pass = THREADS - rows_per_pass * num_topk
+    row_in_step = T.truncdiv(tid, T.max(num_topk, 1))
+    first_k = tid - row_in_step * num_topk
     for i in T.serial(T.ceildiv(num_bins, THREADS)):
         if i * THREADS + tid < num_bins:
             local[i * THREADS + tid] = 0
     T.sync_threads()
     for step in T.serial(T.ceildiv(num_tokens, num_blocks * THREADS)):
-        row = (step * num_blocks + pid) * THREADS + tid
-        if row < num_tokens:
-            for k in T.unroll(UNROLLED):
-                row_indices[k] = T.if_then_else(k < num_topk, T.Cast('int32', indices[row, T.min(k, num_topk - 1)]), -1)
-            for k in T.unroll(UNROLLED):
-                T.call_intrin('void', tirx.op.Op.get('tl.device_assert'), row_indices[k] < num_bins)
-                if row_indices[k] >= 0 and row_indices[k] < num_bins:
-                    T.atomic_add(local[row_indices[k]], 1)
-            for k in T.serial(T.max(num_topk - UNROLLED, 0)):
-                index = T.Cast('int32', indices[row, UNROLLED + k])
-                T.call_intrin('void', tirx.op.Op.get('tl.device_assert'), index < num_bins)
-                if index >= 0 and index < num_bins:
-                    T.atomic_add(local[index], 1)
+        row = (step * num_blocks + pid) * THREADS + row_in_step
+        k = first_k
+        for j in T.unroll(UNROLLED):
+            values[j] = -1
+            if j < num_topk:  # uniform: a small top-k skips the rest of the unrolled steps
+                values[j] = T.if_then_else(row < num_tokens, T.Cast('int32', indices[row, k]), -1)
+                row = row + rows_per_pass + T.if_then_else(k + ks_per_pass >= num_topk, 1, 0)
+                k = T.if_then_else(k + ks_per_pass >= num_topk, k + ks_per_pass - num_topk, k + ks_per_pass)
+        for j in T.unroll(UNROLLED):
+            T.call_intrin('void', tirx.op.Op.get('tl.device_assert'), values[j] < num_bins)
+            if values[j] >= 0 and values[j] < num_bins:
+                T.atomic_add(local[values[j]], 1)
+        for j in T.serial(T.max(num_topk - UNROLLED, 0)):
+            index = T.if_then_else(row < num_tokens, T.Cast('int32', indices[row, k]), -1)
+            T.call_intrin('void', tirx.op.Op.get('tl.device_assert'), index < num_bins)
+            if index >= 0 and index < num_bins:
+                T.atomic_add(local[index], 1)
+            row = row + rows_per_pass + T.if_then_else(k + ks_per_pass >= num_topk, 1, 0)
+            k = T.if_then_else(k + ks_per_pass >= num_topk, k + ks_per_pass - num_topk, k + ks_per_pass)
     T.sync_threads()
-    for i in T.serial(T.ceildiv(num_bins, THREADS)):
-        b = i * THREADS + tid
-        if b < num_bins and local[b] > 0:
-            T.atomic_add(counts[b], local[b])
+
+
+def _wait_for_zeroed_output():
+    """cudaGridDependencySynchronize: wait for the kernel before this one on the stream to finish.
+
+    The kernels are launched with programmatic stream serialization (PDL; the manifest records it from
+    this call), so they may start while the op's torch.zeros of the global counts is still finishing,
+    and count their indices meanwhile. Only the global atomics wait. The indices themselves are safe
+    to read before the wait: the zero fill was launched without PDL, so whatever wrote the indices had
+    completed before it started, and this kernel cannot start before every block of the fill has run."""
+    return T.call_intrin('void', tirx.op.Op.get('tl.pdl_sync'))
 
 
 def build_group_count(arch: Arch, index_dtype: str) -> KernelProgram:
@@ -64,49 +96,69 @@ def build_group_count(arch: Arch, index_dtype: str) -> KernelProgram:
         num_blocks: T.int32,
     ):
         with T.Kernel(num_blocks, threads=THREADS) as pid:
-            _count_into(group_idx, out, num_groups, num_tokens, num_topk, num_blocks, pid)
+            tid = T.get_thread_binding()
+            local = T.alloc_shared((MAX_BINS,), T.int32)
+            _count_in_shared(group_idx, local, num_groups, num_tokens, num_topk, num_blocks, pid)
+            _wait_for_zeroed_output()
+            for i in T.serial(T.ceildiv(num_groups, THREADS)):
+                b = i * THREADS + tid
+                if b < num_groups and local[b] > 0:
+                    T.atomic_add(out[b], local[b])  # `out` zeroed by the op
 
     return KernelProgram(group_count, alignment={'group_idx': 4, 'out': 4})
+
+
+def _global_fetch_add(buffer, index, value):
+    """CUDA's 64-bit atomicAdd on a global int64 slot, returning the old value as uint64: one ATOMG.
+    tilelang's atomic_add(return_prev=True) does not compile for int64 (its cuda::atomic_ref binds the
+    slot as unsigned long long), and through atomic_ref it would be a generic ATOM with a shared/local
+    fallback branch on its result."""
+    pointer = T.call_extern('handle', '(unsigned long long *)', T.address_of(buffer[index]))
+    return T.call_extern('uint64', 'atomicAdd', pointer, value)
+
+
+ARRIVAL = 1 << 32  # one block's arrival in an aux_fi slot; the low half holds the count (< 2**32)
 
 
 def build_aux_fi(arch: Arch, index_dtype: str) -> KernelProgram:
     num_tokens, num_topk = T.dynamic('num_tokens'), T.dynamic('num_topk')
     row_stride, num_experts = T.dynamic('row_stride'), T.dynamic('num_bins')
-    num_slots = T.dynamic('num_slots')  # num_experts counts, then the ticket of finished blocks
 
     @T.prim_func
     def aux_fi(
         topk_idx: T.StridedTensor[(num_tokens, num_topk), (row_stride, 1), index_dtype],
-        counts: T.Tensor[(num_slots,), T.int32],
+        slots: T.Tensor[(num_experts,), T.int64],  # per expert: blocks arrived << 32 | count
         out: T.Tensor[(num_experts,), T.float32],
         num_aux_topk: T.int32,
         num_blocks: T.int32,
     ):
         with T.Kernel(num_blocks, threads=THREADS) as pid:
             tid = T.get_thread_binding()
-            last = T.alloc_shared((1,), T.int32)
-            _count_into(topk_idx, counts, num_experts, num_tokens, num_topk, num_blocks, pid)
-            # The block that finishes last turns the counts into fractions: a fence makes this block's
-            # count atomics visible before its ticket, and the last ticket sees every block's.
-            T.call_extern('void', '__threadfence')
-            T.sync_threads()
-            if tid == 0:
-                last[0] = T.if_then_else(T.atomic_add(counts[num_experts], 1, return_prev=True) == num_blocks - 1, 1, 0)
-            T.sync_threads()
-            if last[0] == 1:
-                T.call_extern('void', '__threadfence')
-                for i in T.serial(T.ceildiv(num_experts, THREADS)):
-                    e = i * THREADS + tid
-                    if e < num_experts:
-                        # Read through the atomic unit (L2): this block's L1 may not have seen other blocks' adds.
-                        count = T.atomic_add(counts[e], 0, return_prev=True)
-                        # The integer product is exact; each float conversion and the division round once.
-                        out[e] = T.Cast('float32', T.Cast('int64', count) * num_experts) / T.Cast('float32', T.Cast('int64', num_tokens) * num_aux_topk)
+            local = T.alloc_shared((MAX_BINS,), T.int32)
+            _count_in_shared(topk_idx, local, num_experts, num_tokens, num_topk, num_blocks, pid)
+            _wait_for_zeroed_output()
+            # A thread's slot atomics are all issued before any result is used: one round trip.
+            before = T.alloc_local((MAX_BINS // THREADS,), T.uint64)
+            for i in T.unroll(MAX_BINS // THREADS):
+                if i * THREADS + tid < num_experts:
+                    # Every block arrives at every slot, with a count of 0 too: the arrivals tell the last.
+                    before[i] = _global_fetch_add(slots, i * THREADS + tid, T.Cast('uint64', local[i * THREADS + tid]) + T.uint64(ARRIVAL))
+            for i in T.unroll(MAX_BINS // THREADS):
+                e = i * THREADS + tid
+                if e < num_experts and before[i] // T.uint64(ARRIVAL) == T.Cast('uint64', num_blocks - 1):
+                    count = T.Cast('int64', before[i] % T.uint64(ARRIVAL)) + T.Cast('int64', local[e])
+                    # The integer product is exact; each float conversion and the division round once.
+                    out[e] = T.Cast('float32', count * num_experts) / T.Cast('float32', T.Cast('int64', num_tokens) * num_aux_topk)
 
-    return KernelProgram(aux_fi, alignment={'topk_idx': 4, 'counts': 4, 'out': 4})
+    return KernelProgram(aux_fi, alignment={'topk_idx': 4, 'slots': 8, 'out': 4})
 
 
-PASS_CONFIGS = {'tl.disable_warp_specialized': True}
+PASS_CONFIGS = {
+    'tl.disable_warp_specialized': True,
+    # Every index load is already guarded by row < num_tokens (k < num_topk by construction); tilelang's
+    # own guard would add compares and a branch around each of them.
+    'tl.disable_safe_memory_legalize': True,
+}
 
 GROUP_COUNT = KernelDecl('moe.group_count', INDEX_DTYPE_PARAMS, build_group_count, index_dtype_specs, check_index_dtype, PASS_CONFIGS)
 AUX_FI = KernelDecl('moe.aux_fi', INDEX_DTYPE_PARAMS, build_aux_fi, index_dtype_specs, check_index_dtype, PASS_CONFIGS)

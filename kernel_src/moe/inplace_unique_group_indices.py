@@ -1,9 +1,15 @@
 """moe.inplace_unique_group_indices: in each row keep the first occurrence of every index and overwrite
 later repeats with -1, in place; negative entries are left alone.
 
-One thread per token keeps the indices seen so far as a bitmask of WORDS 64-bit words in registers
-(selected by unrolled compares, never by a run-time register index). Top-k and the group count (up to
-64 * WORDS) are run-time arguments, so one binary serves every model.
+One thread per token. The first UNROLLED indices of the row are loaded by predicated loads issued
+together (one memory latency rather than one per index: the in-place stores would otherwise keep the
+compiler from hoisting the next load above them), and each is compared with the ones before it, in
+registers: for the usual top-k of 8 that is 28 compares, whatever the group count. Indices past
+UNROLLED, if any, are compared with the unrolled ones and with the row's earlier tail as it is in
+memory: a repeat there may already read -1, but the first occurrence of its value is never
+overwritten, so the answer is the same. 32 threads per block spread the loads of 8192 tokens over
+every SM (the loads are one per index and lane, so their L1 cost grows with the warps per SM).
+Top-k and the group count are run-time arguments, so one binary serves every model.
 """
 
 from tilelang import language as T
@@ -12,9 +18,12 @@ from tvm import tirx  # after tilelang, which puts its bundled tvm on the path
 from kernel_src.decl import Arch, KernelDecl, KernelProgram
 from kernel_src.moe.common import INDEX_DTYPE_PARAMS, check_index_dtype, index_dtype_specs
 
-THREADS = 128
-WORDS = 16  # groups up to 1024
+THREADS = 32
+UNROLLED = 16  # indices per row loaded together; covers the top-k of every model in kernel_src/models.py
 
+
+def _assert_below(index, num_groups):
+    return T.call_intrin('void', tirx.op.Op.get('tl.device_assert'), index < num_groups)
 
 
 def build(arch: Arch, index_dtype: str) -> KernelProgram:
@@ -27,21 +36,32 @@ def build(arch: Arch, index_dtype: str) -> KernelProgram:
     ):
         with T.Kernel(T.ceildiv(num_tokens, THREADS), threads=THREADS) as pid:
             row = pid * THREADS + T.get_thread_binding()
-            seen = T.alloc_local((WORDS,), T.uint64)
-            for w in T.unroll(WORDS):
-                seen[w] = T.uint64(0)
+            first = T.alloc_local((UNROLLED,), T.int32)
             if row < num_tokens:
-                for k in T.serial(num_topk):
-                    index = T.Cast('int32', group_indices[row, k])
-                    T.call_intrin('void', tirx.op.Op.get('tl.device_assert'), index < num_groups)
-                    found = T.alloc_var(T.bool)
-                    found = False
-                    for w in T.unroll(WORDS):
-                        bit = T.if_then_else(index >= 0 and index // 64 == w, T.shift_left(T.uint64(1), T.Cast('uint64', index % 64)), T.uint64(0))
-                        found = found or (seen[w] & bit) != T.uint64(0)
-                        seen[w] = seen[w] | bit
-                    if found:
-                        group_indices[row, k] = T.Cast(index_dtype, -1)
+                # min() keeps the address of a lane past the top-k inside the row; its value is unused.
+                for k in T.unroll(UNROLLED):
+                    first[k] = T.if_then_else(k < num_topk, T.Cast('int32', group_indices[row, T.min(k, num_topk - 1)]), -1)
+                for k in T.unroll(UNROLLED):
+                    if k < num_topk:
+                        _assert_below(first[k], num_groups)
+                        repeat = T.alloc_var(T.bool)
+                        repeat = False
+                        for j in T.unroll(k):
+                            repeat = repeat or first[j] == first[k]
+                        if first[k] >= 0 and repeat:
+                            group_indices[row, k] = T.Cast(index_dtype, -1)
+                for k in T.serial(T.max(num_topk - UNROLLED, 0)):
+                    index = T.Cast('int32', group_indices[row, UNROLLED + k])
+                    _assert_below(index, num_groups)
+                    if index >= 0:
+                        repeat = T.alloc_var(T.bool)
+                        repeat = False
+                        for j in T.unroll(UNROLLED):
+                            repeat = repeat or first[j] == index
+                        for j in T.serial(k):
+                            repeat = repeat or T.Cast('int32', group_indices[row, UNROLLED + j]) == index
+                        if repeat:
+                            group_indices[row, UNROLLED + k] = T.Cast(index_dtype, -1)
 
     return KernelProgram(inplace_unique_group_indices, alignment={'group_indices': 4})
 
