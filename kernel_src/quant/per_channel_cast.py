@@ -15,7 +15,7 @@ channels). Each thread loads a column of 8 tokens x one 16-byte vector and keeps
 is 8 lanes along the tokens by 4 along the channels, so its loads cover 64 contiguous bytes of each of 8
 rows, and in the transposed kernel its stores (8 tokens of e4m3 per lane and channel) cover 64
 contiguous bytes of each of 8 output rows: no shared-memory transpose. The column amax is a thread's 8
-tokens, then a butterfly over the lanes along the tokens (32 or 64 tokens); those partial amaxes go to
+tokens (for bf16 in bf16 pairs, converted once), then a butterfly over the lanes along the tokens (32 or 64 tokens); those partial amaxes go to
 shared memory, where one thread per (block, column) of the CTA joins them, computes the scale factor and
 multiplier (the only divisions), stores the scale factor and shares the multiplier with the 16 threads
 that hold the column. The e4m3 casts convert pairs of values (one instruction per pair).
@@ -41,9 +41,10 @@ E4M3_MAX, AMAX_FLOOR = 448.0, 1e-4
 IN_SF_BLOCK = 128  # channels per input scale factor (e4m3 input)
 # CTAs per SM the register allocation must allow (256 threads: 3, 4 CTAs = at most 80, 64 registers a thread): a
 # CTA has 32 KB of loads in flight and then none while it reduces and stores, so several must share an SM.
-# Once the scales are computed one per (block, column) and shared through shared memory, bf16 and e4m3 input
-# fit 80 registers without spilling (bf16 at 64 spills 96 bytes a thread), float32 fits 64.
-MIN_BLOCKS = {'bfloat16': 3, 'float32': 4, 'float8_e4m3fn': 3}
+# With the scales computed once per (block, column) and shared through shared memory (no per-thread arrays of
+# scales) and bf16 amaxes kept in bf16 pairs, bf16 and float32 fit 64 registers and e4m3 input 80, none
+# spilling.
+MIN_BLOCKS = {'bfloat16': 4, 'float32': 4, 'float8_e4m3fn': 3}
 
 
 def check(in_dtype: str, gather: bool, transpose: bool, num_per_tokens: int) -> None:
@@ -77,6 +78,8 @@ def build(arch: Arch, in_dtype: str, gather: bool, transpose: bool, num_per_toke
     in_sf_stride_t = T.dynamic('in_sf_stride_t')
     in_sf_stride_k = T.dynamic('in_sf_stride_k')
 
+    # float32 conversions: vectorised for e4m3 (a pair converts in one instruction), one by one otherwise (one
+    # instruction each for bf16; the paired bf16 conversion takes two per pair).
     conversion_loop = T.vectorized if dequant else T.unroll
 
     def dequantized(as_float, in_sf, i, e):
@@ -139,15 +142,28 @@ def build(arch: Arch, in_dtype: str, gather: bool, transpose: bool, num_per_toke
                     if dequant:
                         in_sf[i] = T.float32(0)
 
-            # float32 conversions: vectorised for e4m3 (a pair converts in one instruction), one by one for
-            # bf16 (one instruction each; the paired bf16 conversion takes two per pair).
-            for e in T.unroll(epv):
-                amax[e] = T.float32(0)
-            for i in T.unroll(ROWS):
-                for e in conversion_loop(epv):
-                    as_float[e] = T.Cast(T.float32, values[i, e])
+            if in_dtype == 'bfloat16':
+                # The thread's amax in bf16 pairs (|x| and __hmax2: one instruction each per pair, against a
+                # conversion and a max per value in float32), converted once. Exact: the max of bf16 values
+                # is one of them. From 0, as in float32: __hmax2, like fmaxf, returns the other input for a
+                # NaN, so NaN inputs never reach the amax.
+                amax_pairs = T.alloc_local((epv,), T.bfloat16)
+                for e in T.vectorized(epv):
+                    amax_pairs[e] = T.cast(0, T.bfloat16)
+                for i in T.unroll(ROWS):
+                    for e in T.vectorized(epv):
+                        amax_pairs[e] = T.max(amax_pairs[e], T.abs(values[i, e]))
                 for e in T.unroll(epv):
-                    amax[e] = T.max(amax[e], T.abs(dequantized(as_float, in_sf, i, e)))
+                    amax[e] = T.Cast(T.float32, amax_pairs[e])
+            else:
+                # float32 conversions: vectorised for e4m3 (a pair converts in one instruction).
+                for e in T.unroll(epv):
+                    amax[e] = T.float32(0)
+                for i in T.unroll(ROWS):
+                    for e in conversion_loop(epv):
+                        as_float[e] = T.Cast(T.float32, values[i, e])
+                    for e in T.unroll(epv):
+                        amax[e] = T.max(amax[e], T.abs(dequantized(as_float, in_sf, i, e)))
             # Lanes along the tokens are lane bits 2..4: xor 4 and 8 join 32 tokens, xor 16 joins 64.
             for e in T.unroll(epv):
                 for s in T.unroll(lane_steps):
