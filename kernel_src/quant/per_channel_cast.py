@@ -15,10 +15,11 @@ channels). Each thread loads a column of 8 tokens x one 16-byte vector and keeps
 is 8 lanes along the tokens by 4 along the channels, so its loads cover 64 contiguous bytes of each of 8
 rows, and in the transposed kernel its stores (8 tokens of e4m3 per lane and channel) cover 64
 contiguous bytes of each of 8 output rows: no shared-memory transpose. The column amax is a thread's 8
-tokens (for bf16 in bf16 pairs, converted once), then a butterfly over the lanes along the tokens (32 or 64 tokens); those partial amaxes go to
-shared memory, where one thread per (block, column) of the CTA joins them, computes the scale factor and
-multiplier (the only divisions), stores the scale factor and shares the multiplier with the 16 threads
-that hold the column. The e4m3 casts convert pairs of values (one instruction per pair).
+tokens (for bf16 in bf16 pairs, converted once), then a butterfly over the lanes along the tokens (32 or
+64 tokens); those partial amaxes go to shared memory, where one thread per (block, column) of the CTA
+joins them, computes the scale factor and multiplier (the only divisions), stores the scale factor and
+shares the multiplier with the 16 threads that hold the column. The e4m3 casts convert pairs of values
+(one instruction per pair).
 
 Token count, hidden size and every stride are run-time values; all accesses are masked against the
 buffer dims (a whole 16-byte vector at a time: the op guarantees hidden is a multiple of the vector).
@@ -156,7 +157,6 @@ def build(arch: Arch, in_dtype: str, gather: bool, transpose: bool, num_per_toke
                 for e in T.unroll(epv):
                     amax[e] = T.Cast(T.float32, amax_pairs[e])
             else:
-                # float32 conversions: vectorised for e4m3 (a pair converts in one instruction).
                 for e in T.unroll(epv):
                     amax[e] = T.float32(0)
                 for i in T.unroll(ROWS):
@@ -185,7 +185,9 @@ def build(arch: Arch, in_dtype: str, gather: bool, transpose: bool, num_per_toke
                 if item < blocks_per_tile * tile_k:
                     block = item // tile_k
                     column = item % tile_k
-                    block_scale(block_amax(partials, block, column), T.float32(AMAX_FLOOR), E4M3_MAX, round_sf, False, sf, multiplier, 0)
+                    # multiplier[0] is scratch here: each thread reloads its own multipliers below.
+                    block_scale(block_amax(partials, block, column), T.float32(AMAX_FLOOR), E4M3_MAX, round_sf, False, sf,
+                                multiplier, 0)
                     sf_row = pid_m * blocks_per_tile + block
                     if sf_row < num_sf_rows and pid_k * tile_k + column < hidden:
                         out_sf[sf_row, pid_k * tile_k + column] = sf[0]
