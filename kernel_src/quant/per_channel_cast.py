@@ -173,6 +173,9 @@ def build(arch: Arch, in_dtype: str, gather: bool, transpose: bool, num_per_toke
             # block's scale factor and multiplier, stores the scale factor (consecutive threads, consecutive
             # columns) and shares the multiplier. Two divisions per block and column in the CTA rather than in
             # each of the 16 threads that hold the column, and no per-thread arrays of 16 scales to keep live.
+            # tilelang may place `multipliers` over `partials` (it does for bf16 and float32). Safe while a CTA
+            # has one block (128 tokens) or one partial per block (32): multipliers[b, c] then overlaps only
+            # partials[b, c], a partial of the same (block, column), whose thread reads it before writing.
             partials = T.alloc_shared((num_groups, tile_k), T.float32)
             multipliers = T.alloc_shared((blocks_per_tile, tile_k), T.float32)
             col_in_tile = ((warp % WARPS_K) * LANES_K + lane % LANES_K) * epv
