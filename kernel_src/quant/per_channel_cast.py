@@ -15,8 +15,11 @@ channels). Each thread loads a column of 8 tokens x one 16-byte vector and keeps
 is 8 lanes along the tokens by 4 along the channels, so its loads cover 64 contiguous bytes of each of 8
 rows, and in the transposed kernel its stores (8 tokens of e4m3 per lane and channel) cover 64
 contiguous bytes of each of 8 output rows: no shared-memory transpose. The column amax is a thread's 8
-tokens, then a butterfly over the lanes along the tokens (32 or 64 tokens), then for 128-token blocks one
-exchange through shared memory between the CTA's two warp rows.
+tokens (for bf16 in bf16 pairs, converted once), then a butterfly over the lanes along the tokens (32 or
+64 tokens); those partial amaxes go to shared memory, where one thread per (block, column) of the CTA
+joins them, computes the scale factor and multiplier (the only divisions), stores the scale factor and
+shares the multiplier with the 16 threads that hold the column. The e4m3 casts convert pairs of values
+(one instruction per pair).
 
 Token count, hidden size and every stride are run-time values; all accesses are masked against the
 buffer dims (a whole 16-byte vector at a time: the op guarantees hidden is a multiple of the vector).
@@ -27,7 +30,7 @@ from tilelang import language as T
 from tvm import tirx
 
 from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
-from kernel_src.quant.common import ceil_pow2_exponent, inverse_pow2, pow2
+from kernel_src.quant.common import block_scale
 
 NUM_THREADS = 256
 ROWS = 8  # tokens per thread
@@ -37,12 +40,12 @@ TILE_M = ROWS * LANES_M * WARPS_M  # 128 tokens per CTA
 IN_DTYPES = {'bfloat16': 2, 'float32': 4, 'float8_e4m3fn': 1}
 E4M3_MAX, AMAX_FLOOR = 448.0, 1e-4
 IN_SF_BLOCK = 128  # channels per input scale factor (e4m3 input)
-# CTAs per SM the register allocation must allow (256 threads: 2, 3, 4 CTAs = at most 128, 80, 64 registers a
-# thread): a CTA has 32 KB of loads in flight and then none while it reduces and stores, so several must
-# share an SM. bf16 at 80 registers spills 64 bytes a thread (to L1), which costs less than a third of the
-# loads in flight; e4m3 input keeps 16 channels a thread (16 float32 each of amax, sf and multiplier) and
-# needs 117 registers.
-MIN_BLOCKS = {'bfloat16': 3, 'float32': 4, 'float8_e4m3fn': 2}
+# CTAs per SM the register allocation must allow (256 threads: 3, 4 CTAs = at most 80, 64 registers a thread): a
+# CTA has 32 KB of loads in flight and then none while it reduces and stores, so several must share an SM.
+# With the scales computed once per (block, column) and shared through shared memory (no per-thread arrays of
+# scales) and bf16 amaxes kept in bf16 pairs, bf16 and float32 fit 64 registers and e4m3 input 80, none
+# spilling.
+MIN_BLOCKS = {'bfloat16': 4, 'float32': 4, 'float8_e4m3fn': 3}
 
 
 def check(in_dtype: str, gather: bool, transpose: bool, num_per_tokens: int) -> None:
@@ -60,8 +63,12 @@ def build(arch: Arch, in_dtype: str, gather: bool, transpose: bool, num_per_toke
     epv = 16 // IN_DTYPES[in_dtype]  # channels per 16-byte vector
     tile_k = epv * LANES_K * WARPS_K
     dequant = in_dtype == 'float8_e4m3fn'
-    rows_per_block = num_per_tokens // ROWS  # threads along the tokens per scale-factor block
-    lane_steps = (rows_per_block.bit_length() - 1) if rows_per_block <= LANES_M else 3  # butterfly steps in a warp
+    group_tokens = min(num_per_tokens, ROWS * LANES_M)  # tokens the warp butterfly joins: 32 or 64
+    lane_steps = (group_tokens // ROWS).bit_length() - 1  # butterfly steps in a warp: 2 or 3
+    num_groups = TILE_M // group_tokens  # partial amaxes per column in a CTA
+    groups_per_block = num_per_tokens // group_tokens
+    blocks_per_tile = TILE_M // num_per_tokens  # scale-factor rows per CTA: 1 or 4
+    scale_rounds = -(-blocks_per_tile * tile_k // NUM_THREADS)  # (block, column) scales per thread, rounded up
 
     num_tokens = T.dynamic('num_tokens')  # input rows
     num_tokens_out = T.dynamic('num_tokens_out') if gather else num_tokens
@@ -72,10 +79,21 @@ def build(arch: Arch, in_dtype: str, gather: bool, transpose: bool, num_per_toke
     in_sf_stride_t = T.dynamic('in_sf_stride_t')
     in_sf_stride_k = T.dynamic('in_sf_stride_k')
 
-    def dequantized(values, in_sf, i, e):
-        """float32 value of the thread's row i, channel e: float(q) * sf for e4m3 input (one rounding)."""
-        v = T.Cast('float32', values[i, e])
-        return v * in_sf[i] if dequant else v
+    # float32 conversions: vectorised for e4m3 (a pair converts in one instruction), one by one otherwise (one
+    # instruction each for bf16; the paired bf16 conversion takes two per pair).
+    conversion_loop = T.vectorized if dequant else T.unroll
+
+    def dequantized(as_float, in_sf, i, e):
+        """float32 value of channel e of the thread's row i, from its float32 conversion: float(q) * sf for e4m3
+        input (one rounding)."""
+        return as_float[e] * in_sf[i] if dequant else as_float[e]
+
+    def block_amax(partials, block, column):
+        """amax of a (block, column) of the CTA: the max of the block's partials (plain Python: one expression)."""
+        result = partials[block * groups_per_block, column]
+        for g in range(1, groups_per_block):
+            result = T.max(result, partials[block * groups_per_block + g, column])
+        return result
 
     @T.macro
     def body(x, x_sf, pos_to_token, out, out_sf, round_sf):
@@ -99,7 +117,9 @@ def build(arch: Arch, in_dtype: str, gather: bool, transpose: bool, num_per_toke
             in_sf = T.alloc_local((ROWS,), T.float32)
             amax = T.alloc_local((epv,), T.float32)
             multiplier = T.alloc_local((epv,), T.float32)
-            sf = T.alloc_local((epv,), T.float32)
+            sf = T.alloc_local((1,), T.float32)
+            as_float = T.alloc_local((epv,), T.float32)
+            scaled = T.alloc_local((max(epv, ROWS),), T.float32)
 
             # Loads: all of the thread's rows before any arithmetic, so they are in flight together.
             for i in T.unroll(ROWS):
@@ -123,44 +143,71 @@ def build(arch: Arch, in_dtype: str, gather: bool, transpose: bool, num_per_toke
                     if dequant:
                         in_sf[i] = T.float32(0)
 
-            for e in T.unroll(epv):
-                amax[e] = T.float32(0)
+            if in_dtype == 'bfloat16':
+                # The thread's amax in bf16 pairs (|x| and __hmax2: one instruction each per pair, against a
+                # conversion and a max per value in float32), converted once. Exact: the max of bf16 values
+                # is one of them. From 0, as in float32: __hmax2, like fmaxf, returns the other input for a
+                # NaN, so NaN inputs never reach the amax.
+                amax_pairs = T.alloc_local((epv,), T.bfloat16)
+                for e in T.vectorized(epv):
+                    amax_pairs[e] = T.cast(0, T.bfloat16)
                 for i in T.unroll(ROWS):
-                    amax[e] = T.max(amax[e], T.abs(dequantized(values, in_sf, i, e)))
+                    for e in T.vectorized(epv):
+                        amax_pairs[e] = T.max(amax_pairs[e], T.abs(values[i, e]))
+                for e in T.unroll(epv):
+                    amax[e] = T.Cast(T.float32, amax_pairs[e])
+            else:
+                for e in T.unroll(epv):
+                    amax[e] = T.float32(0)
+                for i in T.unroll(ROWS):
+                    for e in conversion_loop(epv):
+                        as_float[e] = T.Cast(T.float32, values[i, e])
+                    for e in T.unroll(epv):
+                        amax[e] = T.max(amax[e], T.abs(dequantized(as_float, in_sf, i, e)))
             # Lanes along the tokens are lane bits 2..4: xor 4 and 8 join 32 tokens, xor 16 joins 64.
             for e in T.unroll(epv):
                 for s in T.unroll(lane_steps):
                     amax[e] = T.max(amax[e], T.shfl_xor(amax[e], LANES_K << s))
-            if num_per_tokens == TILE_M:
-                red = T.alloc_shared((WARPS_M, tile_k), T.float32)
-                if lane < LANES_K:
-                    for e in T.unroll(epv):
-                        red[warp // WARPS_K, col - pid_k * tile_k + e] = amax[e]
-                T.sync_threads()
-                for e in T.unroll(epv):
-                    amax[e] = T.max(red[0, col - pid_k * tile_k + e], red[1, col - pid_k * tile_k + e])
-
-            for e in T.unroll(epv):
-                clamped = T.max(amax[e], T.float32(AMAX_FLOOR))
-                sf[e] = clamped / T.float32(E4M3_MAX)
-                if round_sf != 0:
-                    exponent = ceil_pow2_exponent(sf[e])
-                    multiplier[e] = inverse_pow2(exponent)
-                    sf[e] = pow2(exponent)
-                else:
-                    multiplier[e] = T.float32(E4M3_MAX) / clamped
-
-            # One thread per block of tokens and vector of channels stores the scale factors.
-            sf_row = pid_m * (TILE_M // num_per_tokens) + rg // rows_per_block
-            if rg % rows_per_block == 0 and sf_row < num_sf_rows and col < hidden:
+            # The scales: each warp row's partial amax per column goes to shared memory (from the first thread
+            # of each group of tokens the butterfly joined), then one thread per (block, column) computes the
+            # block's scale factor and multiplier, stores the scale factor (consecutive threads, consecutive
+            # columns) and shares the multiplier. Two divisions per block and column in the CTA rather than in
+            # each of the 16 threads that hold the column, and no per-thread arrays of 16 scales to keep live.
+            # tilelang may place `multipliers` over `partials` (it does for bf16 and float32). Safe while a CTA
+            # has one block (128 tokens) or one partial per block (32): multipliers[b, c] then overlaps only
+            # partials[b, c], a partial of the same (block, column), whose thread reads it before writing.
+            partials = T.alloc_shared((num_groups, tile_k), T.float32)
+            multipliers = T.alloc_shared((blocks_per_tile, tile_k), T.float32)
+            col_in_tile = ((warp % WARPS_K) * LANES_K + lane % LANES_K) * epv
+            if (rg * ROWS) % group_tokens == 0:
                 for e in T.vectorized(epv):
-                    out_sf[sf_row, col + e] = sf[e]
+                    partials[rg * ROWS // group_tokens, col_in_tile + e] = amax[e]
+            T.sync_threads()
+            for r in T.unroll(scale_rounds):
+                item = r * NUM_THREADS + tid
+                if item < blocks_per_tile * tile_k:
+                    block = item // tile_k
+                    column = item % tile_k
+                    # multiplier[0] is scratch here: each thread reloads its own multipliers below.
+                    block_scale(block_amax(partials, block, column), T.float32(AMAX_FLOOR), E4M3_MAX, round_sf, False, sf,
+                                multiplier, 0)
+                    sf_row = pid_m * blocks_per_tile + block
+                    if sf_row < num_sf_rows and pid_k * tile_k + column < hidden:
+                        out_sf[sf_row, pid_k * tile_k + column] = sf[0]
+                    multipliers[block, column] = multiplier[0]
+            T.sync_threads()
+            for e in T.vectorized(epv):
+                multiplier[e] = multipliers[rg * ROWS // num_per_tokens, col_in_tile + e]
 
+            # Products in float32 (unrolled), then the e4m3 casts as a vectorised loop, which lowers to one
+            # two-value conversion (F2FP ... PACK_AB) per pair instead of one per value.
             if transpose:
                 quantized_t = T.alloc_local((epv, ROWS), T.float8_e4m3fn)
                 for e in T.unroll(epv):
-                    for i in T.unroll(ROWS):
-                        quantized_t[e, i] = T.Cast(T.float8_e4m3fn, dequantized(values, in_sf, i, e) * multiplier[e])
+                    for i in T.unroll(ROWS):  # bf16 input only: a conversion is one instruction anyway
+                        scaled[i] = T.Cast(T.float32, values[i, e]) * multiplier[e]
+                    for i in T.vectorized(ROWS):
+                        quantized_t[e, i] = T.Cast(T.float8_e4m3fn, scaled[i])
                 if row0 < num_tokens and col < hidden:
                     for e in T.unroll(epv):
                         for i in T.vectorized(ROWS):
@@ -169,8 +216,12 @@ def build(arch: Arch, in_dtype: str, gather: bool, transpose: bool, num_per_toke
                 quantized = T.alloc_local((epv,), T.float8_e4m3fn)
                 for i in T.unroll(ROWS):
                     if row0 + i < num_tokens_out and col < hidden:
+                        for e in conversion_loop(epv):
+                            as_float[e] = T.Cast(T.float32, values[i, e])
                         for e in T.unroll(epv):
-                            quantized[e] = T.Cast(T.float8_e4m3fn, dequantized(values, in_sf, i, e) * multiplier[e])
+                            scaled[e] = dequantized(as_float, in_sf, i, e) * multiplier[e]
+                        for e in T.vectorized(epv):
+                            quantized[e] = T.Cast(T.float8_e4m3fn, scaled[e])
                         for e in T.vectorized(epv):
                             out[row0 + i, col + e] = quantized[e]
 
