@@ -5,25 +5,72 @@ values, and the lowered code is what it would be had the kernel written them inl
 """
 
 from tilelang import language as T
+from tvm import tirx  # after tilelang, which puts its bundled tvm on the path
 
 IN_DTYPES = {'bfloat16': 2, 'float32': 4}  # input dtypes of the casts: bytes per element
 FORMATS = {'e4m3': (448.0, 1e-4), 'e2m1': (6.0, 6.0 * 2.0**-126)}  # (max, amax floor)
 SF_FORMATS = ('f32', 'ue8m0')  # float32 scale factors (row- or column-major), or packed UE8M0 bytes
 MODE_CAST, MODE_SF_ONLY, MODE_PRECOMPUTED = 0, 1, 2  # the run-time `mode` of the casts: data and sf, sf only, given sf
 
-# e2m1 round-to-nearest-even with saturation, as thresholds on |v|: code = number of thresholds passed,
-# with `>` where the tie goes down to the even code and `>=` where it goes up to it
-# (codes 0..7 are 0, 0.5, 1, 1.5, 2, 3, 4, 6).
-E2M1_THRESHOLDS = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, False), (3.5, True), (5.0, False))
+# e2m1 by one rounding add instead of seven compares: a = |v| clamped at 6 (a NaN stays NaN), m = 2^e the
+# power of two at or below max(a, 1) (e = 0, 1, 2), and s = a * 2^-22 + m. One unit in the last place of s,
+# 2^(e-23), is a * 2^-22 moving by 2^(e-1): the e2m1 step of a's binade (0.5 below 2, then 1, then 2). So the
+# float add itself rounds a to nearest even onto the e2m1 grid (m's mantissa is zero, so ties go to an even
+# k) and s's mantissa is k = round(a / 2^(e-1)), 0..4; the magnitude code is k + 2e (codes 0..7 are 0, 0.5,
+# 1, 1.5, 2, 3, 4, 6). s's exponent holds e, so both come out of s's bits by one multiply-add (see
+# e2m1_top_nibble). A NaN a makes s NaN, which a final max(s, 1) turns into 1.0: exponent 0 and k = 0, the
+# code 0 that the reference's compares give a NaN. a * 2^-22 is exact (but far below any tie), so an FFMA
+# and a separate multiply and add round alike; with flush-to-zero a subnormal a becomes 0, code 0 as well.
+E2M1_CLAMP = 6.0  # the largest e2m1 magnitude; every |v| above 5 has code 7
+E2M1_ROUNDING_SCALE = 2.0**-22  # a * this, added to 2^e, lands a's e2m1 step on the last mantissa bit
+E2M1_EXPONENT_MASK = 0x7F800000
+E2M1_SIGN_BIT = 0x80000000
+# bits(s) * (2^28 + 2^6): the 2^28 term moves k (s's low mantissa bits) to bits 28..31, the 2^6 term moves
+# s's biased exponent 127 + e to bit 29 up, i.e. adds 2 * (127 + e) = 14 + 2e (mod 16) to the top nibble;
+# the offset's 2 in the top nibble cancels the 14 (mod 16), leaving the magnitude code 0..7, and the sign
+# bit of v goes in at bit 31.
+# Bits below 28 hold at most k * 2^6, so nothing carries into the top nibble.
+E2M1_TOP_NIBBLE_MULTIPLIER = (1 << 28) + (1 << 6)
+E2M1_TOP_NIBBLE_OFFSET = 0x20000000
+
+
+def _let(name, dtype, value, body):
+    """body(x) with x bound once to value (a TIR Let: one local in the lowered code, not value pasted at
+    each use of x, which nvcc then fails to fold back into one instruction)."""
+    var = tirx.Var(name, dtype)
+    return tirx.Let(var, value, body(var))
+
+
+def e2m1_top_nibble(v):
+    """uint32 whose top 4 bits are the e2m1 code of float32 v (RTNE, saturated at 6, sign of v in bit 31;
+    NaN gives the code of a signed zero), bit-exact with the reference's compares; the 28 bits below are
+    not zero. Seven instructions: FMNMX.NAN, FMNMX, LOP3, FFMA, FMNMX, IMAD, LOP3."""
+    # `a > 6 ? 6 : a` keeps a NaN (nvcc emits FMNMX.NAN), where min(a, 6) would give 6 and the code 7.
+    clamped = lambda a: T.if_then_else(a > T.float32(E2M1_CLAMP), T.float32(E2M1_CLAMP), a)
+
+    def magnitude_top_nibble(a):
+        binade = T.reinterpret(T.max(a, T.float32(1)), T.uint32) & T.uint32(E2M1_EXPONENT_MASK)
+        rounded = T.max(a * T.float32(E2M1_ROUNDING_SCALE) + T.reinterpret(binade, T.float32), T.float32(1))
+        return T.reinterpret(rounded, T.uint32) * T.uint32(E2M1_TOP_NIBBLE_MULTIPLIER) + T.uint32(E2M1_TOP_NIBBLE_OFFSET)
+
+    magnitude = _let('e2m1_abs', 'float32', clamped(T.abs(v)), magnitude_top_nibble)
+    # Bit 31 of `magnitude` is 0 (codes 0..7), so v's sign bit is selected in (one LOP3), not added.
+    return magnitude | (T.reinterpret(v, T.uint32) & T.uint32(E2M1_SIGN_BIT))
 
 
 def e2m1_code(v):
     """The 4-bit e2m1 code of float32 v as an int32 (sign in bit 3), bit-exact with the reference's RTNE."""
-    a = T.abs(v)
-    code = T.Cast('int32', T.reinterpret(v, T.uint32) >> T.uint32(31)) * 8
-    for threshold, inclusive in E2M1_THRESHOLDS:
-        code = code + T.Cast('int32', (a >= T.float32(threshold)) if inclusive else (a > T.float32(threshold)))
-    return code
+    return T.Cast('int32', e2m1_top_nibble(v) >> T.uint32(28))
+
+
+def e2m1_word(values):
+    """uint32 of the e2m1 codes of up to eight float32 values, values[i] in nibble i (so, as bytes, two codes
+    per byte with the even one in the low nibble): one funnel shift (SHF.L.U32.HI) per code on top of
+    e2m1_top_nibble, pushing the last value first."""
+    word = e2m1_top_nibble(values[-1]) >> T.uint32(28)
+    for v in reversed(values[:-1]):
+        word = (word << T.uint32(4)) | (e2m1_top_nibble(v) >> T.uint32(28))
+    return word
 
 
 def e2m1_value(code):

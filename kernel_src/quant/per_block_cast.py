@@ -30,7 +30,7 @@ from tilelang import language as T
 
 from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
 from kernel_src.quant.common import (
-    FORMATS, IN_DTYPES, MODE_CAST, MODE_PRECOMPUTED, MODE_SF_ONLY, SF_FORMATS, ceil_pow2_exponent, e2m1_code, inverse_pow2, pow2,
+    FORMATS, IN_DTYPES, MODE_CAST, MODE_PRECOMPUTED, MODE_SF_ONLY, SF_FORMATS, ceil_pow2_exponent, e2m1_word, inverse_pow2, pow2,
 )
 
 NUM_THREADS = 256
@@ -132,6 +132,7 @@ def check(in_dtype: str, fmt: str, block_m: int, block_k: int, sf_format: str) -
 def build(arch: Arch, in_dtype: str, fmt: str, block_m: int, block_k: int, sf_format: str) -> KernelProgram:
     elem_bytes = IN_DTYPES[in_dtype]
     epv = VECTOR_BYTES // elem_bytes  # elements per vector
+    code_word = f'uint{4 * epv}'  # e2m1: the codes of one vector
     fp4 = fmt == 'e2m1'
     packed = sf_format == 'ue8m0'
     fmax, floor = FORMATS[fmt]
@@ -213,21 +214,21 @@ def build(arch: Arch, in_dtype: str, fmt: str, block_m: int, block_k: int, sf_fo
             if mode != MODE_SF_ONLY:
                 for j in T.unroll(tile.vectors):
                     row = bx * block_m + tile.row(tid, j)
-                    if row < num_tokens and col < hidden:
-                        if fp4:
-                            packed_bytes = T.alloc_local((epv // 2,), T.int8)
-                            for e in T.unroll(epv // 2):
-                                lo = e2m1_code(T.Cast('float32', values[j, 2 * e]) * multiplier)
-                                hi = e2m1_code(T.Cast('float32', values[j, 2 * e + 1]) * multiplier)
-                                packed_bytes[e] = T.Cast(T.int8, lo | (hi << 4))
+                    if fp4:
+                        # One word of codes seen as bytes, packed outside the store's condition (as in
+                        # per_token_cast): the byte-vector store then reads the word back whole.
+                        codes = T.alloc_local((1,), code_word)
+                        codes[0] = T.Cast(code_word, e2m1_word([T.Cast('float32', values[j, e]) * multiplier for e in range(epv)]))
+                        code_bytes = T.view(codes, (epv // 2,), T.int8)
+                        if row < num_tokens and col < hidden:
                             for e in T.vectorized(epv // 2):
-                                out[row, col // 2 + e] = packed_bytes[e]
-                        else:
-                            quantized = T.alloc_local((epv,), T.float8_e4m3fn)
-                            for e in T.unroll(epv):
-                                quantized[e] = T.Cast(T.float8_e4m3fn, T.Cast('float32', values[j, e]) * multiplier)
-                            for e in T.vectorized(epv):
-                                out[row, col + e] = quantized[e]
+                                out[row, col // 2 + e] = code_bytes[e]
+                    elif row < num_tokens and col < hidden:
+                        quantized = T.alloc_local((epv,), T.float8_e4m3fn)
+                        for e in T.unroll(epv):
+                            quantized[e] = T.Cast(T.float8_e4m3fn, T.Cast('float32', values[j, e]) * multiplier)
+                        for e in T.vectorized(epv):
+                            out[row, col + e] = quantized[e]
 
     return KernelProgram(per_block_cast, alignment={'x': VECTOR_BYTES, 'out': 16, 'out_sf': 1 if packed else 4})
 

@@ -29,7 +29,7 @@ from tilelang import language as T
 
 from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
 from kernel_src.quant.common import (
-    FORMATS, IN_DTYPES, MODE_CAST, MODE_PRECOMPUTED, MODE_SF_ONLY, SF_FORMATS, block_scale, e2m1_code,
+    FORMATS, IN_DTYPES, MODE_CAST, MODE_PRECOMPUTED, MODE_SF_ONLY, SF_FORMATS, block_scale, e2m1_word,
 )
 
 NUM_THREADS = 128
@@ -59,6 +59,7 @@ def build(arch: Arch, in_dtype: str, fmt: str, sf_format: str, per_row: bool, al
     group = 1 << group_log2
     num_warps = num_threads // 32
     load_loop = T.vectorized if aligned else T.unroll  # unaligned rows load element by element
+    code_word = f'uint{4 * epv}'  # e2m1: the codes of one vector
 
     num_tokens = T.dynamic('num_tokens')
     hidden = T.dynamic('hidden')
@@ -215,21 +216,24 @@ def build(arch: Arch, in_dtype: str, fmt: str, sf_format: str, per_row: bool, al
 
             if mode != MODE_SF_ONLY:
                 for j in T.unroll(num_vectors):
-                    if rows[j] < num_tokens and vecs[j] * epv < hidden:
-                        if fp4:
-                            packed_bytes = T.alloc_local((epv // 2,), T.int8)
-                            for e in T.unroll(epv // 2):
-                                lo = e2m1_code(T.Cast('float32', values[j, 2 * e]) * multiplier[j])
-                                hi = e2m1_code(T.Cast('float32', values[j, 2 * e + 1]) * multiplier[j])
-                                packed_bytes[e] = T.Cast(T.int8, lo | (hi << 4))
+                    if fp4:
+                        # A vector's codes as one word (4 bits per element: 32 bits for bf16, 16 for fp32)
+                        # that the byte-vector store reads back whole, computed outside the store's
+                        # condition: tilelang emits that store as a block of its own, and bytes written
+                        # one by one, or under another `if`, stay separate registers that nvcc merges
+                        # back byte by byte. A masked vector's codes are computed and dropped.
+                        codes = T.alloc_local((1,), code_word)
+                        codes[0] = T.Cast(code_word, e2m1_word([T.Cast('float32', values[j, e]) * multiplier[j] for e in range(epv)]))
+                        code_bytes = T.view(codes, (epv // 2,), T.int8)
+                        if rows[j] < num_tokens and vecs[j] * epv < hidden:
                             for e in T.vectorized(epv // 2):
-                                out[rows[j], vecs[j] * (epv // 2) + e] = packed_bytes[e]
-                        else:
-                            quantized = T.alloc_local((epv,), T.float8_e4m3fn)
-                            for e in T.unroll(epv):
-                                quantized[e] = T.Cast(T.float8_e4m3fn, T.Cast('float32', values[j, e]) * multiplier[j])
-                            for e in T.vectorized(epv):
-                                out[rows[j], vecs[j] * epv + e] = quantized[e]
+                                out[rows[j], vecs[j] * (epv // 2) + e] = code_bytes[e]
+                    elif rows[j] < num_tokens and vecs[j] * epv < hidden:
+                        quantized = T.alloc_local((epv,), T.float8_e4m3fn)
+                        for e in T.unroll(epv):
+                            quantized[e] = T.Cast(T.float8_e4m3fn, T.Cast('float32', values[j, e]) * multiplier[j])
+                        for e in T.vectorized(epv):
+                            out[rows[j], vecs[j] * epv + e] = quantized[e]
 
     return KernelProgram(per_token_cast, alignment={'x': 16 if aligned else elem_bytes, 'out': 16, 'out_sf': 1 if packed else 4})
 
