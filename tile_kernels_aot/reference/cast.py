@@ -122,67 +122,67 @@ def cast(
         raise ValueError(f'reference cast: x must be a 2-D bfloat16/float32 tensor, got {x.dim()}-d {x.dtype}')
     if use_packed_ue8m0 and not (round_sf and use_tma_aligned_col_major_sf) and sf is None:
         raise ValueError('reference cast: packed UE8M0 scale factors need round_sf and use_tma_aligned_col_major_sf')
-    fmax, floor = FORMATS[fmt]
     m, k = x.shape
     if m == 0:
         data = x.new_empty((0, k // 2 if fmt == 'e2m1' else k), dtype=torch.int8 if fmt == 'e2m1' else torch.float8_e4m3fn)
         if sf is not None:
             return data
         return data, _empty_sf(-(-k // block_size[1]), use_tma_aligned_col_major_sf, use_packed_ue8m0, x.device)
-    blocks, real = _blocks(x, block_size)
+    blocks, _ = _blocks(x, block_size)
     if sf is None:
-        amax = torch.where(real, blocks.abs(), torch.zeros((), device=x.device)).amax(dim=(1, 3))
-        clamped = amax.clamp(min=floor)
-        scale = clamped / torch.full_like(clamped, fmax)
-        if round_sf:
-            scale = _round_up_pow2(scale)
-            multiplier = 1.0 / scale
-        else:
-            multiplier = torch.full_like(clamped, fmax) / clamped
+        scale, multiplier = _block_scales(x.abs(), block_size, fmt, round_sf)
     else:
         scale = sf
         multiplier = 1.0 / sf
     q = (blocks * multiplier[:, None, :, None]).reshape(blocks.shape[0] * blocks.shape[1], blocks.shape[2] * blocks.shape[3])[:m, :k]
-    if fmt == 'e4m3':
-        data = q.clamp(-fmax, fmax).to(torch.float8_e4m3fn)
-    else:
-        codes = e2m1_codes(q.contiguous()).view(m, k // 2, 2)
-        data = (codes[..., 0] | (codes[..., 1] << 4)).view(torch.int8)
+    data = _encode(q, fmt)
     if sf is not None:
         return data
     return data, _format_sf(scale, use_tma_aligned_col_major_sf, use_packed_ue8m0)
 
 
+def _block_scales(magnitudes: torch.Tensor, block_size: tuple[int, int], fmt: str, round_sf: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sf, multiplier) per block of float32 magnitudes [M, K]: clamped = max(amax, floor), sf = clamped / max
+    and multiplier = max / clamped (two divisions), or with round_sf the power of two at or above sf and its
+    exact inverse."""
+    fmax, floor = FORMATS[fmt]
+    blocks, real = _blocks(magnitudes, block_size)
+    amax = torch.where(real, blocks, torch.zeros((), device=magnitudes.device)).amax(dim=(1, 3))
+    clamped = amax.clamp(min=floor)
+    scale = clamped / torch.full_like(clamped, fmax)
+    if round_sf:
+        scale = _round_up_pow2(scale)
+        return scale, 1.0 / scale
+    return scale, torch.full_like(clamped, fmax) / clamped
+
+
+def _encode(v: torch.Tensor, fmt: str) -> torch.Tensor:
+    """float32 [M, K] already scaled: e4m3 saturated at 448, or e2m1 codes two per int8 (even column low)."""
+    if fmt == 'e4m3':
+        return v.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    m, k = v.shape
+    codes = e2m1_codes(v.contiguous()).view(m, k // 2, 2)
+    return (codes[..., 0] | (codes[..., 1] << 4)).view(torch.int8)
+
+
 def _requantize(x: tuple[torch.Tensor, torch.Tensor], fmt: str, block_size: tuple[int, int], x_block_size: tuple[int, int] | None,
                 round_sf: bool, col_major: bool, packed: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """cast of a quantised (data, sf) input, as upstream's per_token_cast computes it (not via a dequantised copy):
-    amax = max |q| * s over the block (s the input scale factor of each element), and q * (s * multiplier)."""
+    amax = max |q| * s over the block (s the input scale factor of each element), and q * (s * multiplier).
+    As upstream, s * multiplier can overflow to inf for an all-zero block (e2m1's floor makes the
+    multiplier up to 2^126); 0 * inf is then NaN, which encodes by its sign bit (a CUDA NaN is positive:
+    +0), so the kernel and this reference agree when both run on the GPU."""
     if x_block_size is None:
         raise ValueError('reference cast: a (data, sf) input needs x_block_size')
     data, in_sf = x
     q = e2m1_unpack(data) if data.dtype == torch.int8 else data.float()
     m, k = q.shape
     s = _sf_values(in_sf).repeat_interleave(x_block_size[0], dim=0).repeat_interleave(x_block_size[1], dim=1)[:m, :k]
-    fmax, floor = FORMATS[fmt]
     if m == 0:
         return cast(q, fmt, block_size, round_sf=round_sf, use_tma_aligned_col_major_sf=col_major, use_packed_ue8m0=packed)
-    products, real = _blocks(q.abs() * s, block_size)
-    amax = torch.where(real, products, torch.zeros((), device=q.device)).amax(dim=(1, 3))
-    clamped = amax.clamp(min=floor)
-    scale = clamped / torch.full_like(clamped, fmax)
-    if round_sf:
-        scale = _round_up_pow2(scale)
-        multiplier = 1.0 / scale
-    else:
-        multiplier = torch.full_like(clamped, fmax) / clamped
+    scale, multiplier = _block_scales(q.abs() * s, block_size, fmt, round_sf)
     expanded = multiplier.repeat_interleave(block_size[0], dim=0).repeat_interleave(block_size[1], dim=1)[:m, :k]
-    v = q * (s * expanded)
-    if fmt == 'e4m3':
-        out = v.clamp(-fmax, fmax).to(torch.float8_e4m3fn)
-    else:
-        codes = e2m1_codes(v.contiguous()).view(m, k // 2, 2)
-        out = (codes[..., 0] | (codes[..., 1] << 4)).view(torch.int8)
-    return out, _format_sf(scale, col_major, packed)
+    return _encode(q * (s * expanded), fmt), _format_sf(scale, col_major, packed)
 
 
 def cast_back(x: tuple[torch.Tensor, torch.Tensor], fmt: str, block_size: tuple[int, int]) -> torch.Tensor:
