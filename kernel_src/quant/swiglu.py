@@ -522,6 +522,7 @@ def build_backward(arch: Arch, grad_dtype: str) -> KernelProgram:
             multiplier = T.alloc_local((2,), T.float32)
             acc = T.alloc_local((1,), T.float32)
             w_local = T.alloc_local((1,), T.float32)
+            sf_in = T.alloc_local((2,), T.float32)
             red = T.alloc_shared((num_warps,), T.float32)
             lanes_log2 = npc_log2 - 4  # lanes per block, log2: 1 (32 channels) or 3 (128)
 
@@ -545,8 +546,12 @@ def build_backward(arch: Arch, grad_dtype: str) -> KernelProgram:
                             yq[e] = x[pid, hidden + col + e]
                         for e in T.vectorized(n):
                             g[e] = grad_out[pid, col + e]
-                        sfx = x_sf[pid, col >> npc_log2]
-                        sfy = x_sf[pid, (hidden + col) >> npc_log2]
+                        # Into registers once: a load bound to a Python name is re-emitted at every use, and
+                        # the lowered ld.global intrinsics are not merged (16 loads of each a step before).
+                        sf_in[0] = x_sf[pid, col >> npc_log2]
+                        sf_in[1] = x_sf[pid, (hidden + col) >> npc_log2]
+                        sfx = sf_in[0]
+                        sfy = sf_in[1]
                         for e in T.unroll(n):
                             xv = T.Cast(T.float32, xq[e]) * sfx
                             yv = T.Cast(T.float32, yq[e]) * sfy
