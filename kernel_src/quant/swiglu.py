@@ -12,10 +12,14 @@ q = e4m3_satfinite(v * multiplier).
   without weights); blocks of (1, 128) or one block per row (per_row). Rows with pos_to_expert < 0 are
   neither read nor written. Clamp counts are summed per thread in int32, per CTA through shared memory
   and added to the int64 counters with one atomic per CTA and counter: integer sums, so the result does
-  not depend on the grid size (set_num_sms). Layout as quant.per_token_cast: the 16-byte vectors of all
-  rows form one flat sequence that a grid-stride loop deals out to the threads, so a 128-wide block is 16
-  (bf16) or 32 (fp32) adjacent lanes and its amax is a butterfly of shuffles. per_row gives a row to a
-  power-of-two group of threads (a run-time size: up to 8 vectors each, 256 at most), several rows per CTA.
+  not depend on the grid size (set_num_sms). The 128-wide blocks of all rows form one flat sequence that a
+  persistent grid-stride loop deals out: a block is 4 (bf16) or 8 (fp32) adjacent lanes, each holding 4
+  of its 16-byte vectors (lane i: vectors i, i + lanes, ...), so that one row lookup, one butterfly and
+  one scale serve 32 (bf16) or 16 (fp32) elements a thread, and each load instruction reads whole 64-byte
+  runs; the loop is software-pipelined (lookups two steps ahead, loads one). per_row gives a row to a
+  power-of-two group of threads (a run-time size: up to 2 vectors each, 1024 at most), several rows per
+  CTA of 1024 threads (56 registers: 32 warps per SM, where 256 threads with 8 vectors each took 181
+  registers and left 8 warps per SM).
 * swiglu_forward_and_per_channel_cast: bf16 input only; act is rounded to bf16 (the rounding point of
   upstream), then cast in blocks of (num_per_tokens, 1) (32 or 128 tokens, a run-time choice). A CTA
   takes 128 tokens x 64 channels: a thread issues all of its loads (4 vectors of each half) before the
@@ -37,10 +41,11 @@ from kernel_src.quant.common import IN_DTYPES, SF_FORMATS, block_scale
 E4M3_MAX = 448.0
 
 FWD_THREADS = 256
-FWD_VECTORS = 2  # 16-byte vectors of each half per thread and step: 64 bytes of loads in flight
-ROW_VECTORS = 8  # per_row: vectors per thread, so rows of up to 256 * 8 vectors (16384 bf16, 8192 fp32)
-ROW_THREADS_LOG2 = 8  # per_row: log2 of the CTA size
+FWD_VECTORS = 4  # flat kernel: 16-byte vectors of each half per thread and step, all in one 128-wide block
+ROW_VECTORS = 2  # per_row: vectors per thread, so rows of up to 1024 * 2 vectors (16384 bf16, 8192 fp32)
+ROW_THREADS_LOG2 = 10  # per_row: log2 of the CTA size (one CTA of 32 warps per SM)
 BLOCK = 128  # channels per scale factor of the flat forward
+FWD_MIN_BLOCKS = 2  # flat kernel: CTAs per SM the register allocation must allow (the op's grid is 2 per SM)
 
 CH_THREADS = 256
 CH_TOKENS = 128  # tokens per CTA (one block of 128 or four of 32)
@@ -72,10 +77,14 @@ def check_forward(in_dtype: str, sf_format: str, per_row: bool) -> None:
 def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> KernelProgram:
     epv = 16 // IN_DTYPES[in_dtype]  # elements per 16-byte vector
     packed = sf_format == 'ue8m0'
-    lanes_log2 = (BLOCK // epv).bit_length() - 1  # lanes per 128-wide block, log2: 4 (bf16) or 5 (fp32)
     num_vectors = ROW_VECTORS if per_row else FWD_VECTORS
-    slots = FWD_THREADS * num_vectors
-    num_warps = FWD_THREADS // 32
+    # Flat kernel: a 128-wide block is `lanes` adjacent lanes (4 for bf16, 8 for fp32), lane i holding its
+    # vectors i, i + lanes, ... so that each load instruction reads whole 64-byte runs.
+    lanes = BLOCK // epv // FWD_VECTORS
+    lanes_log2 = lanes.bit_length() - 1
+    blocks_per_step = FWD_THREADS // lanes
+    num_threads = (1 << ROW_THREADS_LOG2) if per_row else FWD_THREADS
+    num_warps = num_threads // 32
 
     num_rows = T.dynamic('num_rows')
     width = T.dynamic('width')
@@ -126,16 +135,17 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> K
                 T.atomic_add(clamped_count[tid], total)
 
     @T.macro
-    def activate(gate, up, act, amax, counts, use_clamp, count_clamp, clamp_value, weight, j):
-        """act[j, :] = swiglu * weight, amax[j] over it, and the clamp counts."""
+    def activate(gate, up, act, amax, counts, count_clamp, clamp_c, weight, j):
+        """act[j, :] = swiglu * weight, amax[j] over it, and the clamp counts (clamp_c: c, or +inf without a
+        clamp, when there are no counts)."""
         for e in T.unroll(epv):
             l = T.Cast(T.float32, gate[j, e])
             r = T.Cast(T.float32, up[j, e])
             if count_clamp != 0:
-                counts[0] = counts[0] + T.Cast(T.int32, l > clamp_value)
-                counts[1] = counts[1] + T.Cast(T.int32, r > clamp_value)
-                counts[2] = counts[2] + T.Cast(T.int32, r < -clamp_value)
-            act[j, e] = _swiglu(l, r, use_clamp, clamp_value) * weight[j]
+                counts[0] = counts[0] + T.Cast(T.int32, l > clamp_c)
+                counts[1] = counts[1] + T.Cast(T.int32, r > clamp_c)
+                counts[2] = counts[2] + T.Cast(T.int32, r < -clamp_c)
+            act[j, e] = _swiglu(l, r, 1, clamp_c) * weight[j]
             amax[j] = T.max(amax[j], T.abs(act[j, e]))
 
     @T.macro
@@ -157,7 +167,7 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> K
         clamped_count: T.Tensor[(3,), T.int64],
         num_ctas: T.int32,
         num_iters: T.int32,
-        vectors_per_row: T.int32,
+        blocks_per_row: T.int32,
         row_magic: T.int64,
         row_shift: T.int32,
         with_weight: T.int32,
@@ -169,7 +179,9 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> K
         clamp_value: T.float32,
         sf_floor: T.float32,
     ):
-        with T.Kernel(num_ctas, threads=FWD_THREADS) as pid:
+        with T.Kernel(num_ctas, threads=num_threads) as pid:
+            if not per_row:
+                T.annotate_min_blocks_per_sm(FWD_MIN_BLOCKS)
             T.assume(hidden % BLOCK == 0)
             T.assume(width % 64 == 0)
             tid = T.get_thread_binding()
@@ -185,10 +197,14 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> K
             red_counts = T.alloc_shared((num_warps, 3), T.int32)
             for c in T.unroll(3):
                 counts[c] = 0
+            # The clamp against c, or +inf without a clamp (the same results, NaN included), so that the
+            # element loops do not test use_clamp.
+            clamp_c = T.alloc_var(T.float32)
+            clamp_c = T.if_then_else(use_clamp != 0, clamp_value, T.float32(float('inf')))
 
             if per_row:
-                # 2^tpr_log2 threads per row (enough for 8 vectors each), 256 >> tpr_log2 rows per CTA and
-                # step, so that short rows still keep every thread's 8 vector pairs in flight.
+                # 2^tpr_log2 threads per row (enough for 2 vectors each), 1024 >> tpr_log2 rows per CTA and
+                # step, so that short rows still keep every thread's 2 vector pairs in flight.
                 red = T.alloc_shared((2, num_warps), T.float32)
                 lane = tid & ((1 << tpr_log2) - 1)
                 for it in T.serial(num_iters):
@@ -206,7 +222,7 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> K
                     for j in T.unroll(num_vectors):
                         col = ((j << tpr_log2) + lane) * epv
                         if live[0] != 0 and col < hidden:
-                            activate(gate, up, act, amax, counts, use_clamp, count_clamp, clamp_value, weight, j)
+                            activate(gate, up, act, amax, counts, count_clamp, clamp_c, weight, j)
                     for j in T.unroll(1, num_vectors):
                         amax[0] = T.max(amax[0], amax[j])
                     # Row amax: a butterfly over the row's lanes, then (rows wider than a warp) over its warps,
@@ -218,7 +234,11 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> K
                     if tpr_log2 > 5:
                         if tid % 32 == 0:
                             red[it % 2, tid // 32] = amax[0]
-                        T.sync_threads()
+                        # A named barrier per row, or per two rows of 64 threads (ids 1..8; 0 is
+                        # __syncthreads, and there are 16): the rows of a CTA wait only for their own warps
+                        # rather than all 32, so they do not fall into lockstep load / compute phases.
+                        group_log2 = T.max(tpr_log2, 7)
+                        T.sync_threads(1 + (tid >> group_log2), 1 << group_log2)
                         first_warp = (tid >> tpr_log2) << (tpr_log2 - 5)
                         for w in T.unroll(num_warps):
                             if w < (1 << (tpr_log2 - 5)):
@@ -234,47 +254,108 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> K
                             if col < hidden:
                                 store_quantized(out, act, multiplier, row, col, j)
             else:
-                for it in T.serial(num_iters):
-                    for j in T.unroll(num_vectors):
-                        # Flat vector index -> row by a host-computed multiply-shift (exact below 2^31).
-                        v = (it * num_ctas + pid) * slots + j * FWD_THREADS + tid
-                        row = T.Cast(T.int32, (T.Cast(T.int64, v) * row_magic) >> T.Cast(T.int64, row_shift))
-                        col = (v - row * vectors_per_row) * epv
-                        row_info(row, with_weight, with_pos_to_expert, pos_to_token_topk, topk_weights, pos_to_expert, live, weight, j)
-                        if live[j] != 0:
-                            for e in T.vectorized(epv):
-                                gate[j, e] = x[row, col + e]
-                            for e in T.vectorized(epv):
-                                up[j, e] = x[row, hidden + col + e]
-                    for j in T.unroll(num_vectors):
-                        amax[j] = T.float32(0)
-                        if live[j] != 0:
-                            activate(gate, up, act, amax, counts, use_clamp, count_clamp, clamp_value, weight, j)
-                    # Block amax: a butterfly over the block's adjacent lanes (every lane takes part; a
-                    # skipped or missing row is a whole number of blocks, all with amax 0).
-                    for j in T.unroll(num_vectors):
+                # A software pipeline over the grid-stride steps keeps the memory system busy while the
+                # thread computes (the SwiGLU takes about as much issue time as the loads take to arrive):
+                # pass t issues the row lookups (pos_to_expert, pos_to_token_topk) of step t, the x loads
+                # and weight gathers of step t - 1 (whose lookups arrived during pass t - 1), and computes
+                # step t - 2. Unrolled by two, the double buffers are indexed by constant parities (no
+                # register moves); the live flags start at 0, so passes 0 and 1 compute nothing.
+                info_live = T.alloc_local((2,), T.int32)
+                info_index = T.alloc_local((2,), T.int32)
+                gate2 = T.alloc_local((2, num_vectors, epv), in_dtype)
+                up2 = T.alloc_local((2, num_vectors, epv), in_dtype)
+                live2 = T.alloc_local((2,), T.int32)
+                weight2 = T.alloc_local((2,), T.float32)
+                reach = T.alloc_local((2,), T.float32)
+                quantized = T.alloc_local((epv,), T.float8_e4m3fn)
+                lane = tid & (lanes - 1)
+                for p in T.unroll(2):
+                    info_live[p] = 0
+                    live2[p] = 0
+                for t2 in T.serial((num_iters + 3) // 2):
+                    for p in T.unroll(2):
+                        t = t2 * 2 + p
+                        # Lookups of step t into info[p]. Steps past the last are not live (and their block
+                        # index is not formed, so it never overflows).
+                        blk = (T.min(t, num_iters - 1) * num_ctas + pid) * blocks_per_step + (tid >> lanes_log2)
+                        row = T.Cast(T.int32, (T.Cast(T.int64, blk) * row_magic) >> T.Cast(T.int64, row_shift))
+                        info_live[p] = T.Cast(T.int32, T.And(t < num_iters, row < num_rows))
+                        if info_live[p] != 0:
+                            if with_pos_to_expert != 0:
+                                if pos_to_expert[row] < 0:
+                                    info_live[p] = 0
+                            if with_weight != 0:
+                                info_index[p] = pos_to_token_topk[row]
+                        # Loads of step t - 1 (lookups in info[1 - p]) into data[1 - p].
+                        live2[1 - p] = info_live[1 - p]
+                        weight2[1 - p] = T.float32(1)
+                        if live2[1 - p] != 0:
+                            blk = ((t - 1) * num_ctas + pid) * blocks_per_step + (tid >> lanes_log2)
+                            row = T.Cast(T.int32, (T.Cast(T.int64, blk) * row_magic) >> T.Cast(T.int64, row_shift))
+                            col = (blk - row * blocks_per_row) * BLOCK + lane * epv
+                            for j in T.unroll(num_vectors):
+                                for e in T.vectorized(epv):
+                                    gate2[1 - p, j, e] = x[row, col + j * lanes * epv + e]
+                            for j in T.unroll(num_vectors):
+                                for e in T.vectorized(epv):
+                                    up2[1 - p, j, e] = x[row, hidden + col + j * lanes * epv + e]
+                            if with_weight != 0:
+                                index = info_index[1 - p]
+                                weight2[1 - p] = T.if_then_else(index >= 0, topk_weights[T.max(index, 0)], T.float32(0))
+                        # Step t - 2 from data[p].
+                        amax[0] = T.float32(0)
+                        if live2[p] != 0:
+                            # Clamp counts: the largest gate and |up| (two FMNMX an element rather than three
+                            # compare-and-adds); only a step that reaches the clamp is counted exactly.
+                            # fmaxf skips NaN, which no count includes either.
+                            reach[0] = T.float32(float('-inf'))
+                            reach[1] = T.float32(0)
+                            for j in T.unroll(num_vectors):
+                                for e in T.unroll(epv):
+                                    l = T.Cast(T.float32, gate2[p, j, e])
+                                    r = T.Cast(T.float32, up2[p, j, e])
+                                    # Unconditional (2 FMNMX an element without counts), so that nvcc does not
+                                    # emit the element loop twice: one copy keeps the loop's code near 50 KB.
+                                    reach[0] = T.max(reach[0], l)
+                                    reach[1] = T.max(reach[1], T.abs(r))
+                                    act[j, e] = _swiglu(l, r, 1, clamp_c) * weight2[p]
+                                    amax[0] = T.max(amax[0], T.abs(act[j, e]))
+                            if count_clamp != 0:
+                                if T.Or(reach[0] > clamp_c, reach[1] > clamp_c):
+                                    for j in T.unroll(num_vectors):
+                                        for e in T.unroll(epv):
+                                            l = T.Cast(T.float32, gate2[p, j, e])
+                                            r = T.Cast(T.float32, up2[p, j, e])
+                                            counts[0] = counts[0] + T.Cast(T.int32, l > clamp_c)
+                                            counts[1] = counts[1] + T.Cast(T.int32, r > clamp_c)
+                                            counts[2] = counts[2] + T.Cast(T.int32, r < -clamp_c)
+                        # Block amax: a butterfly over the block's lanes (adjacent; every lane takes part: a
+                        # skipped or missing row is a whole number of blocks, all with amax 0).
                         for s in T.unroll(lanes_log2):
-                            amax[j] = T.max(amax[j], T.shfl_xor(amax[j], 1 << s))
-                    for j in T.unroll(num_vectors):
-                        v = (it * num_ctas + pid) * slots + j * FWD_THREADS + tid
-                        row = T.Cast(T.int32, (T.Cast(T.int64, v) * row_magic) >> T.Cast(T.int64, row_shift))
-                        col = (v - row * vectors_per_row) * epv
-                        if live[j] != 0:
-                            block_scale(amax[j], sf_floor, E4M3_MAX, round_sf, packed, sf, multiplier, j)
-                            block = col // BLOCK
-                            if tid % (1 << lanes_log2) == 0:
+                            amax[0] = T.max(amax[0], T.shfl_xor(amax[0], 1 << s))
+                        if live2[p] != 0:
+                            blk = ((t - 2) * num_ctas + pid) * blocks_per_step + (tid >> lanes_log2)
+                            row = T.Cast(T.int32, (T.Cast(T.int64, blk) * row_magic) >> T.Cast(T.int64, row_shift))
+                            block = blk - row * blocks_per_row
+                            col = block * BLOCK + lane * epv
+                            block_scale(amax[0], sf_floor, E4M3_MAX, round_sf, packed, sf, multiplier, 0)
+                            if lane == 0:
                                 if packed:
                                     if (block >> 2) < num_sf_words:
-                                        out_sf[block >> 2, row * 4 + (block & 3)] = T.Cast(T.uint8, sf[j])
+                                        out_sf[block >> 2, row * 4 + (block & 3)] = T.Cast(T.uint8, sf[0])
                                         # The last block of a row zeroes the rest of its word (upstream
                                         # leaves those bytes unset; zeros make the output deterministic).
-                                        if col + BLOCK >= hidden:
+                                        if block + 1 == blocks_per_row:
                                             for b in T.unroll(1, 4):
                                                 if (block & 3) + b < 4:
                                                     out_sf[block >> 2, row * 4 + (block & 3) + b] = T.uint8(0)
                                 elif block < num_sf_blocks:
-                                    out_sf[row, block] = sf[j]
-                            store_quantized(out, act, multiplier, row, col, j)
+                                    out_sf[row, block] = sf[0]
+                            for j in T.unroll(num_vectors):
+                                for e in T.unroll(epv):
+                                    quantized[e] = T.Cast(T.float8_e4m3fn, act[j, e] * multiplier[0])
+                                for e in T.vectorized(epv):
+                                    out[row, col + j * lanes * epv + e] = quantized[e]
             if count_clamp != 0:
                 count_into(counts, clamped_count, red_counts, tid)
 
@@ -443,6 +524,7 @@ def build_backward(arch: Arch, grad_dtype: str) -> KernelProgram:
             multiplier = T.alloc_local((2,), T.float32)
             acc = T.alloc_local((1,), T.float32)
             w_local = T.alloc_local((1,), T.float32)
+            sf_in = T.alloc_local((2,), T.float32)
             red = T.alloc_shared((num_warps,), T.float32)
             lanes_log2 = npc_log2 - 4  # lanes per block, log2: 1 (32 channels) or 3 (128)
 
@@ -466,8 +548,12 @@ def build_backward(arch: Arch, grad_dtype: str) -> KernelProgram:
                             yq[e] = x[pid, hidden + col + e]
                         for e in T.vectorized(n):
                             g[e] = grad_out[pid, col + e]
-                        sfx = x_sf[pid, col >> npc_log2]
-                        sfy = x_sf[pid, (hidden + col) >> npc_log2]
+                        # Into registers once: a load bound to a Python name is re-emitted at every use, and
+                        # the lowered ld.global intrinsics are not merged (16 loads of each a step before).
+                        sf_in[0] = x_sf[pid, col >> npc_log2]
+                        sf_in[1] = x_sf[pid, (hidden + col) >> npc_log2]
+                        sfx = sf_in[0]
+                        sfy = sf_in[1]
                         for e in T.unroll(n):
                             xv = T.Cast(T.float32, xq[e]) * sfx
                             yv = T.Cast(T.float32, yq[e]) * sfy
@@ -547,7 +633,9 @@ FORWARD = KernelDecl(
     factory=build_forward,
     prebuilt=prebuilt_forward,
     check=check_forward,
-    pass_configs=PASS_CONFIGS,
+    # Barriers placed by hand: per_row's named barriers per row (the pass would add a __syncthreads a step),
+    # and count_into's one __syncthreads.
+    pass_configs={**PASS_CONFIGS, 'tl.disable_thread_storage_sync': True},
 )
 
 CHANNEL = KernelDecl(

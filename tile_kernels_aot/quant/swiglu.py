@@ -35,10 +35,11 @@ from tile_kernels_aot.quant._common import (
 _E4M3_FLOOR = 1e-4  # amax floor of e4m3 scale factors (upstream's clamp_min)
 _FMT_WHY = ' (the only format upstream fuses with SwiGLU)'
 _FWD_THREADS = 256
-_FWD_SLOTS = _FWD_THREADS * 2  # 16-byte vectors per CTA and step (kernel_src/quant/swiglu.py)
-_ROW_VECTORS = 8  # per-row kernel: up to 8 vectors of 16 bytes per thread
-_ROW_MAX_VECTORS = _FWD_THREADS * _ROW_VECTORS
-_CTAS_PER_SM = 8  # grid-stride grids: 8 CTAs of 256 threads fill an SM
+_FWD_VECTORS = 4  # flat kernel: 16-byte vectors of each half per thread and step, in one 128-wide block
+_FWD_CTAS_PER_SM = 2  # flat kernel: its register use allows 2 CTAs per SM, and its grid is resident at once
+_ROW_THREADS = 1024  # per-row kernel: CTA size (one CTA per SM)
+_ROW_VECTORS = 2  # per-row kernel: up to 2 vectors of 16 bytes per thread
+_ROW_MAX_VECTORS = _ROW_THREADS * _ROW_VECTORS
 _CH_TOKENS, _CH_CHANNELS = 128, 64
 _BWD_THREADS, _BWD_ELEMS = 64, 16
 _INDEX_LIMIT = 2**31
@@ -171,28 +172,31 @@ def swiglu_forward_and_per_token_cast(
 
     epv = 16 // x.element_size()
     vectors_per_row = hidden // epv
-    total = num_rows * vectors_per_row
-    num_blocks = 1 if per_row else hidden // 128
+    blocks_per_row = hidden // 128
+    num_blocks = 1 if per_row else blocks_per_row
     if num_rows:
         num_sms = config.get_num_sms(device)
         tpr_log2 = 0
         if per_row:
-            # 2^tpr_log2 threads per row, each with up to 8 vectors; 256 >> tpr_log2 rows per CTA and step.
+            # 2^tpr_log2 threads per row, each with up to 2 vectors; 1024 >> tpr_log2 rows per CTA and step.
             tpr_log2 = (-(-vectors_per_row // _ROW_VECTORS) - 1).bit_length()
-            groups = -(-num_rows // (_FWD_THREADS >> tpr_log2))
-            num_ctas = min(groups, num_sms * _CTAS_PER_SM)
+            groups = -(-num_rows // (_ROW_THREADS >> tpr_log2))
+            num_ctas = min(groups, num_sms)
             num_iters = -(-groups // num_ctas)
         else:
-            num_ctas = min(-(-total // _FWD_SLOTS), num_sms * _CTAS_PER_SM)
-            num_iters = -(-total // (num_ctas * _FWD_SLOTS))
-            if num_iters * num_ctas * _FWD_SLOTS >= _INDEX_LIMIT:
-                raise ValueError(f'{op}: x is too large: {num_rows} rows of {vectors_per_row} 16-byte vectors reach 2^31 vectors')
+            # 128-wide blocks per CTA and step: a block is 128 / epv / _FWD_VECTORS adjacent threads.
+            blocks_per_step = _FWD_THREADS * _FWD_VECTORS * epv // 128
+            total = num_rows * blocks_per_row
+            num_ctas = min(-(-total // blocks_per_step), num_sms * _FWD_CTAS_PER_SM)
+            num_iters = -(-total // (num_ctas * blocks_per_step))
+            if num_iters * num_ctas * blocks_per_step >= _INDEX_LIMIT:
+                raise ValueError(f'{op}: x is too large: {num_rows} rows of {blocks_per_row} blocks of 128 reach 2^31 blocks')
     out = torch.empty((num_rows, hidden), dtype=torch.float8_e4m3fn, device=x.device)
     returned, sf_arg = alloc_sf(num_rows, num_blocks, col_major, packed, x.device)
     if num_rows:
-        row_magic, row_shift = magic(vectors_per_row)
+        row_magic, row_shift = magic(blocks_per_row)
         spec = dict(in_dtype=IN_DTYPES[x.dtype], sf_format=sf_format(packed), per_row=per_row)
-        scalars = dict(num_ctas=num_ctas, num_iters=num_iters, vectors_per_row=vectors_per_row, row_magic=row_magic, row_shift=row_shift,
+        scalars = dict(num_ctas=num_ctas, num_iters=num_iters, blocks_per_row=blocks_per_row, row_magic=row_magic, row_shift=row_shift,
                        with_weight=int(with_weight), with_pos_to_expert=int(pos_to_expert is not None), use_clamp=int(clamp is not None),
                        count_clamp=int(clamped_count is not None), round_sf=int(round_sf), tpr_log2=tpr_log2,
                        clamp_value=0.0 if clamp is None else clamp,
