@@ -19,7 +19,7 @@ round_sf and the strides. Every access is masked against the buffer dims.
 from tilelang import language as T
 
 from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
-from kernel_src.quant.common import FORMATS, SF_FORMATS, block_scale, e2m1_code, e2m1_value
+from kernel_src.quant.common import FORMATS, SF_FORMATS, block_scale, e2m1_value, e2m1_word
 
 NUM_THREADS = 128
 CHUNK = 32  # logical elements per thread
@@ -82,7 +82,6 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) 
             tid = T.get_thread_binding()
             data = T.alloc_local((in_bytes,), in_dtype)
             values = T.alloc_local((CHUNK,), T.float32)
-            result = T.alloc_local((out_bytes,), out_dtype)
             scale = T.alloc_local((1,), T.float32)  # the input scale factor of the chunk
             amax = T.alloc_local((1,), T.float32)
             sf = T.alloc_local((1,), T.float32)
@@ -106,12 +105,15 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) 
             else:
                 for e in T.vectorized(in_bytes):
                     data[e] = T.cast(0, in_dtype)
+            # float32 of the codes: e4m3 in a vectorised loop (one conversion instruction per pair).
+            if in_fp4:
+                for e in T.unroll(CHUNK):
+                    values[e] = e2m1_value((T.Cast('int32', data[e // 2]) >> (4 * (e % 2))) & 15)
+            else:
+                for e in T.vectorized(CHUNK):
+                    values[e] = T.Cast('float32', data[e])
             amax[0] = T.float32(0)
             for e in T.unroll(CHUNK):
-                if in_fp4:
-                    values[e] = e2m1_value((T.Cast('int32', data[e // 2]) >> (4 * (e % 2))) & 15)
-                else:
-                    values[e] = T.Cast('float32', data[e])
                 amax[0] = T.max(amax[0], T.abs(values[e]))
             amax[0] = amax[0] * scale[0]
             for s in T.unroll(2):  # blocks of 64 or 128 elements span 2 or 4 lanes
@@ -132,14 +134,24 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) 
                                     out_sf[block >> 2, row * 4 + (block & 3) + b] = T.uint8(0)
                 elif block < num_sf_blocks:
                     out_sf[row, block] = sf[0]
-            if active:
-                for e in T.unroll(out_bytes):
-                    if out_fp4:
-                        result[e] = T.Cast(T.int8, e2m1_code(values[2 * e] * factor) | (e2m1_code(values[2 * e + 1] * factor) << 4))
-                    else:
-                        result[e] = T.Cast(T.float8_e4m3fn, values[e] * factor)
-                for e in T.vectorized(out_bytes):
-                    out[row, (col // 2 if out_fp4 else col) + e] = result[e]
+            for e in T.unroll(CHUNK):
+                values[e] = values[e] * factor
+            if out_fp4:
+                # Eight codes per word, built whole and stored as bytes (see per_token_cast).
+                codes = T.alloc_local((CHUNK // 8,), T.uint32)
+                for w in T.unroll(CHUNK // 8):
+                    codes[w] = e2m1_word([values[8 * w + e] for e in range(8)])
+                code_bytes = T.view(codes, (out_bytes,), T.int8)
+                if active:
+                    for e in T.vectorized(out_bytes):
+                        out[row, col // 2 + e] = code_bytes[e]
+            else:
+                result = T.alloc_local((CHUNK,), T.float8_e4m3fn)
+                for e in T.vectorized(CHUNK):  # one two-value conversion per pair
+                    result[e] = T.Cast(T.float8_e4m3fn, values[e])
+                if active:
+                    for e in T.vectorized(out_bytes):
+                        out[row, col + e] = result[e]
 
     return KernelProgram(per_token_requant, alignment={'x': 16, 'x_sf': 1 if in_packed else 4, 'out': 16, 'out_sf': 1 if packed else 4})
 
