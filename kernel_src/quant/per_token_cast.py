@@ -110,6 +110,14 @@ def build(arch: Arch, in_dtype: str, fmt: str, sf_format: str, per_row: bool, al
                                  >> T.Cast('uint64', row_shift))
                 vecs[j] = v - rows[j] * vectors_per_row
 
+    # bf16 is widened to float32 once (into `wide`) for the amax and the cast alike: converting at each use
+    # left nvcc unpacking elements twice. Not per_row: its 16 vectors widened would hold 128 floats live
+    # (255 registers, against 163 converting at each use).
+    widen = in_dtype != 'float32' and not per_row
+
+    def as_float(values, wide, j, e):
+        return wide[j, e] if widen else T.Cast('float32', values[j, e])
+
     # The scale factor of the block holding column col of row (either format), masked against the buffer
     # dims; the last block of a row also zeroes the rest of its UE8M0 word (upstream leaves those bytes
     # unset; zeros make the output deterministic).
@@ -170,19 +178,15 @@ def build(arch: Arch, in_dtype: str, fmt: str, sf_format: str, per_row: bool, al
                 else:
                     for e in T.vectorized(epv):
                         values[j, e] = T.cast(0, in_dtype)
-            # bf16 widened to float32 once, for the amax and the cast alike: converting at each use left
-            # nvcc unpacking elements twice.
-            if in_dtype == 'float32':
-                wide = values
-            else:
-                wide = T.alloc_local((num_vectors, epv), T.float32)
+            wide = T.alloc_local((num_vectors, epv) if widen else (1,), T.float32)
+            if widen:
                 for j in T.unroll(num_vectors):
                     for e in T.vectorized(epv):
                         wide[j, e] = T.Cast('float32', values[j, e])
             for j in T.unroll(num_vectors):
                 amax[j] = T.float32(0)
                 for e in T.unroll(epv):
-                    amax[j] = T.max(amax[j], T.abs(wide[j, e]))
+                    amax[j] = T.max(amax[j], T.abs(as_float(values, wide, j, e)))
 
             if per_row:
                 red = T.alloc_shared((num_warps,), T.float32)
@@ -261,7 +265,7 @@ def build(arch: Arch, in_dtype: str, fmt: str, sf_format: str, per_row: bool, al
                         # one by one, or under another `if`, stay separate registers that nvcc merges
                         # back byte by byte. A masked vector's codes are computed and dropped.
                         codes = T.alloc_local((1,), code_word)
-                        codes[0] = T.Cast(code_word, e2m1_word([wide[j, e] * multiplier[j] for e in range(epv)]))
+                        codes[0] = T.Cast(code_word, e2m1_word([as_float(values, wide, j, e) * multiplier[j] for e in range(epv)]))
                         code_bytes = T.view(codes, (epv // 2,), T.int8)
                         if rows[j] < num_tokens and vecs[j] * epv < hidden:
                             for e in T.vectorized(epv // 2):
@@ -271,7 +275,7 @@ def build(arch: Arch, in_dtype: str, fmt: str, sf_format: str, per_row: bool, al
                         # place) instead of one F2FP per element and a byte merge each.
                         quantized = T.alloc_local((epv,), T.float8_e4m3fn)
                         for e in T.vectorized(epv):
-                            quantized[e] = T.Cast(T.float8_e4m3fn, wide[j, e] * multiplier[j])
+                            quantized[e] = T.Cast(T.float8_e4m3fn, as_float(values, wide, j, e) * multiplier[j])
                         for e in T.vectorized(epv):
                             out_flat[unsigned_wide_mad(rows[j], hidden // epv, vecs[j]) * epv + e] = quantized[e]
 
