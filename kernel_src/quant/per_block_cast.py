@@ -187,10 +187,19 @@ def build(arch: Arch, in_dtype: str, fmt: str, block_m: int, block_k: int, sf_fo
                 else:
                     for e in T.vectorized(epv):
                         values[j, e] = T.cast(0, in_dtype)
+            # bf16 widened to float32 once, for the amax and the cast alike: converting at each use left
+            # nvcc unpacking every element twice.
+            if in_dtype == 'float32':
+                wide = values
+            else:
+                wide = T.alloc_local((tile.vectors, epv), T.float32)
+                for j in T.unroll(tile.vectors):
+                    for e in T.vectorized(epv):
+                        wide[j, e] = T.Cast('float32', values[j, e])
             amax[0] = T.float32(0)
             for j in T.unroll(tile.vectors):
                 for e in T.unroll(epv):
-                    amax[0] = T.max(amax[0], T.abs(T.Cast('float32', values[j, e])))
+                    amax[0] = T.max(amax[0], T.abs(wide[j, e]))
             # Reduced in every mode, so that the CTA-wide barrier inside is never under a branch.
             block_max(tile, amax, 0, red, tid)
 
@@ -218,15 +227,17 @@ def build(arch: Arch, in_dtype: str, fmt: str, block_m: int, block_k: int, sf_fo
                         # One word of codes seen as bytes, packed outside the store's condition (as in
                         # per_token_cast): the byte-vector store then reads the word back whole.
                         codes = T.alloc_local((1,), code_word)
-                        codes[0] = T.Cast(code_word, e2m1_word([T.Cast('float32', values[j, e]) * multiplier for e in range(epv)]))
+                        codes[0] = T.Cast(code_word, e2m1_word([wide[j, e] * multiplier for e in range(epv)]))
                         code_bytes = T.view(codes, (epv // 2,), T.int8)
                         if row < num_tokens and col < hidden:
                             for e in T.vectorized(epv // 2):
                                 out[row, col // 2 + e] = code_bytes[e]
                     elif row < num_tokens and col < hidden:
+                        # Vectorised, so that tilelang converts pairs (one F2FP per two elements, packed in
+                        # place) instead of one F2FP per element and a byte merge each.
                         quantized = T.alloc_local((epv,), T.float8_e4m3fn)
-                        for e in T.unroll(epv):
-                            quantized[e] = T.Cast(T.float8_e4m3fn, T.Cast('float32', values[j, e]) * multiplier)
+                        for e in T.vectorized(epv):
+                            quantized[e] = T.Cast(T.float8_e4m3fn, wide[j, e] * multiplier)
                         for e in T.vectorized(epv):
                             out[row, col + e] = quantized[e]
 

@@ -37,6 +37,21 @@ NUM_VECTORS = 4  # vectors per thread in the flat layout: 64 bytes of loads in f
 ROW_VECTORS = 16  # per_row: vectors per thread, so rows of up to 128 * 16 vectors (16384 bf16, 8192 fp32)
 
 
+def pick(values, k):
+    """values[k] for a run-time k in [0, len(values)): a tree of selects on the bits of k (len - 1 SEL),
+    where a chain of `k == j` selects became branches around predicated moves in nvcc."""
+    if len(values) == 1:
+        return values[0]
+    return T.Select((k & 1) != 0, pick(values[1::2], k >> 1), pick(values[0::2], k >> 1))
+
+
+def unsigned_wide_mad(a, b, c):
+    """a * b + c for int32 a, b, c >= 0, as int64 through unsigned 32 x 32 -> 64-bit arithmetic: one
+    IMAD.WIDE.U32, where signed int64 operands cost sign extensions and a multiply per half."""
+    u64 = lambda v: T.Cast('uint64', T.Cast('uint32', v))
+    return T.Cast('int64', u64(a) * u64(b) + u64(c))
+
+
 def check(in_dtype: str, fmt: str, sf_format: str, per_row: bool, aligned: bool) -> None:
     if in_dtype not in IN_DTYPES:
         raise ValueError(f'in_dtype must be one of {sorted(IN_DTYPES)}, got {in_dtype!r}')
@@ -95,6 +110,31 @@ def build(arch: Arch, in_dtype: str, fmt: str, sf_format: str, per_row: bool, al
                                  >> T.Cast('uint64', row_shift))
                 vecs[j] = v - rows[j] * vectors_per_row
 
+    # bf16 is widened to float32 once (into `wide`) for the amax and the cast alike: converting at each use
+    # left nvcc unpacking elements twice. Not per_row: its 16 vectors widened would hold 128 floats live
+    # (255 registers, against 163 converting at each use).
+    widen = in_dtype != 'float32' and not per_row
+
+    def as_float(values, wide, j, e):
+        return wide[j, e] if widen else T.Cast('float32', values[j, e])
+
+    # The scale factor of the block holding column col of row (either format), masked against the buffer
+    # dims; the last block of a row also zeroes the rest of its UE8M0 word (upstream leaves those bytes
+    # unset; zeros make the output deterministic).
+    @T.macro
+    def store_sf(out_sf, row, col, value, npc_log2, hidden, num_tokens, num_sf_blocks, num_sf_words):
+        block = col >> npc_log2
+        if row < num_tokens and col < hidden:
+            if packed:
+                if (block >> 2) < num_sf_words:
+                    out_sf[(block >> 2), row * 4 + (block & 3)] = T.Cast(T.uint8, value)
+                    if (block + 1) << npc_log2 >= hidden:
+                        for b in T.unroll(1, 4):
+                            if (block & 3) + b < 4:
+                                out_sf[(block >> 2), row * 4 + (block & 3) + b] = T.uint8(0)
+            elif block < num_sf_blocks:
+                out_sf[row, block] = value
+
     @T.prim_func
     def per_token_cast(
         x: T.StridedTensor[(num_tokens, hidden), (row_stride, 1), in_dtype],
@@ -119,19 +159,34 @@ def build(arch: Arch, in_dtype: str, fmt: str, sf_format: str, per_row: bool, al
             rows = T.alloc_local((num_vectors,), T.int32)
             vecs = T.alloc_local((num_vectors,), T.int32)
             lanes_log2 = npc_log2 - (epv.bit_length() - 1)  # lanes per block, log2
+            # Flat views of the rows (x up to its last row's start plus hidden, out whole), addressed in
+            # vectors by unsigned_wide_mad.
+            x_flat = T.Tensor(((num_tokens - 1) * row_stride + hidden,), in_dtype, x.data)
+            out_flat = T.reshape(out, (num_tokens * out_type[1],))
 
             locate(pid, tid, rows, vecs, vectors_per_row, row_magic, row_shift)
             for j in T.unroll(num_vectors):
                 if rows[j] < num_tokens and vecs[j] * epv < hidden:
-                    for e in load_loop(epv):
-                        values[j, e] = x[T.Cast('int64', rows[j]), vecs[j] * epv + e]
+                    if aligned:
+                        # In whole vectors, unsigned: one IMAD.WIDE.U32 (row * stride + vector) where the
+                        # signed int64 row * row_stride + col took a sign extension and three multiplies.
+                        for e in T.vectorized(epv):
+                            values[j, e] = x_flat[unsigned_wide_mad(rows[j], row_stride // epv, vecs[j]) * epv + e]
+                    else:
+                        for e in T.unroll(epv):
+                            values[j, e] = x[T.Cast('int64', rows[j]), vecs[j] * epv + e]
                 else:
                     for e in T.vectorized(epv):
                         values[j, e] = T.cast(0, in_dtype)
+            wide = T.alloc_local((num_vectors, epv) if widen else (1,), T.float32)
+            if widen:
+                for j in T.unroll(num_vectors):
+                    for e in T.vectorized(epv):
+                        wide[j, e] = T.Cast('float32', values[j, e])
             for j in T.unroll(num_vectors):
                 amax[j] = T.float32(0)
                 for e in T.unroll(epv):
-                    amax[j] = T.max(amax[j], T.abs(T.Cast('float32', values[j, e])))
+                    amax[j] = T.max(amax[j], T.abs(as_float(values, wide, j, e)))
 
             if per_row:
                 red = T.alloc_shared((num_warps,), T.float32)
@@ -179,40 +234,27 @@ def build(arch: Arch, in_dtype: str, fmt: str, sf_format: str, per_row: bool, al
                     # shuffles the multipliers to the group: two IEEE divisions per thread, not per vector.
                     if lanes_log2 >= group_log2:
                         k = tid & (group - 1)
-                        own = T.alloc_var(T.float32)
-                        own = amax[0]
-                        for j in T.unroll(1, num_vectors):
-                            own = T.Select(k == j, amax[j], own)
-                        block_scale(own, T.float32(floor), fmax, round_sf, packed, sf, multiplier, 0)
+                        block_scale(pick([amax[j] for j in range(num_vectors)], k), T.float32(floor), fmax, round_sf, packed, sf, multiplier, 0)
                         own_sf = T.alloc_var(T.float32)
                         own_sf = sf[0]
                         own_mult = T.alloc_var(T.float32)
                         own_mult = multiplier[0]
                         for j in T.unroll(num_vectors):
                             multiplier[j] = T.shfl_sync(own_mult, (tid & ~(group - 1)) + j)
-                            sf[j] = own_sf
+                        # The lanes at offsets 0..num_vectors-1 of a block store the scale factors of their
+                        # own vector k (offset k of the block is lane k of its group): one store per thread,
+                        # where testing every vector's lane cost each thread all num_vectors store paths.
+                        if (tid & ((1 << lanes_log2) - 1)) < num_vectors:
+                            store_sf(out_sf, pick([rows[j] for j in range(num_vectors)], k),
+                                     pick([vecs[j] for j in range(num_vectors)], k) * epv, own_sf, npc_log2, hidden, num_tokens,
+                                     num_sf_blocks, num_sf_words)
                     else:
                         for j in T.unroll(num_vectors):
                             block_scale(amax[j], T.float32(floor), fmax, round_sf, packed, sf, multiplier, j)
-                    # The scale factor of vector j is stored by the lane at offset j of its block, which
-                    # holds it in sf[j] either way.
-                    for j in T.unroll(num_vectors):
-                        row = rows[j]
-                        col = vecs[j] * epv
-                        block = col >> npc_log2
-                        lane_j = T.if_then_else(lanes_log2 >= group_log2, j, 0)
-                        if row < num_tokens and col < hidden and (tid & ((1 << lanes_log2) - 1)) == lane_j:
-                            if packed:
-                                if (block >> 2) < num_sf_words:
-                                    out_sf[(block >> 2), row * 4 + (block & 3)] = T.Cast(T.uint8, sf[j])
-                                    # The last block of a row zeroes the rest of its word (upstream leaves
-                                    # those bytes unset; zeros make the output deterministic).
-                                    if (block + 1) << npc_log2 >= hidden:
-                                        for b in T.unroll(1, 4):
-                                            if (block & 3) + b < 4:
-                                                out_sf[(block >> 2), row * 4 + (block & 3) + b] = T.uint8(0)
-                            elif block < num_sf_blocks:
-                                out_sf[row, block] = sf[j]
+                        # A block has fewer lanes than a group: its first lane stores each of its vectors'.
+                        for j in T.unroll(num_vectors):
+                            if (tid & ((1 << lanes_log2) - 1)) == 0:
+                                store_sf(out_sf, rows[j], vecs[j] * epv, sf[j], npc_log2, hidden, num_tokens, num_sf_blocks, num_sf_words)
 
             if mode != MODE_SF_ONLY:
                 for j in T.unroll(num_vectors):
@@ -223,17 +265,19 @@ def build(arch: Arch, in_dtype: str, fmt: str, sf_format: str, per_row: bool, al
                         # one by one, or under another `if`, stay separate registers that nvcc merges
                         # back byte by byte. A masked vector's codes are computed and dropped.
                         codes = T.alloc_local((1,), code_word)
-                        codes[0] = T.Cast(code_word, e2m1_word([T.Cast('float32', values[j, e]) * multiplier[j] for e in range(epv)]))
+                        codes[0] = T.Cast(code_word, e2m1_word([as_float(values, wide, j, e) * multiplier[j] for e in range(epv)]))
                         code_bytes = T.view(codes, (epv // 2,), T.int8)
                         if rows[j] < num_tokens and vecs[j] * epv < hidden:
                             for e in T.vectorized(epv // 2):
                                 out[rows[j], vecs[j] * (epv // 2) + e] = code_bytes[e]
                     elif rows[j] < num_tokens and vecs[j] * epv < hidden:
+                        # Vectorised, so that tilelang converts pairs (one F2FP per two elements, packed in
+                        # place) instead of one F2FP per element and a byte merge each.
                         quantized = T.alloc_local((epv,), T.float8_e4m3fn)
-                        for e in T.unroll(epv):
-                            quantized[e] = T.Cast(T.float8_e4m3fn, T.Cast('float32', values[j, e]) * multiplier[j])
                         for e in T.vectorized(epv):
-                            out[rows[j], vecs[j] * epv + e] = quantized[e]
+                            quantized[e] = T.Cast(T.float8_e4m3fn, as_float(values, wide, j, e) * multiplier[j])
+                        for e in T.vectorized(epv):
+                            out_flat[unsigned_wide_mad(rows[j], hidden // epv, vecs[j]) * epv + e] = quantized[e]
 
     return KernelProgram(per_token_cast, alignment={'x': 16 if aligned else elem_bytes, 'out': 16, 'out_sf': 1 if packed else 4})
 
