@@ -135,17 +135,16 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> K
                 T.atomic_add(clamped_count[tid], total)
 
     @T.macro
-    def activate(gate, up, act, amax, counts, count_clamp, clamp_c, weight, j):
-        """act[j, :] = swiglu * weight, amax[j] over it, and the clamp counts (clamp_c: c, or +inf without a
-        clamp, when there are no counts)."""
+    def activate(gate, up, act, amax, counts, use_clamp, count_clamp, clamp_value, weight, j):
+        """act[j, :] = swiglu * weight, amax[j] over it, and the clamp counts."""
         for e in T.unroll(epv):
             l = T.Cast(T.float32, gate[j, e])
             r = T.Cast(T.float32, up[j, e])
             if count_clamp != 0:
-                counts[0] = counts[0] + T.Cast(T.int32, l > clamp_c)
-                counts[1] = counts[1] + T.Cast(T.int32, r > clamp_c)
-                counts[2] = counts[2] + T.Cast(T.int32, r < -clamp_c)
-            act[j, e] = _swiglu(l, r, 1, clamp_c) * weight[j]
+                counts[0] = counts[0] + T.Cast(T.int32, l > clamp_value)
+                counts[1] = counts[1] + T.Cast(T.int32, r > clamp_value)
+                counts[2] = counts[2] + T.Cast(T.int32, r < -clamp_value)
+            act[j, e] = _swiglu(l, r, use_clamp, clamp_value) * weight[j]
             amax[j] = T.max(amax[j], T.abs(act[j, e]))
 
     @T.macro
@@ -197,10 +196,6 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> K
             red_counts = T.alloc_shared((num_warps, 3), T.int32)
             for c in T.unroll(3):
                 counts[c] = 0
-            # The clamp against c, or +inf without a clamp (the same results, NaN included), so that the
-            # element loops do not test use_clamp.
-            clamp_c = T.alloc_var(T.float32)
-            clamp_c = T.if_then_else(use_clamp != 0, clamp_value, T.float32(float('inf')))
 
             if per_row:
                 # 2^tpr_log2 threads per row (enough for 2 vectors each), 1024 >> tpr_log2 rows per CTA and
@@ -222,7 +217,7 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> K
                     for j in T.unroll(num_vectors):
                         col = ((j << tpr_log2) + lane) * epv
                         if live[0] != 0 and col < hidden:
-                            activate(gate, up, act, amax, counts, count_clamp, clamp_c, weight, j)
+                            activate(gate, up, act, amax, counts, use_clamp, count_clamp, clamp_value, weight, j)
                     for j in T.unroll(1, num_vectors):
                         amax[0] = T.max(amax[0], amax[j])
                     # Row amax: a butterfly over the row's lanes, then (rows wider than a warp) over its warps,
@@ -268,6 +263,10 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> K
                 weight2 = T.alloc_local((2,), T.float32)
                 reach = T.alloc_local((2,), T.float32)
                 quantized = T.alloc_local((epv,), T.float8_e4m3fn)
+                # The clamp against c, or +inf without a clamp (the same results, NaN included), so that the
+                # element loop does not test use_clamp.
+                clamp_c = T.alloc_var(T.float32)
+                clamp_c = T.if_then_else(use_clamp != 0, clamp_value, T.float32(float('inf')))
                 lane = tid & (lanes - 1)
                 for p in T.unroll(2):
                     info_live[p] = 0
@@ -314,10 +313,9 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> K
                                 for e in T.unroll(epv):
                                     l = T.Cast(T.float32, gate2[p, j, e])
                                     r = T.Cast(T.float32, up2[p, j, e])
-                                    # Unconditional (2 FMNMX an element without counts), so that nvcc does not
-                                    # emit the element loop twice: one copy keeps the loop's code near 50 KB.
-                                    reach[0] = T.max(reach[0], l)
-                                    reach[1] = T.max(reach[1], T.abs(r))
+                                    if count_clamp != 0:
+                                        reach[0] = T.max(reach[0], l)
+                                        reach[1] = T.max(reach[1], T.abs(r))
                                     act[j, e] = _swiglu(l, r, 1, clamp_c) * weight2[p]
                                     amax[0] = T.max(amax[0], T.abs(act[j, e]))
                             if count_clamp != 0:
