@@ -17,9 +17,7 @@ q = e4m3_satfinite(v * multiplier).
   of its 16-byte vectors (lane i: vectors i, i + lanes, ...), so that one row lookup, one butterfly and
   one scale serve 32 (bf16) or 16 (fp32) elements a thread, and each load instruction reads whole 64-byte
   runs; the loop is software-pipelined (lookups two steps ahead, loads one). per_row gives a row to a
-  power-of-two group of threads (a run-time size: up to 2 vectors each, 1024 at most), several rows per
-  CTA of 1024 threads (56 registers: 32 warps per SM, where 256 threads with 8 vectors each took 181
-  registers and left 8 warps per SM).
+  power-of-two group of threads (a run-time size: up to 8 vectors each, 256 at most), several rows per CTA.
 * swiglu_forward_and_per_channel_cast: bf16 input only; act is rounded to bf16 (the rounding point of
   upstream), then cast in blocks of (num_per_tokens, 1) (32 or 128 tokens, a run-time choice). A CTA
   takes 128 tokens x 64 channels: a thread issues all of its loads (4 vectors of each half) before the
@@ -42,8 +40,8 @@ E4M3_MAX = 448.0
 
 FWD_THREADS = 256
 FWD_VECTORS = 4  # flat kernel: 16-byte vectors of each half per thread and step, all in one 128-wide block
-ROW_VECTORS = 2  # per_row: vectors per thread, so rows of up to 1024 * 2 vectors (16384 bf16, 8192 fp32)
-ROW_THREADS_LOG2 = 10  # per_row: log2 of the CTA size (one CTA of 32 warps per SM)
+ROW_VECTORS = 8  # per_row: vectors per thread, so rows of up to 256 * 8 vectors (16384 bf16, 8192 fp32)
+ROW_THREADS_LOG2 = 8  # per_row: log2 of the CTA size
 BLOCK = 128  # channels per scale factor of the flat forward
 FWD_MIN_BLOCKS = 2  # flat kernel: CTAs per SM the register allocation must allow (the op's grid is 2 per SM)
 
@@ -83,8 +81,7 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> K
     lanes = BLOCK // epv // FWD_VECTORS
     lanes_log2 = lanes.bit_length() - 1
     blocks_per_step = FWD_THREADS // lanes
-    num_threads = (1 << ROW_THREADS_LOG2) if per_row else FWD_THREADS
-    num_warps = num_threads // 32
+    num_warps = FWD_THREADS // 32
 
     num_rows = T.dynamic('num_rows')
     width = T.dynamic('width')
@@ -178,7 +175,7 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> K
         clamp_value: T.float32,
         sf_floor: T.float32,
     ):
-        with T.Kernel(num_ctas, threads=num_threads) as pid:
+        with T.Kernel(num_ctas, threads=FWD_THREADS) as pid:
             if not per_row:
                 T.annotate_min_blocks_per_sm(FWD_MIN_BLOCKS)
             T.assume(hidden % BLOCK == 0)
@@ -198,8 +195,8 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> K
                 counts[c] = 0
 
             if per_row:
-                # 2^tpr_log2 threads per row (enough for 2 vectors each), 1024 >> tpr_log2 rows per CTA and
-                # step, so that short rows still keep every thread's 2 vector pairs in flight.
+                # 2^tpr_log2 threads per row (enough for 8 vectors each), 256 >> tpr_log2 rows per CTA and
+                # step, so that short rows still keep every thread's 8 vector pairs in flight.
                 red = T.alloc_shared((2, num_warps), T.float32)
                 lane = tid & ((1 << tpr_log2) - 1)
                 for it in T.serial(num_iters):
@@ -229,11 +226,7 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> K
                     if tpr_log2 > 5:
                         if tid % 32 == 0:
                             red[it % 2, tid // 32] = amax[0]
-                        # A named barrier per row, or per two rows of 64 threads (ids 1..8; 0 is
-                        # __syncthreads, and there are 16): the rows of a CTA wait only for their own warps
-                        # rather than all 32, so they do not fall into lockstep load / compute phases.
-                        group_log2 = T.max(tpr_log2, 7)
-                        T.sync_threads(1 + (tid >> group_log2), 1 << group_log2)
+                        T.sync_threads()
                         first_warp = (tid >> tpr_log2) << (tpr_log2 - 5)
                         for w in T.unroll(num_warps):
                             if w < (1 << (tpr_log2 - 5)):
@@ -631,9 +624,7 @@ FORWARD = KernelDecl(
     factory=build_forward,
     prebuilt=prebuilt_forward,
     check=check_forward,
-    # Barriers placed by hand: per_row's named barriers per row (the pass would add a __syncthreads a step),
-    # and count_into's one __syncthreads.
-    pass_configs={**PASS_CONFIGS, 'tl.disable_thread_storage_sync': True},
+    pass_configs=PASS_CONFIGS,
 )
 
 CHANNEL = KernelDecl(

@@ -37,9 +37,9 @@ _FMT_WHY = ' (the only format upstream fuses with SwiGLU)'
 _FWD_THREADS = 256
 _FWD_VECTORS = 4  # flat kernel: 16-byte vectors of each half per thread and step, in one 128-wide block
 _FWD_CTAS_PER_SM = 2  # flat kernel: its register use allows 2 CTAs per SM, and its grid is resident at once
-_ROW_THREADS = 1024  # per-row kernel: CTA size (one CTA per SM)
-_ROW_VECTORS = 2  # per-row kernel: up to 2 vectors of 16 bytes per thread
-_ROW_MAX_VECTORS = _ROW_THREADS * _ROW_VECTORS
+_ROW_VECTORS = 8  # per-row kernel: up to 8 vectors of 16 bytes per thread
+_ROW_MAX_VECTORS = _FWD_THREADS * _ROW_VECTORS
+_CTAS_PER_SM = 8  # grid-stride grids: 8 CTAs of 256 threads fill an SM
 _CH_TOKENS, _CH_CHANNELS = 128, 64
 _BWD_THREADS, _BWD_ELEMS = 64, 16
 _INDEX_LIMIT = 2**31
@@ -178,10 +178,10 @@ def swiglu_forward_and_per_token_cast(
         num_sms = config.get_num_sms(device)
         tpr_log2 = 0
         if per_row:
-            # 2^tpr_log2 threads per row, each with up to 2 vectors; 1024 >> tpr_log2 rows per CTA and step.
+            # 2^tpr_log2 threads per row, each with up to 8 vectors; 256 >> tpr_log2 rows per CTA and step.
             tpr_log2 = (-(-vectors_per_row // _ROW_VECTORS) - 1).bit_length()
-            groups = -(-num_rows // (_ROW_THREADS >> tpr_log2))
-            num_ctas = min(groups, num_sms)
+            groups = -(-num_rows // (_FWD_THREADS >> tpr_log2))
+            num_ctas = min(groups, num_sms * _CTAS_PER_SM)
             num_iters = -(-groups // num_ctas)
         else:
             # 128-wide blocks per CTA and step: a block is 128 / epv / _FWD_VECTORS adjacent threads.
