@@ -7,8 +7,8 @@ of two: the scale-factor row of a token is token >> sf_row_shift) and the scale-
 run-time arguments. A vector is 16 logical elements (16 bytes of e4m3, 8 of e2m1); the
 vectors of all rows form one flat sequence and thread t of CTA b holds vectors b * slots + j * 128 + t,
 so every slot is busy whatever the hidden size. Rows and blocks come from flat indices by host-computed
-multiply-shift magic numbers (see tile_kernels_aot.quant); stores and scale-factor loads are masked
-against the buffer dims, and a data load past the last vector reads the last vector instead. e2m1 codes decode with integer arithmetic: magnitude codes 2..7 are the float32 with exponent
+multiply-shift magic numbers (see tile_kernels_aot.quant), and every access is masked against the buffer
+dims. e2m1 codes decode with integer arithmetic: magnitude codes 2..7 are the float32 with exponent
 126 + code // 2 and top mantissa bit code % 2; code 1 is 0.5; bit 3 is the sign.
 """
 
@@ -59,25 +59,12 @@ def build(arch: Arch, fmt: str, out_dtype: str, sf_format: str, num_threads: int
     else:
         sf_type = T.StridedTensor[(num_sf_rows, num_sf_blocks), (sf_stride_t, sf_stride_k), T.float32]
 
-    # Per vector, once, in 32-bit registers: the flat vector index v (the op keeps num_tokens * hidden below
-    # 2^31 - 2^16, so v and its element offsets are int32), the row by a 32 x 32 -> 64-bit multiply-shift
-    # (row_magic < 2^32, see tile_kernels_aot.quant) and the scale-factor block of its column the same way.
-    # Data and output are contiguous rows of whole vectors, so vector v starts at flat element 16 * v: the
-    # accesses go through flat views and need neither the row nor the column, and v < num_tokens *
-    # vectors_per_row is the whole mask (the column is below hidden by construction), where the row and
-    # column recomputed in 64-bit at each use were most of the kernel's per-vector overhead. The kernel's
-    # pointer parameters take the names of these views in the lowered source (out_flat, x_flat); the
-    # manifest still binds them to x and out, by their data pointers.
-    @T.macro
-    def locate(pid, tid, vecs, rows, blocks, vectors_per_row, row_magic, row_shift, block_magic, block_shift):
-        for j in T.unroll(num_vectors):
-            v = pid * slots + j * num_threads + tid
-            vecs[j] = v
-            rows[j] = T.Cast('int32', (T.Cast('uint64', T.Cast('uint32', v)) * T.Cast('uint64', T.Cast('uint32', row_magic)))
-                             >> T.Cast('uint64', row_shift))
-            col_vec = v - rows[j] * vectors_per_row
-            blocks[j] = T.Cast('int32', (T.Cast('uint64', T.Cast('uint32', col_vec)) * T.Cast('uint64', T.Cast('uint32', block_magic)))
-                               >> T.Cast('uint64', block_shift))
+    # Row and column (in elements) of a thread's j-th vector, as plain expressions so that tilelang can
+    # prove the column a multiple of the vector and emit wide accesses.
+    def where(pid, j, tid, vectors_per_row, row_magic, row_shift):
+        v = pid * slots + j * num_threads + tid
+        row = T.Cast('int32', (T.Cast('int64', v) * row_magic) >> T.Cast('int64', row_shift))
+        return row, (v - row * vectors_per_row) * VECTOR_ELEMS
 
     @T.prim_func
     def cast_back(
@@ -97,50 +84,38 @@ def build(arch: Arch, fmt: str, out_dtype: str, sf_format: str, num_threads: int
             else:
                 T.assume(hidden % VECTOR_ELEMS == 0)
             tid = T.get_thread_binding()
-            x_flat = T.reshape(x, (num_tokens * (packed_hidden if fp4 else hidden),))
-            out_flat = T.reshape(out, (num_tokens * hidden,))
             data = T.alloc_local((num_vectors, bytes_per_vector), T.int8 if fp4 else T.float8_e4m3fn)
             sf = T.alloc_local((num_vectors,), T.float32)
-            vecs = T.alloc_local((num_vectors,), T.int32)
-            rows = T.alloc_local((num_vectors,), T.int32)
-            blocks = T.alloc_local((num_vectors,), T.int32)
-            source = T.alloc_local((num_vectors,), T.int32)
             result = T.alloc_local((VECTOR_ELEMS,), out_dtype)
-            num_vectors_total = num_tokens * vectors_per_row
-            locate(pid, tid, vecs, rows, blocks, vectors_per_row, row_magic, row_shift, block_magic, block_shift)
             # All loads first (data, then the scale factors), so that they are in flight together.
             for j in T.unroll(num_vectors):
-                # A masked vector (past the last row) loads the last vector instead and is never stored:
-                # an unconditional load keeps each vector's bytes whole, where a predicated load (with or
-                # without zeros in its else branch) left nvcc moving them about in 16-bit pieces, a PRMT
-                # per byte pair.
-                source[j] = T.min(vecs[j], num_vectors_total - 1)  # int32, before tilelang widens the index
-                for e in T.vectorized(bytes_per_vector):
-                    data[j, e] = x_flat[source[j] * bytes_per_vector + e]
+                row, col = where(pid, j, tid, vectors_per_row, row_magic, row_shift)
+                if row < num_tokens and col < hidden:
+                    for e in T.vectorized(bytes_per_vector):
+                        data[j, e] = x[row, col // FORMATS[fmt] + e]
             for j in T.unroll(num_vectors):
-                block = blocks[j]
-                sf_row = rows[j] >> sf_row_shift
+                row, col = where(pid, j, tid, vectors_per_row, row_magic, row_shift)
+                # The block of the vector: (col / 16) // (num_per_channels / 16), by magic number.
+                block = T.Cast('int32', (T.Cast('int64', col // VECTOR_ELEMS) * block_magic) >> T.Cast('int64', block_shift))
+                sf_row = row >> sf_row_shift
                 sf[j] = T.float32(0)
-                if vecs[j] < num_vectors_total:
+                if row < num_tokens and col < hidden:
                     if packed:
                         if (block >> 2) < num_sf_words and sf_row * 4 < sf_row_bytes:
                             sf[j] = T.reinterpret(T.Cast('uint32', x_sf[block >> 2, sf_row * 4 + (block & 3)]) << T.uint32(23), T.float32)
                     elif block < num_sf_blocks and sf_row < num_sf_rows:
                         sf[j] = x_sf[sf_row, block]
             for j in T.unroll(num_vectors):
-                if vecs[j] < num_vectors_total:
-                    if fp4:
-                        for e in T.unroll(VECTOR_ELEMS):
+                row, col = where(pid, j, tid, vectors_per_row, row_magic, row_shift)
+                if row < num_tokens and col < hidden:
+                    for e in T.unroll(VECTOR_ELEMS):
+                        if fp4:
                             code = (T.Cast('int32', data[j, e // 2]) >> (4 * (e % 2))) & 15
                             result[e] = T.Cast(out_dtype, e2m1_value(code) * sf[j])
-                    else:
-                        # Eight lanes at a time, so that tilelang converts pairs (one fp8x2 -> half2 unpack
-                        # per two elements, one f32x2 -> bf16x2 pack) instead of element by element.
-                        for h in T.unroll(VECTOR_ELEMS // 8):
-                            for e in T.vectorized(8):
-                                result[h * 8 + e] = T.Cast(out_dtype, T.Cast('float32', data[j, h * 8 + e]) * sf[j])
+                        else:
+                            result[e] = T.Cast(out_dtype, T.Cast('float32', data[j, e]) * sf[j])
                     for e in T.vectorized(VECTOR_ELEMS):
-                        out_flat[vecs[j] * VECTOR_ELEMS + e] = result[e]
+                        out[row, col + e] = result[e]
 
     return KernelProgram(cast_back, alignment={'x': bytes_per_vector, 'x_sf': 1 if packed else 4, 'out': 16})
 
