@@ -89,6 +89,11 @@ def unpack_quant(op: str, x: object) -> QuantTensor:
     return x
 
 
+def is_pow2(value: int) -> bool:
+    """Whether an int is a positive power of two (block sizes the kernels take as shifts)."""
+    return value > 0 and value & (value - 1) == 0
+
+
 def check_cast_back_args(op: str, x: object, x_block_size: object, data_dtypes: tuple[torch.dtype, ...],
                          multiple: int, token_blocks: bool = False) -> tuple[torch.Tensor, torch.Tensor, int]:
     """(data, sf, n) of a cast back's ``x`` and ``x_block_size = (m, n)``, n a positive multiple of ``multiple``;
@@ -100,7 +105,7 @@ def check_cast_back_args(op: str, x: object, x_block_size: object, data_dtypes: 
     num_per_tokens, num_per_channels = x_block_size
     if num_per_tokens != 1 and not token_blocks:
         raise not_built(op, f'x_block_size={x_block_size} (blocks of more than one token)')
-    if num_per_tokens < 1 or num_per_tokens & (num_per_tokens - 1):
+    if not is_pow2(num_per_tokens):
         raise ValueError(f'{op}: x_block_size[0] must be a power of two, got {num_per_tokens}')
     if num_per_channels < multiple or num_per_channels % multiple:
         raise ValueError(f'{op}: x_block_size[1] must be a positive multiple of {multiple}, got {num_per_channels}')

@@ -20,7 +20,7 @@ from tile_kernels_aot import _checks
 from tile_kernels_aot._select import find_kernel
 from tile_kernels_aot.quant._common import (
     FORMATS, IN_DTYPES, MAX_GRID_Y, MODE_CAST, MODE_PRECOMPUTED, MODE_SF_ONLY, VECTOR_BYTES, QuantTensor, alloc_quant_out, alloc_sf,
-    check_bool, check_e4m3, check_input_sf, check_int_pair, check_packed_ue8m0, check_sf_flags, packed_sf_bytes, row_aligned, sf_format,
+    check_bool, check_e4m3, check_input_sf, check_int_pair, check_packed_ue8m0, check_sf_flags, is_pow2, packed_sf_bytes, row_aligned, sf_format,
     unpack_quant,
 )
 
@@ -136,10 +136,6 @@ def per_block_cast_with_precomputed_sf(
                            use_packed_ue8m0, MODE_PRECOMPUTED, sf)[0]
 
 
-def _is_pow2(value: int) -> bool:
-    return value > 0 and value & (value - 1) == 0
-
-
 def per_block_cast_lossless(
     x: QuantTensor,
     fmt: str,
@@ -184,7 +180,7 @@ def per_block_cast_lossless(
     if block_m not in _LOSSLESS_BLOCK_MS or block_k not in _LOSSLESS_BLOCK_KS:
         raise ValueError(f'{op}: out_block_size must be (block_m, block_k) with block_m 1, 32 or 128 and block_k 32 or 128, '
                          f'got {tuple(out_block_size)}')
-    if not (_is_pow2(in_m) and _is_pow2(in_k) and in_k >= 16 and block_m % in_m == 0 and block_k % in_k == 0):
+    if not (is_pow2(in_m) and is_pow2(in_k) and in_k >= 16 and block_m % in_m == 0 and block_k % in_k == 0):
         raise ValueError(f'{op}: x_block_size must be powers of two, the channel count at least 16, dividing out_block_size '
                          f'{(block_m, block_k)}, got {tuple(x_block_size)}')
     check_bool(op, 'round_sf', round_sf)

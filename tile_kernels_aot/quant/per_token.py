@@ -16,8 +16,8 @@ from tile_kernels_aot import _checks
 from tile_kernels_aot._select import find_kernel
 from tile_kernels_aot.quant._common import (
     FORMATS, IN_DTYPES, INDEX_LIMIT, MODE_CAST, MODE_PRECOMPUTED, MODE_SF_ONLY, VECTOR_BYTES, QuantTensor, alloc_quant_out, alloc_sf,
-    check_cast_back_args, check_input_sf, check_int_pair, check_out_fmt, check_packed_ue8m0, check_sf_flags, dtype_name, magic, not_built,
-    packed_sf_bytes, row_aligned, sf_format, unpack_quant,
+    check_cast_back_args, check_input_sf, check_int_pair, check_out_fmt, check_packed_ue8m0, check_sf_flags, dtype_name, is_pow2, magic,
+    not_built, packed_sf_bytes, row_aligned, sf_format, unpack_quant,
 )
 from tile_kernels_aot.quant.e5m6 import cast_back_from_e5m6, per_token_cast_to_e5m6
 
@@ -109,9 +109,9 @@ def _requantize(op: str, x: object, fmt: str, num_per_channels: int, x_block_siz
     check_packed_ue8m0(op, packed, col_major, round_sf)
     if num_per_channels not in _REQUANT_BLOCK_WIDTHS:
         raise ValueError(f'{op}: num_per_channels must be 32, 64 or 128 for a quantised input, got {num_per_channels}')
-    if in_block_m < 1 or in_block_m & (in_block_m - 1):
+    if not is_pow2(in_block_m):
         raise ValueError(f'{op}: x_block_size[0] must be a power of two, got {in_block_m}')
-    if in_block_k < 32 or in_block_k & (in_block_k - 1):
+    if in_block_k < 32 or not is_pow2(in_block_k):
         raise ValueError(f'{op}: x_block_size[1] must be a power of two of at least 32, got {in_block_k}')
     in_fp4 = data.dtype == torch.int8
     num_tokens, width = data.shape
@@ -119,6 +119,9 @@ def _requantize(op: str, x: object, fmt: str, num_per_channels: int, x_block_siz
     if hidden % 32:
         raise ValueError(f'{op}: data must have a logical hidden divisible by 32, got {hidden}')
     _checks.inner_contiguous(op, 'data', data)
+    if num_tokens and not row_aligned(data, VECTOR_BYTES):
+        raise ValueError(f'{op}: data must have a 16-byte aligned pointer and row stride, got {data.data_ptr():#x} and '
+                         f'{data.stride(0)} bytes')
     in_packed = check_input_sf(op, in_sf, -(-num_tokens // in_block_m), -(-hidden // in_block_k),
                                f'{num_tokens} tokens of {hidden} channels in blocks of {(in_block_m, in_block_k)}')
     device = _checks.on_one_cuda_device(op, data=data, sf=in_sf)
@@ -129,9 +132,6 @@ def _requantize(op: str, x: object, fmt: str, num_per_channels: int, x_block_siz
     returned, sf_arg = alloc_sf(num_tokens, num_blocks, col_major, packed, data.device)
     out = alloc_quant_out(num_tokens, hidden, fmt, data.device)
     if num_tokens:
-        if not row_aligned(data, VECTOR_BYTES):
-            raise ValueError(f'{op}: data must have a 16-byte aligned pointer and row stride, got {data.data_ptr():#x} and '
-                             f'{data.stride(0)} bytes')
         row_magic, row_shift = magic(chunks_per_row)
         spec = dict(in_fmt='e2m1' if in_fp4 else 'e4m3', fmt=fmt, in_sf_format=sf_format(in_packed), sf_format=sf_format(packed))
         scalars = dict(chunks_per_row=chunks_per_row, row_magic=row_magic, row_shift=row_shift, npc_log2=num_per_channels.bit_length() - 1,
