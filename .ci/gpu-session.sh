@@ -2,7 +2,7 @@
 # One GPU session on a machine with a GPU and no network: install the wheels built here (dist/), run
 # the GPU tests and the benchmarks from a copy of the checkout outside it (so that imports resolve to
 # the installed wheels, not to the source tree), and leave every log under $OUT.
-#   bash .ci/gpu-session.sh [tests] [bench] [tune] [cold] [pip] [host] [upstream] [profile]   (default: tests bench tune cold)
+#   bash .ci/gpu-session.sh [tests] [bench] [tune] [cold] [pip] [host] [upstream] [profile] [ncu]   (default: tests bench tune cold)
 set -uo pipefail
 OUT=${OUT:-/tmp/tk-out}
 SITE=/tmp/tk-site
@@ -46,6 +46,14 @@ for step in $steps; do
     profile) # per-launch device times, ours and upstream's (needs the upstream step's unpacked /tmp/tk-up)
            PYTHONPATH=$SITE:/tmp/tk-up CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} TILELANG_CACHE_DIR=/tmp/tlcache TILELANG_PRINT_ON_COMPILATION=0 \
               timeout 200 python3 -m benchmarks.profile_kernels --kernels "$KERNELS" 2>&1 | grep -v '^\[' | tee "$OUT/profile.log" | tail -n 40 ;;
+    ncu)   # hardware counters of chosen calls: NCU_SELECT (selectors of benchmarks.ncu_profile), NCU_UPSTREAM (kernels)
+           [ -n "${NCU_UPSTREAM:-}" ] && mkdir -p /tmp/tk-up && tar -xJf "$OLDPWD/.upstream/tk-upstream.tar.xz" -C /tmp/tk-up
+           PYTHONPATH=$SITE:/tmp/tk-up CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} TILELANG_CACHE_DIR=/tmp/tlcache TILELANG_PRINT_ON_COMPILATION=0 \
+              timeout 400 ncu --profile-from-start off --nvtx --clock-control none --print-units base \
+                --section SpeedOfLight --section MemoryWorkloadAnalysis --section LaunchStats --section Occupancy \
+                --section SchedulerStats --section WarpStateStats --section InstructionStats \
+                python3 -m benchmarks.ncu_profile ${NCU_SELECT:-} ${NCU_UPSTREAM:+--upstream $NCU_UPSTREAM} > "$OUT/ncu.log" 2>&1
+           grep -E "profiled:|Duration|DRAM Throughput|Memory Throughput|Issue Slots Busy|Registers Per|Achieved Occupancy|No Eligible" "$OUT/ncu.log" | tail -n 120 ;;
     host)  timeout 120 python3 -m benchmarks.host_profile 2>&1 | tee "$OUT/host_profile.log" | head -n 45 ;;
   esac
 done
