@@ -121,19 +121,47 @@ def plan(args: BuildArgs) -> list[Job]:
 
 
 def kernel_sources_hash(decl: KernelDecl) -> str:
-    """Hash of the sources that define a kernel's code: its family package and the shared kernel_src
-    modules. models.py and registry.py only decide which specs and kernels exist, so editing them
-    re-lowers nothing."""
+    """Hash of the sources that define a kernel's code: the module of its factory and every kernel_src
+    module it imports, directly or through others. Editing one kernel family's file re-lowers only that
+    family, not every kernel of the package (a quant rebuild takes tens of minutes on a small machine).
+    models.py and registry.py only decide which specs and kernels exist, so editing them re-lowers nothing."""
     return _sources_hash(decl.factory.__module__)
 
 
 @functools.cache
 def _sources_hash(module: str) -> str:
-    import importlib
+    files = sorted(_kernel_src_closure(module))
+    return sha256_bytes(b''.join(p.relative_to(KERNEL_SRC).as_posix().encode() + b'\0' + p.read_bytes() for p in files))
 
-    family = Path(importlib.import_module(module).__file__).parent
-    files = sorted(family.glob('*.py')) + sorted(p for p in KERNEL_SRC.glob('*.py') if p.name not in ('models.py', 'registry.py'))
-    return sha256_bytes(b''.join(f'{p.parent.name}/{p.name}'.encode() + b'\0' + p.read_bytes() for p in files))
+
+def _kernel_src_closure(module: str) -> set[Path]:
+    """The files of `module` and of the kernel_src modules it imports, transitively (read with ast, not
+    imported: a relative or absolute `kernel_src.` import counts, anything else is a library)."""
+    import ast
+
+    seen: set[Path] = set()
+    todo = [module]
+    while todo:
+        name = todo.pop()
+        path = KERNEL_SRC.parent.joinpath(*name.split('.')).with_suffix('.py')
+        if not path.is_file():  # a package: its __init__
+            path = path.with_suffix('') / '__init__.py'
+        if path in seen or not path.is_file() or path.name in ('models.py', 'registry.py'):
+            continue
+        seen.add(path)
+        package = name.rsplit('.', 1)[0] if path.name != '__init__.py' else name
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = node.module or ''
+                if node.level:
+                    parts = package.split('.')
+                    base = '.'.join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+                # `from pkg import mod` may name a module as well as an attribute: try both.
+                todo += [base] + [f'{base}.{alias.name}' for alias in node.names]
+            elif isinstance(node, ast.Import):
+                todo += [alias.name for alias in node.names]
+        todo = [n for n in todo if n == 'kernel_src' or n.startswith('kernel_src.')]
+    return seen
 
 
 def toolchain() -> dict:

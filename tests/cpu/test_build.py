@@ -159,3 +159,16 @@ def test_bad_specs_file_is_rejected_with_the_reason(tmp_path):
     bad.write_text(json.dumps([{'kernel': 'moe.nope', 'params': {}}]))
     with pytest.raises(BuildError, match="unknown kernel 'moe.nope'"):
         plan(BuildArgs(archs=(Arch('sm_90a'),), specs_file=bad))
+
+
+def test_kernel_sources_are_the_module_and_its_kernel_src_imports():
+    """Editing one family's file re-lowers that family only; a shared helper module re-lowers its users."""
+    from build_tools.build import KERNEL_SRC, _kernel_src_closure
+
+    def closure(module):
+        return {p.relative_to(KERNEL_SRC).as_posix() for p in _kernel_src_closure(module)}
+
+    swiglu = closure('kernel_src.quant.swiglu')
+    assert {'quant/swiglu.py', 'quant/common.py', 'decl.py'} <= swiglu
+    assert 'quant/cast_back.py' not in swiglu and 'models.py' not in swiglu
+    assert 'quant/common.py' not in closure('kernel_src.transpose.batched_transpose')
