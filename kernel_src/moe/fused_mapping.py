@@ -63,6 +63,17 @@ def build(arch: Arch, index_dtype: str) -> KernelProgram:
     num_experts = T.dynamic('num_experts')
     num_blocks = T.dynamic('num_blocks')
 
+    @T.macro
+    def load_batch(topk_idx, experts, first, r, lane, chunk, numel):
+        """experts[u]: the expert of the lane's pair in round r * BATCH + u of its warp's chunk (-1 past the
+        chunk or the pairs). All BATCH loads are issued before any is used, so they are in flight together."""
+        pair = T.alloc_var(T.int32)  # variables, not expressions: the index arithmetic stays 32-bit
+        token = T.alloc_var(T.int32)
+        for u in T.unroll(BATCH):
+            pair = first + (r * BATCH + u) * 32 + lane
+            token = T.truncdiv(pair, num_topk)
+            experts[u] = _pair_expert(topk_idx, pair, token, T.And(pair < numel, (r * BATCH + u) * 32 < chunk), num_tokens, num_topk)
+
     @T.prim_func
     def get_fused_mapping(
         topk_idx: T.StridedTensor[(num_tokens, num_topk), (row_stride, 1), index_dtype],
@@ -112,10 +123,7 @@ def build(arch: Arch, index_dtype: str) -> KernelProgram:
             # 1. Per-warp histograms, then the block's totals. A warp loads BATCH rounds of its pairs at
             # once (BATCH loads in flight per lane, not one round trip per 32 pairs), then counts them.
             for r in T.serial(T.truncdiv(T.truncdiv(chunk, 32) + BATCH - 1, BATCH)):
-                for u in T.unroll(BATCH):
-                    i = first + (r * BATCH + u) * 32 + lane
-                    t = T.truncdiv(i, num_topk)
-                    experts[u] = _pair_expert(topk_idx, i, t, T.And(i < numel, (r * BATCH + u) * 32 < chunk), num_tokens, num_topk)
+                load_batch(topk_idx, experts, first, r, lane, chunk, numel)
                 for u in T.unroll(BATCH):
                     _device_assert(experts[u] < num_experts)
                     if experts[u] >= 0 and experts[u] < num_experts:
@@ -212,10 +220,7 @@ def build(arch: Arch, index_dtype: str) -> KernelProgram:
 
             # 3. Placement, in flat order within each warp's chunk, BATCH rounds loaded at a time.
             for r in T.serial(T.truncdiv(T.truncdiv(chunk, 32) + BATCH - 1, BATCH)):
-                for u in T.unroll(BATCH):
-                    i = first + (r * BATCH + u) * 32 + lane
-                    t = T.truncdiv(i, num_topk)
-                    experts[u] = _pair_expert(topk_idx, i, t, T.And(i < numel, (r * BATCH + u) * 32 < chunk), num_tokens, num_topk)
+                load_batch(topk_idx, experts, first, r, lane, chunk, numel)
                 for u in T.unroll(BATCH):
                     i = first + (r * BATCH + u) * 32 + lane
                     t = T.truncdiv(i, num_topk)
