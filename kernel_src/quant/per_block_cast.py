@@ -82,6 +82,30 @@ class TileShape:
         return shape
 
 
+# Lane-wise max / min of two bf16 pairs held in uint32 words (__hmax2 / __hmin2, which nvcc fuses into one
+# three-input VHMNMX.BF16_V2 per two new words). tilelang has no uint32 <-> bfloat16x2 view that keeps the pair
+# whole, so the call is an immediately invoked lambda. Like fmaxf, both return the other operand for a NaN.
+_BF16X2_LANEWISE = ('[](unsigned a, unsigned b) {{ __nv_bfloat162 r = {}(*reinterpret_cast<__nv_bfloat162 *>(&a), '
+                    '*reinterpret_cast<__nv_bfloat162 *>(&b)); return *reinterpret_cast<unsigned *>(&r); }}')
+
+
+def bf16x2_max(a, b):
+    return T.call_extern('uint32', _BF16X2_LANEWISE.format('__hmax2'), a, b)
+
+
+def bf16x2_min(a, b):
+    return T.call_extern('uint32', _BF16X2_LANEWISE.format('__hmin2'), a, b)
+
+
+def bf16_low_as_float(word):
+    """float32 of the bf16 in the low half of a uint32 word (exact: a bf16 is the top half of its float32)."""
+    return T.reinterpret(word << T.uint32(16), T.float32)
+
+
+def bf16_high_as_float(word):
+    return T.reinterpret(word & T.uint32(0xFFFF0000), T.float32)
+
+
 @T.macro
 def block_max(tile: TileShape, value, i, red, tid):
     """Max of value[i] (a float32 local holding the thread's partial) over the thread's block, in place.
@@ -134,6 +158,7 @@ def build(arch: Arch, in_dtype: str, fmt: str, block_m: int, block_k: int, sf_fo
     epv = VECTOR_BYTES // elem_bytes  # elements per vector
     code_word = f'uint{4 * epv}'  # e2m1: the codes of one vector
     fp4 = fmt == 'e2m1'
+    bf16_pairs = fp4 and in_dtype == 'bfloat16'
     packed = sf_format == 'ue8m0'
     fmax, floor = FORMATS[fmt]
     tile = TileShape.for_block(block_m, block_k // epv)
@@ -187,19 +212,37 @@ def build(arch: Arch, in_dtype: str, fmt: str, block_m: int, block_k: int, sf_fo
                 else:
                     for e in T.vectorized(epv):
                         values[j, e] = T.cast(0, in_dtype)
-            # bf16 widened to float32 once, for the amax and the cast alike: converting at each use left
-            # nvcc unpacking every element twice.
-            if in_dtype == 'float32':
-                wide = values
-            else:
-                wide = T.alloc_local((tile.vectors, epv), T.float32)
+            if bf16_pairs:
+                # The amax of bf16 e2m1 on the pairs as loaded: a lane-wise max and min over the words (two
+                # three-input instructions per four words), widened once at the end, so that only the packed
+                # words (not 64 widened floats) stay live across the CTA barrier; each element is widened
+                # once, by one shift or mask, where it is cast.
+                words = T.view(values, (tile.vectors, epv // 2), T.uint32)
+                pair_max = T.alloc_local((1,), T.uint32)
+                pair_min = T.alloc_local((1,), T.uint32)
+                pair_max[0] = T.uint32(0)
+                pair_min[0] = T.uint32(0)
                 for j in T.unroll(tile.vectors):
-                    for e in T.vectorized(epv):
-                        wide[j, e] = T.Cast('float32', values[j, e])
-            amax[0] = T.float32(0)
-            for j in T.unroll(tile.vectors):
-                for e in T.unroll(epv):
-                    amax[0] = T.max(amax[0], T.abs(wide[j, e]))
+                    for w in T.unroll(epv // 2):
+                        pair_max[0] = bf16x2_max(pair_max[0], words[j, w])
+                        pair_min[0] = bf16x2_min(pair_min[0], words[j, w])
+                # pair_max >= 0 >= pair_min lane-wise, so the largest magnitude is the max of the four |.|.
+                amax[0] = T.max(T.max(T.abs(bf16_low_as_float(pair_max[0])), T.abs(bf16_high_as_float(pair_max[0]))),
+                                T.max(T.abs(bf16_low_as_float(pair_min[0])), T.abs(bf16_high_as_float(pair_min[0]))))
+            else:
+                # bf16 widened to float32 once, for the amax and the cast alike: converting at each use left
+                # nvcc unpacking every element twice.
+                if in_dtype == 'float32':
+                    wide = values
+                else:
+                    wide = T.alloc_local((tile.vectors, epv), T.float32)
+                    for j in T.unroll(tile.vectors):
+                        for e in T.vectorized(epv):
+                            wide[j, e] = T.Cast('float32', values[j, e])
+                amax[0] = T.float32(0)
+                for j in T.unroll(tile.vectors):
+                    for e in T.unroll(epv):
+                        amax[0] = T.max(amax[0], T.abs(wide[j, e]))
             # Reduced in every mode, so that the CTA-wide barrier inside is never under a branch.
             block_max(tile, amax, 0, red, tid)
 
@@ -227,7 +270,11 @@ def build(arch: Arch, in_dtype: str, fmt: str, block_m: int, block_k: int, sf_fo
                         # One word of codes seen as bytes, packed outside the store's condition (as in
                         # per_token_cast): the byte-vector store then reads the word back whole.
                         codes = T.alloc_local((1,), code_word)
-                        codes[0] = T.Cast(code_word, e2m1_word([wide[j, e] * multiplier for e in range(epv)]))
+                        if bf16_pairs:
+                            elements = [(bf16_high_as_float if e % 2 else bf16_low_as_float)(words[j, e // 2]) for e in range(epv)]
+                        else:
+                            elements = [wide[j, e] for e in range(epv)]
+                        codes[0] = T.Cast(code_word, e2m1_word([v * multiplier for v in elements]))
                         code_bytes = T.view(codes, (epv // 2,), T.int8)
                         if row < num_tokens and col < hidden:
                             for e in T.vectorized(epv // 2):
