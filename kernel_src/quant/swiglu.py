@@ -63,6 +63,26 @@ def _swiglu(l, r, use_clamp, c):
     return l / (T.float32(1) + T.exp(-l)) * r
 
 
+# NaN-propagating float32 min and max (PTX min.NaN / max.NaN, one FMNMX.NAN each on sm_80 and later): the
+# clamps of the flat forward as min(l, c) and min(max(r, -c), c), where `l > c ? c : l` against a run-time c
+# costs a compare and a select (nvcc cannot use FMNMX.NAN itself, as c might be NaN; the op never passes one).
+_NAN_MIN_MAX_PRELUDE = """
+__device__ __forceinline__ float tk_min_nan(float a, float b) { float r; asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b)); return r; }
+__device__ __forceinline__ float tk_max_nan(float a, float b) { float r; asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b)); return r; }
+"""
+
+
+def _clamped_swiglu(l, r, c):
+    """_swiglu with the clamp always on, against c (+inf for no clamp: the same results), in three FMNMX.NAN.
+
+    Bit-exact with the compare-and-select form for any non-NaN c > 0 and +inf: a NaN l or r stays NaN (as
+    torch.clamp keeps it), a value past a bound becomes the bound, any other value is kept; only at c = 0
+    could a signed zero differ, and there min/max are the instructions of torch's own clamp."""
+    l = T.call_extern('float32', 'tk_min_nan', l, c)
+    r = T.call_extern('float32', 'tk_min_nan', T.call_extern('float32', 'tk_max_nan', r, -c), c)
+    return l / (T.float32(1) + T.exp(-l)) * r
+
+
 def check_forward(in_dtype: str, sf_format: str, per_row: bool) -> None:
     if in_dtype not in IN_DTYPES:
         raise ValueError(f'in_dtype must be one of {sorted(IN_DTYPES)}, got {in_dtype!r}')
@@ -175,7 +195,7 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> K
         clamp_value: T.float32,
         sf_floor: T.float32,
     ):
-        with T.Kernel(num_ctas, threads=FWD_THREADS) as pid:
+        with T.Kernel(num_ctas, threads=FWD_THREADS, prelude=None if per_row else _NAN_MIN_MAX_PRELUDE) as pid:
             if not per_row:
                 T.annotate_min_blocks_per_sm(FWD_MIN_BLOCKS)
             T.assume(hidden % BLOCK == 0)
@@ -250,11 +270,24 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> K
                 # register moves); the live flags start at 0, so passes 0 and 1 compute nothing.
                 info_live = T.alloc_local((2,), T.int32)
                 info_index = T.alloc_local((2,), T.int32)
+                # Each step's row and block within the row are worked out once, with its lookups, and travel
+                # with the step through the pipeline (info -> data): the loads and the stores reuse them instead
+                # of repeating the 64-bit magic division at each use. The block, not the column, is carried:
+                # block * 128 + lane * epv keeps the vector alignment visible to tilelang, which then emits
+                # 16-byte loads and stores.
+                info_row = T.alloc_local((2,), T.int32)
+                info_block = T.alloc_local((2,), T.int32)
+                data_row = T.alloc_local((2,), T.int32)
+                data_block = T.alloc_local((2,), T.int32)
                 gate2 = T.alloc_local((2, num_vectors, epv), in_dtype)
                 up2 = T.alloc_local((2, num_vectors, epv), in_dtype)
                 live2 = T.alloc_local((2,), T.int32)
                 weight2 = T.alloc_local((2,), T.float32)
                 reach = T.alloc_local((2,), T.float32)
+                # One vector of each half widened to float32 by a vectorised cast (bf16: one instruction an
+                # element; converting at each use unpacked every element through PRMT and a shift).
+                gate_wide = T.alloc_local((epv,), T.float32)
+                up_wide = T.alloc_local((epv,), T.float32)
                 quantized = T.alloc_local((epv,), T.float8_e4m3fn)
                 # The clamp against c, or +inf without a clamp (the same results, NaN included), so that the
                 # element loop does not test use_clamp.
@@ -270,21 +303,23 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> K
                         # Lookups of step t into info[p]. Steps past the last are not live (and their block
                         # index is not formed, so it never overflows).
                         blk = (T.min(t, num_iters - 1) * num_ctas + pid) * blocks_per_step + (tid >> lanes_log2)
-                        row = T.Cast(T.int32, (T.Cast(T.int64, blk) * row_magic) >> T.Cast(T.int64, row_shift))
-                        info_live[p] = T.Cast(T.int32, T.And(t < num_iters, row < num_rows))
+                        info_row[p] = T.Cast(T.int32, (T.Cast(T.int64, blk) * row_magic) >> T.Cast(T.int64, row_shift))
+                        info_block[p] = blk - info_row[p] * blocks_per_row
+                        info_live[p] = T.Cast(T.int32, T.And(t < num_iters, info_row[p] < num_rows))
                         if info_live[p] != 0:
                             if with_pos_to_expert != 0:
-                                if pos_to_expert[row] < 0:
+                                if pos_to_expert[info_row[p]] < 0:
                                     info_live[p] = 0
                             if with_weight != 0:
-                                info_index[p] = pos_to_token_topk[row]
+                                info_index[p] = pos_to_token_topk[info_row[p]]
                         # Loads of step t - 1 (lookups in info[1 - p]) into data[1 - p].
                         live2[1 - p] = info_live[1 - p]
+                        data_row[1 - p] = info_row[1 - p]
+                        data_block[1 - p] = info_block[1 - p]
                         weight2[1 - p] = T.float32(1)
                         if live2[1 - p] != 0:
-                            blk = ((t - 1) * num_ctas + pid) * blocks_per_step + (tid >> lanes_log2)
-                            row = T.Cast(T.int32, (T.Cast(T.int64, blk) * row_magic) >> T.Cast(T.int64, row_shift))
-                            col = (blk - row * blocks_per_row) * BLOCK + lane * epv
+                            row = T.Cast(T.int64, data_row[1 - p])
+                            col = data_block[1 - p] * BLOCK + lane * epv
                             for j in T.unroll(num_vectors):
                                 for e in T.vectorized(epv):
                                     gate2[1 - p, j, e] = x[row, col + j * lanes * epv + e]
@@ -303,13 +338,17 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> K
                             reach[0] = T.float32(float('-inf'))
                             reach[1] = T.float32(0)
                             for j in T.unroll(num_vectors):
+                                for e in T.vectorized(epv):
+                                    gate_wide[e] = T.Cast(T.float32, gate2[p, j, e])
+                                for e in T.vectorized(epv):
+                                    up_wide[e] = T.Cast(T.float32, up2[p, j, e])
                                 for e in T.unroll(epv):
-                                    l = T.Cast(T.float32, gate2[p, j, e])
-                                    r = T.Cast(T.float32, up2[p, j, e])
+                                    l = gate_wide[e]
+                                    r = up_wide[e]
                                     if count_clamp != 0:
                                         reach[0] = T.max(reach[0], l)
                                         reach[1] = T.max(reach[1], T.abs(r))
-                                    act[j, e] = _swiglu(l, r, 1, clamp_c) * weight2[p]
+                                    act[j, e] = _clamped_swiglu(l, r, clamp_c) * weight2[p]
                                     amax[0] = T.max(amax[0], T.abs(act[j, e]))
                             if count_clamp != 0:
                                 if T.Or(reach[0] > clamp_c, reach[1] > clamp_c):
@@ -325,9 +364,8 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> K
                         for s in T.unroll(lanes_log2):
                             amax[0] = T.max(amax[0], T.shfl_xor(amax[0], 1 << s))
                         if live2[p] != 0:
-                            blk = ((t - 2) * num_ctas + pid) * blocks_per_step + (tid >> lanes_log2)
-                            row = T.Cast(T.int32, (T.Cast(T.int64, blk) * row_magic) >> T.Cast(T.int64, row_shift))
-                            block = blk - row * blocks_per_row
+                            row = T.Cast(T.int64, data_row[p])
+                            block = data_block[p]
                             col = block * BLOCK + lane * epv
                             block_scale(amax[0], sf_floor, E4M3_MAX, round_sf, packed, sf, multiplier, 0)
                             if lane == 0:
@@ -343,8 +381,12 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> K
                                 elif block < num_sf_blocks:
                                     out_sf[row, block] = sf[0]
                             for j in T.unroll(num_vectors):
+                                # Products first, then the casts as a vectorised loop: one F2FP (satfinite,
+                                # round to nearest even, as the scalar cast) converts a pair in place.
                                 for e in T.unroll(epv):
-                                    quantized[e] = T.Cast(T.float8_e4m3fn, act[j, e] * multiplier[0])
+                                    act[j, e] = act[j, e] * multiplier[0]
+                                for e in T.vectorized(epv):
+                                    quantized[e] = T.Cast(T.float8_e4m3fn, act[j, e])
                                 for e in T.vectorized(epv):
                                     out[row, col + j * lanes * epv + e] = quantized[e]
             if count_clamp != 0:
