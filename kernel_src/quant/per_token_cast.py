@@ -35,6 +35,13 @@ from kernel_src.quant.common import (
 NUM_THREADS = 128
 NUM_VECTORS = 4  # vectors per thread in the flat layout: 64 bytes of loads in flight
 ROW_VECTORS = 16  # per_row: vectors per thread, so rows of up to 128 * 16 vectors (16384 bf16, 8192 fp32)
+# Resident CTAs per SM asked of ptxas (__launch_bounds__'s second argument). Both kernels are latency-bound
+# (Nsight: issue 0.47 per_row, 0.70 flat e2m1) and every load of a CTA is issued at once, so the bytes in
+# flight per SM grow with the resident CTAs. per_row bf16 e4m3 took 147 registers (3 CTAs; its 16 vectors
+# hold 64 of them), capped it takes 128 with no spill (4 CTAs). Flat bf16 e2m1 took 96 (5 CTAs), capped 80
+# with no spill (6 CTAs); the e4m3 kernels are already under 80 (63), so the cap does not touch them.
+ROW_MIN_BLOCKS = 4
+FLAT_MIN_BLOCKS = 6
 
 
 def pick(values, k):
@@ -148,6 +155,7 @@ def build(arch: Arch, in_dtype: str, fmt: str, sf_format: str, per_row: bool, al
         mode: T.int32,
     ):
         with T.Kernel(num_tokens if per_row else T.ceildiv(num_tokens * vectors_per_row, slots), threads=num_threads) as pid:
+            T.annotate_min_blocks_per_sm(ROW_MIN_BLOCKS if per_row else FLAT_MIN_BLOCKS)
             T.assume(hidden % 16 == 0)
             if aligned:
                 T.assume(row_stride % epv == 0)
