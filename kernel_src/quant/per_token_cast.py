@@ -21,7 +21,8 @@ an amax. `per_row=True` (num_per_channels == hidden) gives a row to a CTA, up to
 and reduces the amax through shared memory.
 
 The `aligned` variant assumes a 16-byte aligned pointer and row stride; the other loads element by
-element. Every store is masked against the buffer dims, so no run-time argument can make it write
+element, unconditionally from indices clamped into x, and zeroes a masked vector's amax instead of its
+values. Every store is masked against the buffer dims, so no run-time argument can make it write
 out of bounds.
 """
 
@@ -35,6 +36,13 @@ from kernel_src.quant.common import (
 NUM_THREADS = 128
 NUM_VECTORS = 4  # vectors per thread in the flat layout: 64 bytes of loads in flight
 ROW_VECTORS = 16  # per_row: vectors per thread, so rows of up to 128 * 16 vectors (16384 bf16, 8192 fp32)
+# Resident CTAs per SM asked of ptxas (__launch_bounds__'s second argument). Both kernels are latency-bound
+# (Nsight: issue 0.47 per_row, 0.70 flat e2m1) and every load of a CTA is issued at once, so the bytes in
+# flight per SM grow with the resident CTAs. per_row bf16 e4m3 took 147 registers (3 CTAs; its 16 vectors
+# hold 64 of them), capped it takes 128 with no spill (4 CTAs). Flat bf16 e2m1 took 96 (5 CTAs), capped 80
+# with no spill (6 CTAs); the e4m3 kernels are already under 80 (63), so the cap does not touch them.
+ROW_MIN_BLOCKS = 4
+FLAT_MIN_BLOCKS = 6
 
 
 def pick(values, k):
@@ -148,6 +156,7 @@ def build(arch: Arch, in_dtype: str, fmt: str, sf_format: str, per_row: bool, al
         mode: T.int32,
     ):
         with T.Kernel(num_tokens if per_row else T.ceildiv(num_tokens * vectors_per_row, slots), threads=num_threads) as pid:
+            T.annotate_min_blocks_per_sm(ROW_MIN_BLOCKS if per_row else FLAT_MIN_BLOCKS)
             T.assume(hidden % 16 == 0)
             if aligned:
                 T.assume(row_stride % epv == 0)
@@ -166,18 +175,23 @@ def build(arch: Arch, in_dtype: str, fmt: str, sf_format: str, per_row: bool, al
 
             locate(pid, tid, rows, vecs, vectors_per_row, row_magic, row_shift)
             for j in T.unroll(num_vectors):
-                if rows[j] < num_tokens and vecs[j] * epv < hidden:
-                    if aligned:
+                if aligned:
+                    if rows[j] < num_tokens and vecs[j] * epv < hidden:
                         # In whole vectors, unsigned: one IMAD.WIDE.U32 (row * stride + vector) where the
                         # signed int64 row * row_stride + col took a sign extension and three multiplies.
                         for e in T.vectorized(epv):
                             values[j, e] = x_flat[unsigned_wide_mad(rows[j], row_stride // epv, vecs[j]) * epv + e]
                     else:
-                        for e in T.unroll(epv):
-                            values[j, e] = x[T.Cast('int64', rows[j]), vecs[j] * epv + e]
+                        for e in T.vectorized(epv):
+                            values[j, e] = T.cast(0, in_dtype)
                 else:
-                    for e in T.vectorized(epv):
-                        values[j, e] = T.cast(0, in_dtype)
+                    # Element by element, unconditionally, from the vector's row and column clamped into x
+                    # (a masked vector reads a valid one and its amax is zeroed below). Under the bounds `if`
+                    # nvcc merged each vector's halves (PRMT) inside the branch, so each vector waited for its
+                    # loads before the next vector's were issued: one round trip per vector (Nsight: 0.46
+                    # issue, 15 cycles per instruction). Now all of a thread's loads are in flight at once.
+                    for e in T.unroll(epv):
+                        values[j, e] = x[T.Cast('int64', T.min(rows[j], num_tokens - 1)), T.min(vecs[j], hidden // epv - 1) * epv + e]
             wide = T.alloc_local((num_vectors, epv) if widen else (1,), T.float32)
             if widen:
                 for j in T.unroll(num_vectors):
@@ -187,6 +201,10 @@ def build(arch: Arch, in_dtype: str, fmt: str, sf_format: str, per_row: bool, al
                 amax[j] = T.float32(0)
                 for e in T.unroll(epv):
                     amax[j] = T.max(amax[j], T.abs(as_float(values, wide, j, e)))
+                if not aligned:
+                    # A masked vector's values are another vector's: as the aligned path's zeros, it must not
+                    # raise its block's amax (one select per vector; its casts are computed and dropped).
+                    amax[j] = T.Select(rows[j] < num_tokens and vecs[j] * epv < hidden, amax[j], T.float32(0))
 
             if per_row:
                 red = T.alloc_shared((num_warps,), T.float32)
