@@ -32,6 +32,7 @@ from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
 from kernel_src.quant.common import (
     FORMATS, IN_DTYPES, MODE_CAST, MODE_PRECOMPUTED, MODE_SF_ONLY, SF_FORMATS, block_scale, e2m1_word,
 )
+from kernel_src.quant.token_sf import store_token_sf
 
 NUM_THREADS = 128
 NUM_VECTORS = 4  # vectors per thread in the flat layout: 64 bytes of loads in flight
@@ -126,22 +127,11 @@ def build(arch: Arch, in_dtype: str, fmt: str, sf_format: str, per_row: bool, al
     def as_float(values, wide, j, e):
         return wide[j, e] if widen else T.Cast('float32', values[j, e])
 
-    # The scale factor of the block holding column col of row (either format), masked against the buffer
-    # dims; the last block of a row also zeroes the rest of its UE8M0 word (upstream leaves those bytes
-    # unset; zeros make the output deterministic).
+    # The scale factor of the block holding column col of row, for rows and columns inside x.
     @T.macro
     def store_sf(out_sf, row, col, value, npc_log2, hidden, num_tokens, num_sf_blocks, num_sf_words):
-        block = col >> npc_log2
         if row < num_tokens and col < hidden:
-            if packed:
-                if (block >> 2) < num_sf_words:
-                    out_sf[(block >> 2), row * 4 + (block & 3)] = T.Cast(T.uint8, value)
-                    if (block + 1) << npc_log2 >= hidden:
-                        for b in T.unroll(1, 4):
-                            if (block & 3) + b < 4:
-                                out_sf[(block >> 2), row * 4 + (block & 3) + b] = T.uint8(0)
-            elif block < num_sf_blocks:
-                out_sf[row, block] = value
+            store_token_sf(out_sf, packed, row, col >> npc_log2, value, ((col >> npc_log2) + 1) << npc_log2 >= hidden, num_sf_blocks, num_sf_words)
 
     @T.prim_func
     def per_token_cast(
@@ -225,13 +215,7 @@ def build(arch: Arch, in_dtype: str, fmt: str, sf_format: str, per_row: bool, al
                 else:
                     block_scale(amax[0], T.float32(floor), fmax, round_sf, packed, sf, multiplier, 0)
                     if tid == 0:
-                        if packed:
-                            if num_sf_words > 0:
-                                out_sf[0, pid * 4] = T.Cast(T.uint8, sf[0])
-                                for b in T.unroll(1, 4):
-                                    out_sf[0, pid * 4 + b] = T.uint8(0)  # the unused bytes of the word
-                        elif num_sf_blocks > 0:
-                            out_sf[pid, 0] = sf[0]
+                        store_token_sf(out_sf, packed, pid, 0, sf[0], True, num_sf_blocks, num_sf_words)
                 for j in T.unroll(1, num_vectors):
                     multiplier[j] = multiplier[0]
             else:

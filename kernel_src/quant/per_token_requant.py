@@ -20,6 +20,7 @@ from tilelang import language as T
 
 from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
 from kernel_src.quant.common import FORMATS, SF_FORMATS, block_scale, e2m1_value, e2m1_word
+from kernel_src.quant.token_sf import store_token_sf
 
 NUM_THREADS = 128
 CHUNK = 32  # logical elements per thread
@@ -124,16 +125,7 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) 
 
             block = col >> npc_log2
             if active and (tid & ((1 << (npc_log2 - 5)) - 1)) == 0:
-                if packed:
-                    if (block >> 2) < num_sf_words:
-                        out_sf[block >> 2, row * 4 + (block & 3)] = T.Cast(T.uint8, sf[0])
-                        # The last block of a row zeroes the rest of its word (deterministic output).
-                        if (block + 1) << npc_log2 >= hidden:
-                            for b in T.unroll(1, 4):
-                                if (block & 3) + b < 4:
-                                    out_sf[block >> 2, row * 4 + (block & 3) + b] = T.uint8(0)
-                elif block < num_sf_blocks:
-                    out_sf[row, block] = sf[0]
+                store_token_sf(out_sf, packed, row, block, sf[0], (block + 1) << npc_log2 >= hidden, num_sf_blocks, num_sf_words)
             for e in T.unroll(CHUNK):
                 values[e] = values[e] * factor
             if out_fp4:

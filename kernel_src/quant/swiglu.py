@@ -35,6 +35,7 @@ from tilelang import language as T
 
 from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
 from kernel_src.quant.common import IN_DTYPES, SF_FORMATS, block_scale
+from kernel_src.quant.token_sf import store_token_sf
 
 E4M3_MAX = 448.0
 
@@ -369,17 +370,7 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> K
                             col = block * BLOCK + lane * epv
                             block_scale(amax[0], sf_floor, E4M3_MAX, round_sf, packed, sf, multiplier, 0)
                             if lane == 0:
-                                if packed:
-                                    if (block >> 2) < num_sf_words:
-                                        out_sf[block >> 2, row * 4 + (block & 3)] = T.Cast(T.uint8, sf[0])
-                                        # The last block of a row zeroes the rest of its word (upstream
-                                        # leaves those bytes unset; zeros make the output deterministic).
-                                        if block + 1 == blocks_per_row:
-                                            for b in T.unroll(1, 4):
-                                                if (block & 3) + b < 4:
-                                                    out_sf[block >> 2, row * 4 + (block & 3) + b] = T.uint8(0)
-                                elif block < num_sf_blocks:
-                                    out_sf[row, block] = sf[0]
+                                store_token_sf(out_sf, packed, row, block, sf[0], block + 1 == blocks_per_row, num_sf_blocks, num_sf_words)
                             for j in T.unroll(num_vectors):
                                 # Products first, then the casts as a vectorised loop: one F2FP (satfinite,
                                 # round to nearest even, as the scalar cast) converts a pair in place.
