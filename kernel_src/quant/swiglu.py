@@ -34,7 +34,7 @@ import tilelang  # noqa: F401  (puts its bundled tvm on the path)
 from tilelang import language as T
 
 from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
-from kernel_src.quant.common import IN_DTYPES, SF_FORMATS, block_scale
+from kernel_src.quant.common import IN_DTYPES, SF_FORMATS, _let, block_scale
 
 E4M3_MAX = 448.0
 
@@ -61,6 +61,19 @@ def _swiglu(l, r, use_clamp, c):
     l = T.if_then_else(T.And(use_clamp != 0, l > c), c, l)
     r = T.if_then_else(T.And(use_clamp != 0, r > c), c, T.if_then_else(T.And(use_clamp != 0, r < -c), -c, r))
     return l / (T.float32(1) + T.exp(-l)) * r
+
+
+def _swiglu_selects(l, r, c):
+    """_swiglu with a clamp value always given (+inf for none), as selects rather than if_then_else: tilelang
+    writes if_then_else as if/else blocks, and nvcc kept the nested one of the up clamp as a branch per
+    element. The up clamp is torch.clamp(r, -c, c): the lower bound first, then the upper one (so that a
+    negative c gives c, as torch), each a select that keeps a NaN. Each value is bound once (a TIR Let),
+    as it is used twice."""
+    def activate(gate, up):
+        return gate / (T.float32(1) + T.exp(-gate)) * T.Select(up > c, c, up)
+
+    return _let('gate', 'float32', T.Select(l > c, c, l),
+                lambda gate: _let('up_low', 'float32', T.Select(r < -c, -c, r), lambda up: activate(gate, up)))
 
 
 def check_forward(in_dtype: str, sf_format: str, per_row: bool) -> None:
@@ -399,6 +412,7 @@ def build_channel(arch: Arch, transpose: bool) -> KernelProgram:
             gate = T.alloc_local((loads, 8), T.bfloat16)
             up = T.alloc_local((loads, 8), T.bfloat16)
             act = T.alloc_local((8,), T.bfloat16)
+            act_f32 = T.alloc_local((8,), T.float32)
             values = T.alloc_local((CH_SEGMENT,), T.float32)
             quantized = T.alloc_local((CH_SEGMENT,), T.float8_e4m3fn)
             amax = T.alloc_local((1,), T.float32)
@@ -416,10 +430,17 @@ def build_channel(arch: Arch, transpose: bool) -> KernelProgram:
                     gate[i, e] = x[t0 + idx // 8, h0 + (idx % 8) * 8 + e]
                 for e in T.vectorized(8):
                     up[i, e] = x[t0 + idx // 8, hidden + h0 + (idx % 8) * 8 + e]
+            # The clamp against c, or +inf without a clamp (the same results, NaN included): the element loop
+            # then has no use_clamp test, which nvcc compiled to a branch around the up clamp of every element.
+            clamp_c = T.alloc_var(T.float32)
+            clamp_c = T.if_then_else(use_clamp != 0, clamp_value, T.float32(float('inf')))
             for i in T.unroll(loads):
                 idx = i * CH_THREADS + tid
                 for e in T.unroll(8):
-                    act[e] = T.Cast(T.bfloat16, _swiglu(T.Cast(T.float32, gate[i, e]), T.Cast(T.float32, up[i, e]), use_clamp, clamp_value))
+                    act_f32[e] = _swiglu_selects(T.Cast(T.float32, gate[i, e]), T.Cast(T.float32, up[i, e]), clamp_c)
+                # A vectorised cast: one conversion instruction per pair, not one per element plus a merge.
+                for e in T.vectorized(8):
+                    act[e] = T.Cast(T.bfloat16, act_f32[e])
                 for e in T.vectorized(8):
                     act_shared[idx // 8, (idx % 8) * 8 + e] = act[e]
             T.sync_threads()
