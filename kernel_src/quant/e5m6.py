@@ -15,7 +15,9 @@ A CTA of 128 threads owns a row; thread t holds groups t, t + 128, ... of 8 chan
 words) in registers, so a row is read once: at most 8 groups a thread (8192 channels). Adjacent lanes hold
 adjacent groups, so each warp load (one or two 16-byte vectors a lane) is one contiguous span (lanes owning
 32-channel chunks made every instruction touch about twice the sectors); the packed words go through
-shared memory and leave as 16-byte vectors (aligned) or words, adjacent across lanes.
+shared memory and leave as 16-byte vectors (aligned) or words, adjacent across lanes. bf16 rows take
+their amax on bf16 pairs, so the row stays packed (64 registers, 8 rows an SM). Wider rows (a run-time
+branch) are read twice, once for the amax and once to encode, a group a thread and step.
 The scale factor is float32 (one per token, any token stride: row-major and column-major layouts alike)
 or a UE8M0 exponent in the low byte of an int32 word whose other bytes are zero (the packed layout, one
 block per row).
@@ -44,14 +46,11 @@ NUM_THREADS = 128
 CHUNK = 32  # channels per chunk: 4 groups of 8 codes, 12 words
 OUT_DTYPES = ('bfloat16', 'float32')
 GROUPS_PER_CHUNK = CHUNK // 8  # groups of 8 channels (3 packed words)
-GROUPS_PER_THREAD = 8  # the cast: rows of up to 128 * 8 groups (8192 channels); 32 or 64 registers of row data
+GROUPS_PER_THREAD = 8  # the cast: rows of up to 128 * 8 groups (8192 channels) in registers (32 or 64 of them)
+ROW_CAPACITY = NUM_THREADS * 8 * GROUPS_PER_THREAD  # wider rows take the two-pass path
 E5M6_MAX, AMAX_FLOOR = 65024.0, 1e-4
+MIN_BLOCKS = {'bfloat16': 8, 'float32': 4}  # the cast: CTAs (rows) per SM the register allocation must allow
 BACK_UNITS = 8  # the cast back: 16-byte output vectors a thread (24 or 16 words of loads in flight)
-
-
-def max_hidden(in_dtype: str) -> int:
-    """The widest row the cast holds in registers."""
-    return NUM_THREADS * 8 * GROUPS_PER_THREAD
 
 
 def check_cast(in_dtype: str, sf_format: str, aligned: bool) -> None:
@@ -120,6 +119,52 @@ def build_cast(arch: Arch, in_dtype: str, sf_format: str, aligned: bool) -> Kern
     sf_stride = T.dynamic('sf_stride')
     sf_type = T.Tensor[(num_tokens,), T.int32] if packed else T.StridedTensor[(num_tokens,), (sf_stride,), T.float32]
 
+    @T.macro
+    def load_group(x, row, group, values, i):
+        """values[i, :] = channels [group * 8, +8) of the row (16-byte vectors when aligned)."""
+        if aligned:
+            for v in T.unroll(8 // epv):
+                for e in T.vectorized(epv):
+                    values[i, v * epv + e] = x[row, group * 8 + v * epv + e]
+        else:
+            for e in T.unroll(8):
+                values[i, e] = x[row, group * 8 + e]
+
+    @T.macro
+    def row_multiplier(amax, tid, row, red, round_sf, out_sf, multiplier):
+        """multiplier[0] of the row from each thread's amax[0] (a butterfly, then the warps through shared
+        memory); thread 0 stores the row's scale factor."""
+        for s in T.unroll(5):
+            amax[0] = T.max(amax[0], T.shfl_xor(amax[0], 16 >> s))
+        if tid % 32 == 0:
+            red[tid // 32] = amax[0]
+        T.sync_threads()
+        for w in T.unroll(num_warps):
+            amax[0] = T.max(amax[0], red[w])
+
+        clamped = T.max(amax[0], T.float32(AMAX_FLOOR))
+        sf = T.alloc_var(T.float32)
+        sf = clamped / T.float32(E5M6_MAX)
+        if packed or round_sf != 0:  # UE8M0 holds powers of two only: the op requires round_sf
+            exponent = ceil_pow2_exponent(sf)
+            multiplier[0] = inverse_pow2(exponent)
+            if tid == 0:
+                if packed:
+                    out_sf[row] = T.Cast(T.int32, exponent)  # the exponent byte, the word's other bytes zero
+                else:
+                    out_sf[row] = pow2(exponent)
+        else:
+            multiplier[0] = T.float32(E5M6_MAX) / clamped
+            if tid == 0:
+                out_sf[row] = sf
+
+    @T.macro
+    def encode_group(values, i, multiplier, codes, words):
+        """words[0..3) of the 8 values of values[i, :] times the multiplier."""
+        for e in T.unroll(8):
+            codes[e] = e5m6_code(T.Cast('float32', values[i, e]) * multiplier[0])
+        pack_words(codes, words, 0)
+
     @T.prim_func
     def per_token_cast_to_e5m6(
         x: T.StridedTensor[(num_tokens, hidden), (row_stride, 1), in_dtype],
@@ -128,90 +173,93 @@ def build_cast(arch: Arch, in_dtype: str, sf_format: str, aligned: bool) -> Kern
         round_sf: T.int32,
     ):
         with T.Kernel(num_tokens, threads=NUM_THREADS) as row:
-            # At most 128 registers a thread, so that 4 rows (CTAs) share an SM: a CTA loads its row, then
-            # reduces and encodes with nothing in flight.
-            T.annotate_min_blocks_per_sm(4)
+            # A CTA loads its row, then reduces and encodes with nothing in flight, so rows in flight per SM
+            # are what hides the load latency: at most 64 registers (bf16: 8 rows an SM) or 128 (float32: 4).
+            T.annotate_min_blocks_per_sm(MIN_BLOCKS[in_dtype])
             T.assume(hidden % 8 == 0)
             if aligned:
                 T.assume(hidden % CHUNK == 0)
                 T.assume(row_stride % epv == 0)
             tid = T.get_thread_binding()
             values = T.alloc_local((groups, 8), in_dtype)
-            amax = T.alloc_var(T.float32)
-            multiplier = T.alloc_var(T.float32)
-            sf = T.alloc_var(T.float32)
+            amax = T.alloc_local((1,), T.float32)
+            multiplier = T.alloc_local((1,), T.float32)
             codes = T.alloc_local((8,), T.uint32)
             words = T.alloc_local((3,), T.uint32)
             red = T.alloc_shared((num_warps,), T.float32)
             staged = T.alloc_shared((groups * NUM_THREADS * 3,), T.uint32)
 
-            # Group i of the thread is channels [(i * 128 + tid) * 8, +8): a warp's lanes cover adjacent
-            # groups, so each load (16 bytes a lane, or 2 bytes a lane per channel) and each store (12 bytes
-            # a lane, as three words) of a warp is one contiguous span.
-            for i in T.unroll(groups):
-                group = i * NUM_THREADS + tid
-                if group * 8 < hidden:
-                    if aligned:
-                        for v in T.unroll(8 // epv):
-                            for e in T.vectorized(epv):
-                                values[i, v * epv + e] = x[row, group * 8 + v * epv + e]
+            if hidden <= ROW_CAPACITY:  # uniform over the CTA
+                # Group i of the thread is channels [(i * 128 + tid) * 8, +8): a warp's lanes cover adjacent
+                # groups, so each load (16 bytes a lane, or 2 bytes a lane per channel) and each store (12
+                # bytes a lane, as three words) of a warp is one contiguous span.
+                for i in T.unroll(groups):
+                    group = i * NUM_THREADS + tid
+                    if group * 8 < hidden:
+                        load_group(x, row, group, values, i)
                     else:
-                        for e in T.unroll(8):
-                            values[i, e] = x[row, group * 8 + e]
+                        for e in T.vectorized(8):
+                            values[i, e] = T.cast(0, in_dtype)  # zeros cannot raise the amax
+
+                if in_dtype == 'bfloat16':
+                    # The amax of bf16 pairs (max of |a| is exact in bf16; __hmax2 skips a NaN as fmaxf does,
+                    # and a NaN left by an all-NaN thread is skipped by the fmaxf that follow): no float copy
+                    # of the row stays live across the barrier, so the row fits in 64 registers.
+                    pairs = T.view(values, (groups, 4), T.bfloat16x2)
+                    pair_amax = T.alloc_local((1,), T.bfloat16x2)
+                    pair_amax[0] = T.abs2(pairs[0, 0])
+                    for i in T.unroll(groups):
+                        for p in T.unroll(4):
+                            pair_amax[0] = T.max2(pair_amax[0], T.abs2(pairs[i, p]))
+                    pair_halves = T.view(pair_amax, (2,), T.bfloat16)
+                    amax[0] = T.max(T.Cast('float32', pair_halves[0]), T.Cast('float32', pair_halves[1]))
                 else:
-                    for e in T.vectorized(8):
-                        values[i, e] = T.cast(0, in_dtype)  # zeros cannot raise the amax
+                    amax[0] = T.float32(0)
+                    for i in T.unroll(groups):
+                        for e in T.unroll(8):
+                            amax[0] = T.max(amax[0], T.abs(T.Cast('float32', values[i, e])))
+                row_multiplier(amax, tid, row, red, round_sf, out_sf, multiplier)
 
-            amax = T.float32(0)
-            for i in T.unroll(groups):
-                for e in T.unroll(8):
-                    amax = T.max(amax, T.abs(T.Cast('float32', values[i, e])))
-            for s in T.unroll(5):
-                amax = T.max(amax, T.shfl_xor(amax, 16 >> s))
-            if tid % 32 == 0:
-                red[tid // 32] = amax
-            T.sync_threads()
-            for w in T.unroll(num_warps):
-                amax = T.max(amax, red[w])
-
-            clamped = T.max(amax, T.float32(AMAX_FLOOR))
-            sf = clamped / T.float32(E5M6_MAX)
-            if packed or round_sf != 0:  # UE8M0 holds powers of two only: the op requires round_sf
-                exponent = ceil_pow2_exponent(sf)
-                multiplier = inverse_pow2(exponent)
-                if tid == 0:
-                    if packed:
-                        out_sf[row] = T.Cast(T.int32, exponent)  # the exponent byte, the word's other bytes zero
-                    else:
-                        out_sf[row] = pow2(exponent)
+                # The words go through shared memory, so that the row is stored in 16-byte vectors (aligned:
+                # a row is a multiple of 12 words) or words, adjacent across lanes: writing a group's 3 words
+                # straight from its lane made each store instruction touch 3 times the sectors it filled.
+                for i in T.unroll(groups):
+                    group = i * NUM_THREADS + tid
+                    if group * 8 < hidden:
+                        encode_group(values, i, multiplier, codes, words)
+                        for k in T.unroll(3):
+                            staged[group * 3 + k] = words[k]  # lanes 3 words apart: no bank conflicts
+                T.sync_threads()
+                if aligned:
+                    for m in T.unroll(groups * 3 // 4):
+                        vector = m * NUM_THREADS + tid
+                        if vector * 4 < hidden // 8 * 3:
+                            for k in T.vectorized(4):
+                                out[row, vector * 4 + k] = staged[vector * 4 + k]
+                else:
+                    for m in T.unroll(groups * 3):
+                        word = m * NUM_THREADS + tid
+                        if word < hidden // 8 * 3:
+                            out[row, word] = staged[word]
             else:
-                multiplier = T.float32(E5M6_MAX) / clamped
-                if tid == 0:
-                    out_sf[row] = sf
-
-            # The words go through shared memory, so that the row is stored in 16-byte vectors (aligned: a
-            # row is a multiple of 12 words) or words, adjacent across lanes: writing a group's 3 words
-            # straight from its lane made each store instruction touch 3 times the sectors it filled.
-            for i in T.unroll(groups):
-                group = i * NUM_THREADS + tid
-                if group * 8 < hidden:
-                    for e in T.unroll(8):
-                        codes[e] = e5m6_code(T.Cast('float32', values[i, e]) * multiplier)
-                    pack_words(codes, words, 0)
-                    for k in T.unroll(3):
-                        staged[group * 3 + k] = words[k]  # lanes 3 words apart: no bank conflicts
-            T.sync_threads()
-            if aligned:
-                for m in T.unroll(groups * 3 // 4):
-                    vector = m * NUM_THREADS + tid
-                    if vector * 4 < hidden // 8 * 3:
-                        for k in T.vectorized(4):
-                            out[row, vector * 4 + k] = staged[vector * 4 + k]
-            else:
-                for m in T.unroll(groups * 3):
-                    word = m * NUM_THREADS + tid
-                    if word < hidden // 8 * 3:
-                        out[row, word] = staged[word]
+                # Rows wider than the registers hold (upstream has no limit): the row is read twice, for
+                # its amax and then to encode it (the second read mostly from L2), one group of 8 channels
+                # a thread and step, and each group's 3 words are stored from its lane.
+                amax[0] = T.float32(0)
+                for step in T.serial(T.ceildiv(hidden // 8, NUM_THREADS)):
+                    group = step * NUM_THREADS + tid
+                    if group * 8 < hidden:
+                        load_group(x, row, group, values, 0)
+                        for e in T.unroll(8):
+                            amax[0] = T.max(amax[0], T.abs(T.Cast('float32', values[0, e])))
+                row_multiplier(amax, tid, row, red, round_sf, out_sf, multiplier)
+                for step in T.serial(T.ceildiv(hidden // 8, NUM_THREADS)):
+                    group = step * NUM_THREADS + tid
+                    if group * 8 < hidden:
+                        load_group(x, row, group, values, 0)
+                        encode_group(values, 0, multiplier, codes, words)
+                        for k in T.unroll(3):
+                            out[row, group * 3 + k] = words[k]
 
     return KernelProgram(per_token_cast_to_e5m6, alignment={'x': 16 if aligned else IN_DTYPES[in_dtype], 'out': 16, 'out_sf': 4})
 

@@ -54,6 +54,7 @@ CH_MIN_BLOCKS = 5  # CTAs per SM the register allocation must allow
 
 BWD_THREADS = 64
 BWD_ELEMS = 16  # elements per thread-step (16 bytes of e4m3)
+BWD_MIN_BLOCKS = 12  # CTAs per SM the register allocation must allow: 80 registers, 24 warps (95 unbounded: 20)
 
 
 def _swiglu(l, r, use_clamp, c):
@@ -65,7 +66,7 @@ def _swiglu(l, r, use_clamp, c):
 
 
 # NaN-propagating float32 min and max (PTX min.NaN / max.NaN, one FMNMX.NAN each on sm_80 and later): the
-# clamps of the flat forward as min(l, c) and min(max(r, -c), c), where `l > c ? c : l` against a run-time c
+# clamps of the flat forward and the per-channel cast as min(l, c) and min(max(r, -c), c), where `l > c ? c : l` against a run-time c
 # costs a compare and a select (nvcc cannot use FMNMX.NAN itself, as c might be NaN; the op never passes one).
 _NAN_MIN_MAX_PRELUDE = """
 __device__ __forceinline__ float tk_min_nan(float a, float b) { float r; asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b)); return r; }
@@ -419,7 +420,7 @@ def build_channel(arch: Arch, transpose: bool) -> KernelProgram:
         use_clamp: T.int32,
         clamp_value: T.float32,
     ):
-        with T.Kernel(hidden // CH_CHANNELS, num_tokens // CH_TOKENS, threads=CH_THREADS) as (pid_h, pid_t):
+        with T.Kernel(hidden // CH_CHANNELS, num_tokens // CH_TOKENS, threads=CH_THREADS, prelude=_NAN_MIN_MAX_PRELUDE) as (pid_h, pid_t):
             T.assume(num_tokens % CH_TOKENS == 0)
             T.assume(hidden % CH_CHANNELS == 0)
             T.assume(width % 64 == 0)
@@ -432,6 +433,7 @@ def build_channel(arch: Arch, transpose: bool) -> KernelProgram:
             gate = T.alloc_local((loads, 8), T.bfloat16)
             up = T.alloc_local((loads, 8), T.bfloat16)
             act = T.alloc_local((8,), T.bfloat16)
+            act_f32 = T.alloc_local((8,), T.float32)
             values = T.alloc_local((CH_SEGMENT,), T.float32)
             quantized = T.alloc_local((CH_SEGMENT,), T.float8_e4m3fn)
             amax = T.alloc_local((1,), T.float32)
@@ -449,10 +451,17 @@ def build_channel(arch: Arch, transpose: bool) -> KernelProgram:
                     gate[i, e] = x[t0 + idx // 8, h0 + (idx % 8) * 8 + e]
                 for e in T.vectorized(8):
                     up[i, e] = x[t0 + idx // 8, hidden + h0 + (idx % 8) * 8 + e]
+            # The clamp against c, or +inf without a clamp (the same results, NaN included): the element loop
+            # then has no use_clamp test, which nvcc compiled to a branch around the up clamp of every element.
+            clamp_c = T.alloc_var(T.float32)
+            clamp_c = T.if_then_else(use_clamp != 0, clamp_value, T.float32(float('inf')))
             for i in T.unroll(loads):
                 idx = i * CH_THREADS + tid
                 for e in T.unroll(8):
-                    act[e] = T.Cast(T.bfloat16, _swiglu(T.Cast(T.float32, gate[i, e]), T.Cast(T.float32, up[i, e]), use_clamp, clamp_value))
+                    act_f32[e] = _clamped_swiglu(T.Cast(T.float32, gate[i, e]), T.Cast(T.float32, up[i, e]), clamp_c)
+                # A vectorised cast: one conversion instruction per pair, not one per element plus a merge.
+                for e in T.vectorized(8):
+                    act[e] = T.Cast(T.bfloat16, act_f32[e])
                 for e in T.vectorized(8):
                     act_shared[idx // 8, (idx % 8) * 8 + e] = act[e]
             T.sync_threads()
@@ -530,6 +539,9 @@ def build_backward(arch: Arch, grad_dtype: str) -> KernelProgram:
         clamp_value: T.float32,
     ):
         with T.Kernel(num_ctas, threads=BWD_THREADS) as pid:
+            # The kernel is issue-bound (exponential, division and reciprocal per element): more warps to
+            # pick from, at no spill.
+            T.annotate_min_blocks_per_sm(BWD_MIN_BLOCKS)
             T.assume(hidden % 32 == 0)
             T.assume(width % 64 == 0)
             tid = T.get_thread_binding()
@@ -538,6 +550,13 @@ def build_backward(arch: Arch, grad_dtype: str) -> KernelProgram:
             g = T.alloc_local((n,), T.bfloat16)
             gx = T.alloc_local((n,), T.float32)
             gy = T.alloc_local((n,), T.float32)
+            xf = T.alloc_local((n,), T.float32)
+            yf = T.alloc_local((n,), T.float32)
+            xc = T.alloc_local((n,), T.float32)
+            yc = T.alloc_local((n,), T.float32)
+            denominator = T.alloc_local((n,), T.float32)
+            gws = T.alloc_local((n,), T.float32)
+            out_f32 = T.alloc_local((n,), T.float32)
             out_local = T.alloc_local((n,), T.bfloat16)
             gx16 = T.alloc_local((n,), T.bfloat16)
             gy16 = T.alloc_local((n,), T.bfloat16)
@@ -551,6 +570,9 @@ def build_backward(arch: Arch, grad_dtype: str) -> KernelProgram:
             sf_in = T.alloc_local((2,), T.float32)
             red = T.alloc_shared((num_warps,), T.float32)
             lanes_log2 = npc_log2 - 4  # lanes per block, log2: 1 (32 channels) or 3 (128)
+            # The clamp against c, or +inf without a clamp (the same results and masks, NaN included).
+            clamp_c = T.alloc_var(T.float32)
+            clamp_c = T.if_then_else(use_clamp != 0, clamp_value, T.float32(float('inf')))
 
             # A (token, topk) slot no row maps to gets a zero gradient, as upstream.
             if pid < num_weights:
@@ -578,28 +600,40 @@ def build_backward(arch: Arch, grad_dtype: str) -> KernelProgram:
                         sf_in[1] = x_sf[pid, (hidden + col) >> npc_log2]
                         sfx = sf_in[0]
                         sfy = sf_in[1]
+                        # Vectorised fp8 -> float32 conversions: one unpack a pair, not a mask, shift and unpack
+                        # an element.
+                        for e in T.vectorized(n):
+                            xf[e] = T.Cast(T.float32, xq[e])
+                        for e in T.vectorized(n):
+                            yf[e] = T.Cast(T.float32, yq[e])
                         for e in T.unroll(n):
-                            xv = T.Cast(T.float32, xq[e]) * sfx
-                            yv = T.Cast(T.float32, yq[e]) * sfy
-                            clamped_x = use_clamp != 0 and xv > clamp_value
-                            clamped_y_upper = use_clamp != 0 and yv > clamp_value
-                            clamped_y_lower = use_clamp != 0 and yv < -clamp_value
-                            xc = T.if_then_else(clamped_x, clamp_value, xv)
-                            yc = T.if_then_else(clamped_y_upper, clamp_value, T.if_then_else(clamped_y_lower, -clamp_value, yv))
+                            xv = xf[e] * sfx
+                            yv = yf[e] * sfy
                             go = T.Cast(T.float32, g[e])
-                            denominator = T.float32(1) + T.exp(-xc)
-                            act = xc / denominator * yc
+                            # Selects against clamp_c (+inf without a clamp), each value bound once through
+                            # a register array: if_then_else on use_clamp became if/else blocks pasted at
+                            # every use (the exponential four times), which nvcc did not fold back.
+                            xc[e] = T.Select(xv > clamp_c, clamp_c, xv)
+                            y_low = T.Select(yv < -clamp_c, -clamp_c, yv)  # torch.clamp(r, -c, c): low bound first
+                            yc[e] = T.Select(y_low > clamp_c, clamp_c, y_low)
+                            denominator[e] = T.float32(1) + T.exp(-xc[e])
+                            act = xc[e] / denominator[e] * yc[e]
                             acc[0] = acc[0] + go * act
-                            sig = T.float32(1) / denominator
-                            gws = go * w * sig
-                            out_local[e] = T.Cast(T.bfloat16, act * w)
+                            sig = T.float32(1) / denominator[e]
+                            gws[e] = go * w * sig
+                            out_f32[e] = act * w
                             # 1 + x (1 - s) with one rounding, as the reference's compiled FMA.
-                            dx = gws * yc * T.call_extern('float32', '__fmaf_rn', xc, T.float32(1) - sig, T.float32(1))
-                            gx[e] = T.if_then_else(clamped_x, T.float32(0), dx)
-                            gy[e] = T.if_then_else(clamped_y_upper or clamped_y_lower, T.float32(0), gws * xc)
+                            dx = gws[e] * yc[e] * T.call_extern('float32', '__fmaf_rn', xc[e], T.float32(1) - sig, T.float32(1))
+                            gx[e] = T.Select(xv > clamp_c, T.float32(0), dx)
+                            gy[e] = T.Select(T.Or(yv > clamp_c, yv < -clamp_c), T.float32(0), gws[e] * xc[e])
                             amax[0] = T.max(amax[0], T.abs(gx[e]))
                             amax[1] = T.max(amax[1], T.abs(gy[e]))
+                        # Vectorised casts: one conversion instruction per pair.
+                        for e in T.vectorized(n):
+                            out_local[e] = T.Cast(T.bfloat16, out_f32[e])
+                        for e in T.vectorized(n):
                             gx16[e] = T.Cast(T.bfloat16, gx[e])
+                        for e in T.vectorized(n):
                             gy16[e] = T.Cast(T.bfloat16, gy[e])
                         for e in T.vectorized(n):
                             out[pid, col + e] = out_local[e]
@@ -618,9 +652,14 @@ def build_backward(arch: Arch, grad_dtype: str) -> KernelProgram:
                         if (tid & ((1 << lanes_log2) - 1)) == 0:
                             x_grad_sf[pid, col >> npc_log2] = sf[0]
                             x_grad_sf[pid, (hidden + col) >> npc_log2] = sf[1]
+                        # Products first, then the casts as vectorised loops: one conversion per pair.
                         for e in T.unroll(n):
-                            qx[e] = T.Cast(T.float8_e4m3fn, gx[e] * multiplier[0])
-                            qy[e] = T.Cast(T.float8_e4m3fn, gy[e] * multiplier[1])
+                            gx[e] = gx[e] * multiplier[0]
+                            gy[e] = gy[e] * multiplier[1]
+                        for e in T.vectorized(n):
+                            qx[e] = T.Cast(T.float8_e4m3fn, gx[e])
+                        for e in T.vectorized(n):
+                            qy[e] = T.Cast(T.float8_e4m3fn, gy[e])
                         for e in T.vectorized(n):
                             x_grad_fp8[pid, col + e] = qx[e]
                         for e in T.vectorized(n):

@@ -21,8 +21,6 @@ from tile_kernels_aot.quant._common import (
     packed_sf_bytes, row_aligned, sf_format,
 )
 
-# Widest row the cast holds in registers: 128 threads x 2 chunks of 32 channels (kernel_src/quant/e5m6.py).
-_MAX_HIDDEN = {torch.bfloat16: 8192, torch.float32: 8192}
 _CHUNK = 32  # channels per chunk of the kernels
 _INDEX_LIMIT = 2**31 - 2**16  # flat chunk indices (plus a CTA's overrun) stay int32 in the cast back
 _CAST_OP = "per_token_cast(fmt='e5m6')"
@@ -41,8 +39,8 @@ def per_token_cast_to_e5m6(
     to a power of two and the multiplier is its exact inverse.
 
     Args:
-        x: ``[num_tokens, hidden]`` bfloat16 or float32 CUDA tensor, contiguous in ``hidden`` (a multiple of 8,
-            at most 8192); the row stride is free.
+        x: ``[num_tokens, hidden]`` bfloat16 or float32 CUDA tensor, contiguous in ``hidden`` (a multiple of 8;
+            rows of more than 8192 channels are read twice, for the amax and to encode); the row stride is free.
         num_per_channels: must equal ``hidden`` (one scale factor per token), as upstream requires.
         use_tma_aligned_col_major_sf: float32 scale factors column-major, the token dim padded to 4.
         round_sf: round the scale factors up to powers of two.
@@ -63,8 +61,6 @@ def per_token_cast_to_e5m6(
         raise ValueError(f'{op}: num_per_channels must equal hidden ({hidden}), got {num_per_channels}')
     if hidden == 0 or hidden % 8:
         raise ValueError(f'{op}: x must have hidden divisible by 8, got {hidden}')
-    if hidden > _MAX_HIDDEN[x.dtype]:
-        raise ValueError(f'{op}: x must have hidden at most {_MAX_HIDDEN[x.dtype]} for {dtype_name(x.dtype)} input, got {hidden}')
     check_packed_ue8m0(op, packed, col_major, round_sf)
     _checks.inner_contiguous(op, 'x', x)
     device = _checks.on_one_cuda_device(op, x=x)

@@ -167,7 +167,7 @@ def per_token_cast(
         x: ``[num_tokens, hidden]`` bfloat16 or float32 CUDA tensor, contiguous in ``hidden`` (a multiple
             of 16); the row stride is free. Or a quantised ``(data, sf)`` pair (see ``x_block_size``).
         fmt: ``'e4m3'``, ``'e2m1'`` or ``'e5m6'`` (12-bit floats, 8 per 3 words, ``num_per_channels ==
-            hidden`` only, hidden a multiple of 8 and at most 8192; see ``tile_kernels_aot.quant.e5m6``).
+            hidden`` only, hidden a multiple of 8; see ``tile_kernels_aot.quant.e5m6``).
         num_per_channels: 16, 32, 64 or 128, or ``hidden`` (one scale factor per row; hidden a multiple of
             64, at most 16384 for bfloat16 and 8192 for float32 input).
         x_block_size: for a quantised ``(data, sf)`` input (e4m3, or e2m1 pairs in int8), the ``(m, k)``
