@@ -26,21 +26,29 @@ OUT_DTYPES = ('bfloat16', 'float32')
 OUT_BYTES = {'bfloat16': 2, 'float32': 4}
 
 
-# The e4m3 bytes of the e2m1 magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6 (codes 0..7), as two little-endian words.
+# e2m1 codes as the e4m3 bytes of the same values (tests/cpu/test_e2m1_as_e4m3.py replays this on every input):
+# the e4m3 bytes of the magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6 (codes 0..7) as two little-endian words; the
+# byte-permutation selector that moves a quad's two code bytes 16 bits apart (plus QUAD_STEP per quad); the
+# sign bits of the four codes there; the multiplier that carries them to bit 7 of each byte.
 E2M1_MAGNITUDES_AS_E4M3 = (0x3C383000, 0x4C484440)
+SIGN_SPREAD_SELECTOR, SIGN_SPREAD_QUAD_STEP = 0x4140, 0x202
+SPREAD_SIGN_BITS = 0x00880088
+SIGN_CARRY_MULTIPLIER = 0x110  # x * 0x110 = (x << 4) + (x << 8)
+E4M3_SIGN_BITS = 0x80808080
 
 
 def e2m1_quad_as_e4m3(codes, quad):
     """uint32 of the e4m3 bytes of e2m1 codes 4 * quad .. 4 * quad + 3 of the uint32 `codes` (code k in nibble k,
-    sign in the nibble's bit 3), code 4 * quad + n in byte n. Five instructions for four codes: one byte
-    permutation looks the magnitudes up (__byte_perm reads the low 3 bits of each selector nibble); another
-    moves the quad's two code bytes 16 bits apart, so that one multiply by 0x110 (a shift by 4 plus a shift by 8)
-    carries each code's sign bit (bits 3, 7, 19, 23 there) to bit 7 of its byte (7, 15, 23, 31), with no
-    carry reaching those bits from the other partial products; a mask and an or finish."""
+    sign in the nibble's bit 3), code 4 * quad + n in byte n. Six instructions for four codes: a byte
+    permutation looks the magnitudes up (__byte_perm reads the low 3 bits of each selector nibble: nvcc masks
+    them, one LOP3); another moves the quad's two code bytes 16 bits apart, so that one multiply by 0x110 (a
+    shift by 4 plus a shift by 8) carries each code's sign bit (bits 3, 7, 19, 23 there) to bit 7 of its byte
+    (7, 15, 23, 31), no carry from the other partial products reaching those bits; a mask and an or finish
+    (one LOP3)."""
     magnitudes = T.call_extern('uint32', '__byte_perm', T.uint32(E2M1_MAGNITUDES_AS_E4M3[0]), T.uint32(E2M1_MAGNITUDES_AS_E4M3[1]),
                                codes >> T.Cast('uint32', 16 * quad))
-    spread = T.call_extern('uint32', '__byte_perm', codes, T.uint32(0), T.Cast('uint32', 0x4140 + 0x202 * quad))
-    signs = ((spread & T.uint32(0x00880088)) * T.uint32(0x110)) & T.uint32(0x80808080)
+    spread = T.call_extern('uint32', '__byte_perm', codes, T.uint32(0), T.Cast('uint32', SIGN_SPREAD_SELECTOR + SIGN_SPREAD_QUAD_STEP * quad))
+    signs = ((spread & T.uint32(SPREAD_SIGN_BITS)) * T.uint32(SIGN_CARRY_MULTIPLIER)) & T.uint32(E4M3_SIGN_BITS)
     return signs | magnitudes
 
 
