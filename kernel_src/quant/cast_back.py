@@ -4,24 +4,52 @@ to bf16 or fp32: out = float(q) * sf, rounded once to the output dtype.
 The data format, the scale-factor storage (float32 in any strides, or packed UE8M0 bytes) and the output
 dtype are compile time; the hidden size, the block width (any multiple of 16), the block height (a power
 of two: the scale-factor row of a token is token >> sf_row_shift) and the scale-factor strides are
-run-time arguments. A vector is 16 logical elements (16 bytes of e4m3, 8 of e2m1); the
-vectors of all rows form one flat sequence and thread t of CTA b holds vectors b * slots + j * 128 + t,
-so every slot is busy whatever the hidden size. Rows and blocks come from flat indices by host-computed
-multiply-shift magic numbers (see tile_kernels_aot.quant), and every access is masked against the buffer
-dims. e2m1 codes decode with integer arithmetic: magnitude codes 2..7 are the float32 with exponent
-126 + code // 2 and top mantissa bit code % 2; code 1 is 0.5; bit 3 is the sign.
+run-time arguments. The work unit is one 16-byte output vector (8 bf16 or 4 fp32 elements; 8 or 4 bytes
+of e4m3, 4 or 2 of e2m1): the units of all rows form one flat sequence (data and output are contiguous)
+and thread t of CTA b holds units b * slots + i * 128 + t, so a warp's stores are 512 contiguous bytes and
+every slot is busy whatever the hidden size. Rows and blocks come from the units' 16-element vector indices
+by host-computed multiply-shift magic numbers (see tile_kernels_aot.quant); only the last CTA masks units
+past the last row. e2m1 codes are rewritten as the e4m3 bytes of the same values (a byte permutation for
+the magnitudes, a multiply for the signs) and converted as e4m3 data.
 """
 
 from tilelang import language as T
 
 from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
-from kernel_src.quant.common import SF_FORMATS, e2m1_value
+from kernel_src.quant.common import SF_FORMATS
 
 NUM_THREADS = 128
-NUM_VECTORS = 4
-VECTOR_ELEMS = 16
+NUM_UNITS = 8  # 16-byte output vectors a thread
+VECTOR_ELEMS = 16  # the host's vectors_per_row counts vectors of 16 logical elements
 FORMATS = {'e4m3': 1, 'e2m1': 2}  # logical elements per byte
 OUT_DTYPES = ('bfloat16', 'float32')
+OUT_BYTES = {'bfloat16': 2, 'float32': 4}
+
+
+# e2m1 codes as the e4m3 bytes of the same values (tests/cpu/test_e2m1_as_e4m3.py replays this on every input):
+# the e4m3 bytes of the magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6 (codes 0..7) as two little-endian words; the
+# byte-permutation selector that moves a quad's two code bytes 16 bits apart (plus QUAD_STEP per quad); the
+# sign bits of the four codes there; the multiplier that carries them to bit 7 of each byte.
+E2M1_MAGNITUDES_AS_E4M3 = (0x3C383000, 0x4C484440)
+SIGN_SPREAD_SELECTOR, SIGN_SPREAD_QUAD_STEP = 0x4140, 0x202
+SPREAD_SIGN_BITS = 0x00880088
+SIGN_CARRY_MULTIPLIER = 0x110  # x * 0x110 = (x << 4) + (x << 8)
+E4M3_SIGN_BITS = 0x80808080
+
+
+def e2m1_quad_as_e4m3(codes, quad):
+    """uint32 of the e4m3 bytes of e2m1 codes 4 * quad .. 4 * quad + 3 of the uint32 `codes` (code k in nibble k,
+    sign in the nibble's bit 3), code 4 * quad + n in byte n. Six instructions for four codes: a byte
+    permutation looks the magnitudes up (__byte_perm reads the low 3 bits of each selector nibble: nvcc masks
+    them, one LOP3); another moves the quad's two code bytes 16 bits apart, so that one multiply by 0x110 (a
+    shift by 4 plus a shift by 8) carries each code's sign bit (bits 3, 7, 19, 23 there) to bit 7 of its byte
+    (7, 15, 23, 31), no carry from the other partial products reaching those bits; a mask and an or finish
+    (one LOP3)."""
+    magnitudes = T.call_extern('uint32', '__byte_perm', T.uint32(E2M1_MAGNITUDES_AS_E4M3[0]), T.uint32(E2M1_MAGNITUDES_AS_E4M3[1]),
+                               codes >> T.Cast('uint32', 16 * quad))
+    spread = T.call_extern('uint32', '__byte_perm', codes, T.uint32(0), T.Cast('uint32', SIGN_SPREAD_SELECTOR + SIGN_SPREAD_QUAD_STEP * quad))
+    signs = ((spread & T.uint32(SPREAD_SIGN_BITS)) * T.uint32(SIGN_CARRY_MULTIPLIER)) & T.uint32(E4M3_SIGN_BITS)
+    return signs | magnitudes
 
 
 def check(fmt: str, out_dtype: str, sf_format: str) -> None:
@@ -33,11 +61,14 @@ def check(fmt: str, out_dtype: str, sf_format: str) -> None:
         raise ValueError(f'sf_format must be one of {SF_FORMATS}, got {sf_format!r}')
 
 
-def build(arch: Arch, fmt: str, out_dtype: str, sf_format: str, num_threads: int = NUM_THREADS, num_vectors: int = NUM_VECTORS) -> KernelProgram:
+def build(arch: Arch, fmt: str, out_dtype: str, sf_format: str, num_threads: int = NUM_THREADS, num_units: int = NUM_UNITS) -> KernelProgram:
     fp4 = fmt == 'e2m1'
     packed = sf_format == 'ue8m0'
-    bytes_per_vector = VECTOR_ELEMS // FORMATS[fmt]
-    slots = num_threads * num_vectors
+    unit_elems = 16 // OUT_BYTES[out_dtype]  # logical elements of one 16-byte output vector: 8 or 4
+    unit_bytes = unit_elems // FORMATS[fmt]  # their input bytes: 8 or 4 (e4m3), 4 or 2 (e2m1)
+    units_per_vector = VECTOR_ELEMS // unit_elems  # 2 or 4, a power of two
+    units_per_vector_log2 = units_per_vector.bit_length() - 1
+    slots = num_threads * num_units
 
     num_tokens = T.dynamic('num_tokens')
     if fp4:
@@ -59,12 +90,65 @@ def build(arch: Arch, fmt: str, out_dtype: str, sf_format: str, num_threads: int
     else:
         sf_type = T.StridedTensor[(num_sf_rows, num_sf_blocks), (sf_stride_t, sf_stride_k), T.float32]
 
-    # Row and column (in elements) of a thread's j-th vector, as plain expressions so that tilelang can
-    # prove the column a multiple of the vector and emit wide accesses.
-    def where(pid, j, tid, vectors_per_row, row_magic, row_shift):
-        v = pid * slots + j * num_threads + tid
-        row = T.Cast('int32', (T.Cast('int64', v) * row_magic) >> T.Cast('int64', row_shift))
-        return row, (v - row * vectors_per_row) * VECTOR_ELEMS
+    # Unit i of thread t of CTA b is flat unit u = b * slots + i * 128 + t of the sequence of all rows' 16-byte
+    # output vectors, so the 32 lanes of a warp store 32 adjacent units: one contiguous 512 bytes a store
+    # instruction, every sector written whole. (A lane that owned 16 elements stored 32 or 64 bytes, so each
+    # warp store touched twice the sectors it filled and the L2 was the limit, at 87% of its throughput with
+    # DRAM at 36-62%.) Per unit, once, in int32 registers (the op keeps num_tokens * hidden + 2^16 below
+    # 2^31): the row, by an unsigned 32 x 32 -> 64-bit multiply-shift of the unit's 16-element vector index
+    # (the host's magic numbers, exact below 2^31); the column in units; the scale-factor block of the
+    # column's vector. Units past the last row get a row of num_tokens or more, which the masks skip.
+    @T.macro
+    def locate(pid, tid, units, rows, blocks, vectors_per_row, row_magic, row_shift, block_magic, block_shift):
+        for i in T.unroll(num_units):
+            u = pid * slots + i * num_threads + tid
+            units[i] = u
+            vector = u >> units_per_vector_log2
+            rows[i] = T.Cast('int32', (T.Cast('uint64', T.Cast('uint32', vector)) * T.Cast('uint64', T.Cast('uint32', row_magic)))
+                             >> T.Cast('uint64', row_shift))
+            blocks[i] = T.Cast('int32', (T.Cast('uint64', T.Cast('uint32', vector - rows[i] * vectors_per_row)) * T.Cast('uint64', T.Cast('uint32', block_magic)))
+                               >> T.Cast('uint64', block_shift))
+
+    # The loads, then the arithmetic and the stores, of a thread's units; `masked` (a Python bool) skips units
+    # past the last row. The scale factors need no mask of their own: the op checks their shape, so a unit
+    # inside the tensor has its scale factor inside x_sf. (The run-time scalars keep their kernel names
+    # here, which the lowered entry point takes.)
+    @T.macro
+    def dequantize(x_flat, x_sf, out_flat, units, rows, blocks, data, sf, result, num_tokens, sf_row_shift, masked):
+        # All loads first (data, then the scale factors), so that they are in flight together.
+        for i in T.unroll(num_units):
+            if rows[i] < num_tokens if masked else T.bool(True):
+                for e in T.vectorized(unit_bytes):
+                    data[i, e] = x_flat[units[i] * unit_bytes + e]
+        for i in T.unroll(num_units):
+            if rows[i] < num_tokens if masked else T.bool(True):
+                block = blocks[i]
+                sf_row = rows[i] >> sf_row_shift
+                if packed:
+                    sf[i] = T.reinterpret(T.Cast('uint32', x_sf[block >> 2, sf_row * 4 + (block & 3)]) << T.uint32(23), T.float32)
+                else:
+                    sf[i] = x_sf[sf_row, block]
+        for i in T.unroll(num_units):
+            if rows[i] < num_tokens if masked else T.bool(True):
+                if fp4:
+                    # Each e2m1 value is also an e4m3 value: rewrite the unit's codes as e4m3 bytes, four per
+                    # word, and convert them as e4m3 data (the same float32 values, so the same products and
+                    # roundings as decoding the codes to float32 directly).
+                    code_words = T.view(data, (num_units,), T.uint32 if unit_bytes == 4 else T.uint16)
+                    e4m3_words = T.alloc_local((unit_elems // 4,), T.uint32)
+                    e4m3_bytes = T.view(e4m3_words, (unit_elems,), T.float8_e4m3fn)
+                    codes = T.Cast('uint32', code_words[i])
+                    for h in T.unroll(unit_elems // 4):
+                        e4m3_words[h] = e2m1_quad_as_e4m3(codes, h)
+                    for e in T.vectorized(unit_elems):
+                        result[e] = T.Cast(out_dtype, T.Cast('float32', e4m3_bytes[e]) * sf[i])
+                else:
+                    # Vectorised, so that tilelang converts pairs (one fp8x2 -> half2 unpack per two elements,
+                    # one f32x2 -> bf16x2 pack) instead of element by element.
+                    for e in T.vectorized(unit_elems):
+                        result[e] = T.Cast(out_dtype, T.Cast('float32', data[i, e]) * sf[i])
+                for e in T.vectorized(unit_elems):
+                    out_flat[units[i] * unit_elems + e] = result[e]
 
     @T.prim_func
     def cast_back(
@@ -78,46 +162,29 @@ def build(arch: Arch, fmt: str, out_dtype: str, sf_format: str, num_threads: int
         block_shift: T.int32,
         sf_row_shift: T.int32,
     ):
-        with T.Kernel(T.ceildiv(num_tokens * vectors_per_row, slots), threads=num_threads) as pid:
+        with T.Kernel(T.ceildiv(num_tokens * vectors_per_row * units_per_vector, slots), threads=num_threads) as pid:
             if fp4:
                 T.assume(packed_hidden % (VECTOR_ELEMS // 2) == 0)
             else:
                 T.assume(hidden % VECTOR_ELEMS == 0)
             tid = T.get_thread_binding()
-            data = T.alloc_local((num_vectors, bytes_per_vector), T.int8 if fp4 else T.float8_e4m3fn)
-            sf = T.alloc_local((num_vectors,), T.float32)
-            result = T.alloc_local((VECTOR_ELEMS,), out_dtype)
-            # All loads first (data, then the scale factors), so that they are in flight together.
-            for j in T.unroll(num_vectors):
-                row, col = where(pid, j, tid, vectors_per_row, row_magic, row_shift)
-                if row < num_tokens and col < hidden:
-                    for e in T.vectorized(bytes_per_vector):
-                        data[j, e] = x[row, col // FORMATS[fmt] + e]
-            for j in T.unroll(num_vectors):
-                row, col = where(pid, j, tid, vectors_per_row, row_magic, row_shift)
-                # The block of the vector: (col / 16) // (num_per_channels / 16), by magic number.
-                block = T.Cast('int32', (T.Cast('int64', col // VECTOR_ELEMS) * block_magic) >> T.Cast('int64', block_shift))
-                sf_row = row >> sf_row_shift
-                sf[j] = T.float32(0)
-                if row < num_tokens and col < hidden:
-                    if packed:
-                        if (block >> 2) < num_sf_words and sf_row * 4 < sf_row_bytes:
-                            sf[j] = T.reinterpret(T.Cast('uint32', x_sf[block >> 2, sf_row * 4 + (block & 3)]) << T.uint32(23), T.float32)
-                    elif block < num_sf_blocks and sf_row < num_sf_rows:
-                        sf[j] = x_sf[sf_row, block]
-            for j in T.unroll(num_vectors):
-                row, col = where(pid, j, tid, vectors_per_row, row_magic, row_shift)
-                if row < num_tokens and col < hidden:
-                    for e in T.unroll(VECTOR_ELEMS):
-                        if fp4:
-                            code = (T.Cast('int32', data[j, e // 2]) >> (4 * (e % 2))) & 15
-                            result[e] = T.Cast(out_dtype, e2m1_value(code) * sf[j])
-                        else:
-                            result[e] = T.Cast(out_dtype, T.Cast('float32', data[j, e]) * sf[j])
-                    for e in T.vectorized(VECTOR_ELEMS):
-                        out[row, col + e] = result[e]
+            x_flat = T.reshape(x, (num_tokens * (packed_hidden if fp4 else hidden),))
+            out_flat = T.reshape(out, (num_tokens * hidden,))
+            rows = T.alloc_local((num_units,), T.int32)
+            units = T.alloc_local((num_units,), T.int32)
+            blocks = T.alloc_local((num_units,), T.int32)
+            data = T.alloc_local((num_units, unit_bytes), T.int8 if fp4 else T.float8_e4m3fn)
+            sf = T.alloc_local((num_units,), T.float32)
+            result = T.alloc_local((unit_elems,), out_dtype)
+            locate(pid, tid, units, rows, blocks, vectors_per_row, row_magic, row_shift, block_magic, block_shift)
+            # Every CTA but the last has all its units inside the tensor: it runs the same code with no masks,
+            # so neither its loads nor its stores sit behind per-unit branches.
+            if (pid + 1) * slots <= num_tokens * vectors_per_row * units_per_vector:
+                dequantize(x_flat, x_sf, out_flat, units, rows, blocks, data, sf, result, num_tokens, sf_row_shift, False)
+            else:
+                dequantize(x_flat, x_sf, out_flat, units, rows, blocks, data, sf, result, num_tokens, sf_row_shift, True)
 
-    return KernelProgram(cast_back, alignment={'x': bytes_per_vector, 'x_sf': 1 if packed else 4, 'out': 16})
+    return KernelProgram(cast_back, alignment={'x': 16 // FORMATS[fmt], 'x_sf': 1 if packed else 4, 'out': 16})
 
 
 def prebuilt():
@@ -133,7 +200,8 @@ DECL = KernelDecl(
     factory=build,
     prebuilt=prebuilt,
     check=check,
-    # Every access is masked explicitly against the buffer dims; tilelang's per-element guards would stop
-    # the vectorisation, since it cannot prove that a vector never straddles the run-time hidden.
+    # The last CTA masks its units explicitly (and the op checks the scale factors' shape); tilelang's
+    # per-element guards would stop the vectorisation, since it cannot prove that a unit never straddles
+    # the run-time hidden.
     pass_configs={'tl.disable_warp_specialized': True, 'tl.enable_lower_ldgstg': True, 'tl.disable_safe_memory_legalize': True},
 )
