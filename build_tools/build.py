@@ -131,22 +131,36 @@ def kernel_sources_hash(decl: KernelDecl) -> str:
 @functools.cache
 def _sources_hash(module: str) -> str:
     files = sorted(_kernel_src_closure(module))
-    return sha256_bytes(b''.join(p.relative_to(KERNEL_SRC).as_posix().encode() + b'\0' + p.read_bytes() for p in files))
+    return sha256_bytes(b''.join(_hash_name(p).encode() + b'\0' + p.read_bytes() for p in files))
+
+
+def _hash_name(path: Path) -> str:
+    """A file's name in the hash: never absolute, so that checkouts at other paths hash alike (a registry
+    module given with --registry may live outside kernel_src, e.g. the tests' fixture kernels)."""
+    for root in (KERNEL_SRC, REPO_ROOT):
+        if path.is_relative_to(root):
+            return path.relative_to(root).as_posix()
+    return path.name
 
 
 def _kernel_src_closure(module: str) -> set[Path]:
     """The files of `module` and of the kernel_src modules it imports, transitively (read with ast, not
     imported: a relative or absolute `kernel_src.` import counts, anything else is a library)."""
     import ast
+    import importlib.util
 
     seen: set[Path] = set()
     todo = [module]
     while todo:
         name = todo.pop()
-        path = KERNEL_SRC.parent.joinpath(*name.split('.')).with_suffix('.py')
-        if not path.is_file():  # a package: its __init__
-            path = path.with_suffix('') / '__init__.py'
-        if path in seen or not path.is_file() or path.name in ('models.py', 'registry.py'):
+        try:
+            spec = importlib.util.find_spec(name)
+        except ModuleNotFoundError:  # `from kernel_src.x import name` where name is not a module
+            continue
+        if spec is None or not spec.origin or not spec.origin.endswith('.py'):
+            continue
+        path = Path(spec.origin)
+        if path in seen or path.name in ('models.py', 'registry.py'):
             continue
         seen.add(path)
         package = name.rsplit('.', 1)[0] if path.name != '__init__.py' else name

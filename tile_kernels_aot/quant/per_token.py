@@ -265,15 +265,15 @@ def cast_back(
     packed = check_input_sf(op, sf, -(-num_tokens // num_per_tokens), -(-hidden // num_per_channels),
                             f'{num_tokens} tokens of {hidden} channels in blocks of {tuple(x_block_size)}')
     device = _checks.on_one_cuda_device(op, data=data, sf=sf)
+    if num_tokens and data.data_ptr() % (8 if fp4 else 16):  # an empty tensor's pointer is never read
+        raise ValueError(f'{op}: data.data_ptr() must be {8 if fp4 else 16}-byte aligned, got {data.data_ptr():#x}')
+    if num_tokens * hidden > INDEX_LIMIT:
+        raise ValueError(f'{op}: data is too large: {num_tokens} x {hidden} elements reach the 32-bit index range')
     out = torch.empty((num_tokens, hidden), dtype=out_dtype, device=data.device)
     if num_tokens == 0:
         return out
-    if data.data_ptr() % (8 if fp4 else 16):
-        raise ValueError(f'{op}: data.data_ptr() must be {8 if fp4 else 16}-byte aligned, got {data.data_ptr():#x}')
     sf_arg = packed_sf_bytes(sf) if packed else sf
     vectors_per_row = hidden // 16
-    if num_tokens * hidden > INDEX_LIMIT:
-        raise ValueError(f'{op}: data is too large: {num_tokens} x {hidden} elements reach the 32-bit index range')
     row_magic, row_shift = magic(vectors_per_row)
     block_magic, block_shift = magic(num_per_channels // 16)
     spec = dict(fmt='e2m1' if fp4 else 'e4m3', out_dtype=dtype_name(out.dtype), sf_format=sf_format(packed))
