@@ -48,11 +48,10 @@ def hidden_sizes_for(aligned: bool, num_tokens: int = 0):
     return sizes + (() if aligned else ODD_HIDDEN_SIZES)
 
 
-@pytest.mark.parametrize('spec', installed_specs('quant.per_token_cast_to_e5m6'))
-@pytest.mark.parametrize('num_tokens', TOKEN_COUNTS)
-def test_cast_to_e5m6_bitwise(spec, num_tokens):
+def check_cast_to_e5m6(spec, num_tokens, hidden_sizes):
+    """The cast against the reference, bit for bit, for each hidden size and scale-factor layout."""
     dtype, packed = DTYPES[spec['in_dtype']], spec['sf_format'] == 'ue8m0'
-    for hidden in hidden_sizes_for(spec['aligned'], num_tokens):
+    for hidden in hidden_sizes:
         for col_major, round_sf in SF_CONFIGS[spec['sf_format']]:
             for x, _ in e5m6_inputs(num_tokens, hidden, dtype, spec['aligned']):
                 if num_tokens > 1:
@@ -68,6 +67,12 @@ def test_cast_to_e5m6_bitwise(spec, num_tokens):
                     assert sf.stride() == (1, -(-num_tokens // 4) * 4)
 
 
+@pytest.mark.parametrize('spec', installed_specs('quant.per_token_cast_to_e5m6'))
+@pytest.mark.parametrize('num_tokens', TOKEN_COUNTS)
+def test_cast_to_e5m6_bitwise(spec, num_tokens):
+    check_cast_to_e5m6(spec, num_tokens, hidden_sizes_for(spec['aligned'], num_tokens))
+
+
 # Rows wider than the 8192 channels the cast holds in registers take its two-pass path (upstream has no
 # limit): wide model-like sizes, and for the element-wise variants one that is not a multiple of 32.
 WIDE_HIDDEN_SIZES = (8192 + 32, 16384)
@@ -77,19 +82,7 @@ ODD_WIDE_HIDDEN_SIZES = (8192 + 8,)
 @pytest.mark.parametrize('spec', installed_specs('quant.per_token_cast_to_e5m6'))
 @pytest.mark.parametrize('num_tokens', (1, 5, 130))
 def test_cast_to_e5m6_wide_rows_bitwise(spec, num_tokens):
-    dtype, packed = DTYPES[spec['in_dtype']], spec['sf_format'] == 'ue8m0'
-    for hidden in WIDE_HIDDEN_SIZES + (() if spec['aligned'] else ODD_WIDE_HIDDEN_SIZES):
-        for col_major, round_sf in SF_CONFIGS[spec['sf_format']]:
-            for x, _ in e5m6_inputs(num_tokens, hidden, dtype, spec['aligned']):
-                if num_tokens > 1:
-                    assert e5m6_spec_of(x, packed) == spec, 'the op would pick another spec'
-                poison_allocator(((num_tokens, hidden // 8 * 3), torch.uint32), ((num_tokens, 1), torch.float32),
-                                 ((1, -(-num_tokens // 4) * 4), torch.int32))
-                data, sf = per_token_cast_to_e5m6(x, hidden, col_major, round_sf, packed)
-                data_ref, sf_ref = reference.cast_to_e5m6(x, hidden, col_major, round_sf, packed)
-                assert_bitwise_equal(data, data_ref)
-                assert_bitwise_equal(sf, sf_ref)
-                assert data.shape == (num_tokens, hidden * 3 // 2) and data.dtype == torch.uint8
+    check_cast_to_e5m6(spec, num_tokens, WIDE_HIDDEN_SIZES + (() if spec['aligned'] else ODD_WIDE_HIDDEN_SIZES))
 
 
 @pytest.mark.parametrize('spec', installed_specs('quant.cast_back_e5m6'))
