@@ -9,12 +9,15 @@ to warm up, then once between cudaProfilerStart/Stop inside an NVTX range named 
 report says which spec each block of counters belongs to. --upstream adds upstream's JIT kernel of
 benchmarks.upstream's case for that kernel (needs tile_kernels on the path).
 Where the event timings of benchmarks.run show a gap, this says whether it is DRAM, issue or latency.
+
+    python -m benchmarks.ncu_profile --table NCU_LOG     (the report's key counters as a markdown table)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 
 import torch
@@ -35,12 +38,39 @@ def profiled(label: str, fn) -> None:
     print(f'profiled: {label}', flush=True)
 
 
+TABLE_COUNTERS = {  # ncu's metric name -> column heading
+    'Duration': 'us', 'DRAM Throughput': 'DRAM %', 'Issued Instructions': 'warp instructions (M)',
+    'Issued Warp Per Scheduler': 'issued per scheduler-cycle', 'Active Warps Per Scheduler': 'active warps',
+    'Eligible Warps Per Scheduler': 'eligible warps', 'Registers Per Thread': 'registers',
+    'Theoretical Occupancy': 'occupancy %', 'Warp Cycles Per Issued Instruction': 'cycles per instruction', 'L2 Hit Rate': 'L2 hit %',
+}
+
+
+def table(report: str) -> str:
+    """One row per profiled call of an ncu text report (--print-units base), named by its NVTX range."""
+    lines = ['| call | ' + ' | '.join(TABLE_COUNTERS.values()) + ' |', '| --- |' + ' --- |' * len(TABLE_COUNTERS)]
+    for block in re.split(r'\n  (?=\S+ \(\d+, \d+, \d+\)x)', report)[1:]:
+        label = re.search(r'<0,(.*?)>', block)
+        cells = []
+        for name in TABLE_COUNTERS:
+            value = re.search(r'\n\s+' + re.escape(name) + r'\s+(?:\S+\s+)?([\d,.]+)\n', block)
+            number = float(value.group(1).replace(',', '')) if value else float('nan')
+            cells.append(f'{number / 1e3:.1f}' if name == 'Duration' else f'{number / 1e6:.1f}' if name == 'Issued Instructions' else f'{number:g}')
+        lines.append(f'| {label.group(1) if label else block.splitlines()[0]} | ' + ' | '.join(cells) + ' |')
+    return '\n'.join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('selectors', nargs='*')
     parser.add_argument('--upstream', nargs='*', default=[])
     parser.add_argument('--tokens', type=int, default=8192)
+    parser.add_argument('--table', metavar='NCU_LOG', help='print the key counters of a report instead of profiling')
     args = parser.parse_args()
+    if args.table:
+        with open(args.table) as f:
+            print(table(f.read()))
+        return 0
     for selector in args.selectors:
         kernel, _, words = selector.partition(':')
         for spec in prebuilt_specs(kernel, 0):
