@@ -44,7 +44,6 @@ NUM_VECTORS = 4  # vectors per thread in the flat layout: 64 bytes of loads in f
 # rows an SM, 56% of copy at H=7168). float32: 16 vectors (8192 channels, its limit), 4 rows an SM, where
 # it already reaches 97% of copy bandwidth.
 ROW_VECTORS = {'bfloat16': 8, 'float32': 16}
-ROW_MAX_VECTORS = 128 * 16  # per_row rows of up to 2048 vectors (16384 bf16, 8192 fp32): the op's limit
 # Resident CTAs per SM asked of ptxas (__launch_bounds__'s second argument). Both kernels are latency-bound
 # (Nsight: issue 0.47 per_row, 0.70 flat e2m1) and every load of a CTA is issued at once, so the bytes in
 # flight per SM grow with the resident CTAs. Flat bf16 e2m1 took 96 registers (5 CTAs), capped 80 with no
