@@ -43,11 +43,11 @@ FWD_THREADS = 256
 FWD_VECTORS = 4  # flat kernel: 16-byte vectors of each half per thread and step, all in one 128-wide block
 ROW_VECTORS = 8  # per_row: vectors per thread, so rows of up to 256 * 8 vectors (16384 bf16, 8192 fp32)
 ROW_THREADS_LOG2 = 8  # per_row: log2 of the CTA size
-# per_row: CTAs per SM the register allocation must allow. Unbounded it took 181 registers (bf16; fp32 142):
-# one CTA, 8 warps an SM, issue-latency bound (Nsight: 0.37 issue, 2 warps a scheduler). At 128: 2 CTAs; fp32
-# without spills, bf16 with a few 64-bit addresses spilled to local memory (16 STL.64 and 8 LDL a row step,
-# against ~64 elements of SwiGLU a thread). 3 CTAs (80 registers) spilled 312 bytes.
-ROW_MIN_BLOCKS = 2
+# per_row: CTAs per SM the register allocation must allow. Unbounded, fp32 took 142 registers (one CTA,
+# 8 warps an SM; Nsight on bf16: issue-latency bound, 0.37 issue, 2 warps a scheduler); at 128 it takes 2
+# CTAs without spilling. bf16 capped at 128 spilled its loaded vectors to local memory (STL right after
+# each LDG: one round trip per vector instead of one per row step), so it stays unbounded.
+ROW_MIN_BLOCKS = {'bfloat16': 1, 'float32': 2}
 BLOCK = 128  # channels per scale factor of the flat forward
 FWD_MIN_BLOCKS = 2  # flat kernel: CTAs per SM the register allocation must allow (the op's grid is 2 per SM)
 
@@ -215,7 +215,7 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> K
         sf_floor: T.float32,
     ):
         with T.Kernel(num_ctas, threads=FWD_THREADS, prelude=None if per_row else _NAN_MIN_MAX_PRELUDE) as pid:
-            T.annotate_min_blocks_per_sm(ROW_MIN_BLOCKS if per_row else FWD_MIN_BLOCKS)
+            T.annotate_min_blocks_per_sm(ROW_MIN_BLOCKS[in_dtype] if per_row else FWD_MIN_BLOCKS)
             T.assume(hidden % BLOCK == 0)
             T.assume(width % 64 == 0)
             tid = T.get_thread_binding()
