@@ -17,8 +17,9 @@ all rows form one flat sequence of `num_tokens * vectors_per_row`, and CTA b own
 whatever the hidden size, and a block's lanes are adjacent in a warp (a row is a whole number of blocks),
 which makes the block amax a butterfly of shuffles. The row of a flat vector index comes from a
 multiply-shift by a host-computed magic number, not a division. Padding reads as zero, which cannot raise
-an amax. `per_row=True` (num_per_channels == hidden) gives a row to a CTA, up to 16 vectors per thread,
-and reduces the amax through shared memory.
+an amax. `per_row=True` (num_per_channels == hidden) is its own kernel (build_per_row): a row to a CTA,
+held in registers in chunks of 128 x ROW_VECTORS vectors (one chunk for bf16 rows up to 8192 channels and
+every float32 row; wider bf16 rows are read twice), the amax reduced through shared memory.
 
 The `aligned` variant assumes a 16-byte aligned pointer and row stride; the other loads element by
 element, unconditionally from indices clamped into x, and zeroes a masked vector's amax instead of its
@@ -36,13 +37,18 @@ from kernel_src.quant.token_sf import store_token_sf
 
 NUM_THREADS = 128
 NUM_VECTORS = 4  # vectors per thread in the flat layout: 64 bytes of loads in flight
-ROW_VECTORS = 16  # per_row: vectors per thread, so rows of up to 128 * 16 vectors (16384 bf16, 8192 fp32)
+# per_row: 16-byte vectors a thread holds in registers (a chunk of 128 x that many vectors of the row). A
+# CTA loads its chunk, then reduces and casts with nothing in flight, so the rows resident per SM are what
+# hides the load latency, and the registers a row needs decide how many fit. bf16: 8 vectors (rows of up
+# to 8192 channels in one chunk; 7168 fills 7 of them), 8 rows an SM; 16 vectors took 147 registers (3
+# rows an SM, 56% of copy at H=7168). float32: 16 vectors (8192 channels, its limit), 4 rows an SM, where
+# it already reaches 97% of copy bandwidth.
+ROW_VECTORS = {'bfloat16': 8, 'float32': 16}
 # Resident CTAs per SM asked of ptxas (__launch_bounds__'s second argument). Both kernels are latency-bound
 # (Nsight: issue 0.47 per_row, 0.70 flat e2m1) and every load of a CTA is issued at once, so the bytes in
-# flight per SM grow with the resident CTAs. per_row bf16 e4m3 took 147 registers (3 CTAs; its 16 vectors
-# hold 64 of them), capped it takes 128 with no spill (4 CTAs). Flat bf16 e2m1 took 96 (5 CTAs), capped 80
-# with no spill (6 CTAs); the e4m3 kernels are already under 80 (63), so the cap does not touch them.
-ROW_MIN_BLOCKS = 4
+# flight per SM grow with the resident CTAs. Flat bf16 e2m1 took 96 registers (5 CTAs), capped 80 with no
+# spill (6 CTAs); the e4m3 kernels are already under 80 (63), so the cap does not touch them.
+ROW_MIN_BLOCKS = {'bfloat16': 8, 'float32': 5}
 FLAT_MIN_BLOCKS = 6
 
 
@@ -72,17 +78,17 @@ def check(in_dtype: str, fmt: str, sf_format: str, per_row: bool, aligned: bool)
 
 def build(arch: Arch, in_dtype: str, fmt: str, sf_format: str, per_row: bool, aligned: bool,
           num_threads: int = NUM_THREADS, num_vectors: int = 0) -> KernelProgram:
+    if per_row:
+        return build_per_row(in_dtype, fmt, sf_format)
     elem_bytes = IN_DTYPES[in_dtype]
     epv = 16 // elem_bytes  # elements per vector
     fp4 = fmt == 'e2m1'
     packed = sf_format == 'ue8m0'
     fmax, floor = FORMATS[fmt]
-    num_vectors = num_vectors or (ROW_VECTORS if per_row else NUM_VECTORS)
+    num_vectors = num_vectors or NUM_VECTORS
     slots = num_threads * num_vectors
     group_log2 = (num_vectors - 1).bit_length()  # lanes that share the scale work, log2
     group = 1 << group_log2
-    num_warps = num_threads // 32
-    load_loop = T.vectorized if aligned else T.unroll  # unaligned rows load element by element
     code_word = f'uint{4 * epv}'  # e2m1: the codes of one vector
 
     num_tokens = T.dynamic('num_tokens')
@@ -110,19 +116,14 @@ def build(arch: Arch, in_dtype: str, fmt: str, sf_format: str, per_row: bool, al
     @T.macro
     def locate(pid, tid, rows, vecs, vectors_per_row, row_magic, row_shift):
         for j in T.unroll(num_vectors):
-            if per_row:
-                rows[j] = pid
-                vecs[j] = j * num_threads + tid
-            else:
-                v = pid * slots + j * num_threads + tid
-                rows[j] = T.Cast('int32', (T.Cast('uint64', T.Cast('uint32', v)) * T.Cast('uint64', T.Cast('uint32', row_magic)))
-                                 >> T.Cast('uint64', row_shift))
-                vecs[j] = v - rows[j] * vectors_per_row
+            v = pid * slots + j * num_threads + tid
+            rows[j] = T.Cast('int32', (T.Cast('uint64', T.Cast('uint32', v)) * T.Cast('uint64', T.Cast('uint32', row_magic)))
+                             >> T.Cast('uint64', row_shift))
+            vecs[j] = v - rows[j] * vectors_per_row
 
     # bf16 is widened to float32 once (into `wide`) for the amax and the cast alike: converting at each use
-    # left nvcc unpacking elements twice. Not per_row: its 16 vectors widened would hold 128 floats live
-    # (255 registers, against 163 converting at each use).
-    widen = in_dtype != 'float32' and not per_row
+    # left nvcc unpacking elements twice.
+    widen = in_dtype != 'float32'
 
     def as_float(values, wide, j, e):
         return wide[j, e] if widen else T.Cast('float32', values[j, e])
@@ -145,8 +146,8 @@ def build(arch: Arch, in_dtype: str, fmt: str, sf_format: str, per_row: bool, al
         round_sf: T.int32,
         mode: T.int32,
     ):
-        with T.Kernel(num_tokens if per_row else T.ceildiv(num_tokens * vectors_per_row, slots), threads=num_threads) as pid:
-            T.annotate_min_blocks_per_sm(ROW_MIN_BLOCKS if per_row else FLAT_MIN_BLOCKS)
+        with T.Kernel(T.ceildiv(num_tokens * vectors_per_row, slots), threads=num_threads) as pid:
+            T.annotate_min_blocks_per_sm(FLAT_MIN_BLOCKS)
             T.assume(hidden % 16 == 0)
             if aligned:
                 T.assume(row_stride % epv == 0)
@@ -196,67 +197,44 @@ def build(arch: Arch, in_dtype: str, fmt: str, sf_format: str, per_row: bool, al
                     # raise its block's amax (one select per vector; its casts are computed and dropped).
                     amax[j] = T.Select(rows[j] < num_tokens and vecs[j] * epv < hidden, amax[j], T.float32(0))
 
-            if per_row:
-                red = T.alloc_shared((num_warps,), T.float32)
-                # One block per row: thread maxima, then a warp butterfly, then across warps.
-                for j in T.unroll(1, num_vectors):
-                    amax[0] = T.max(amax[0], amax[j])
-                for s in T.unroll(5):
-                    amax[0] = T.max(amax[0], T.shfl_xor(amax[0], 16 >> s))
-                if tid % 32 == 0:
-                    red[tid // 32] = amax[0]
-                T.sync_threads()
-                for w in T.unroll(num_warps):
-                    amax[0] = T.max(amax[0], red[w])
-                if mode == MODE_PRECOMPUTED:
-                    if not packed:
-                        if num_sf_blocks > 0:
-                            multiplier[0] = T.float32(1) / out_sf[pid, 0]
-                else:
-                    block_scale(amax[0], T.float32(floor), fmax, round_sf, packed, sf, multiplier, 0)
-                    if tid == 0:
-                        store_token_sf(out_sf, packed, pid, 0, sf[0], True, num_sf_blocks, num_sf_words)
-                for j in T.unroll(1, num_vectors):
-                    multiplier[j] = multiplier[0]
+            # Block amax: a butterfly over the block's 2^lanes_log2 adjacent lanes. One uniform branch per step
+            # for all vectors (not one per step and vector), and the vectors' shuffles overlap.
+            for s in T.unroll(5):
+                if s < lanes_log2:
+                    for j in T.unroll(num_vectors):
+                        amax[j] = T.max(amax[j], T.shfl_xor(amax[j], 1 << s))
+            if mode == MODE_PRECOMPUTED:
+                if not packed:
+                    for j in T.unroll(num_vectors):
+                        if rows[j] < num_tokens and vecs[j] * epv < hidden and (vecs[j] * epv >> npc_log2) < num_sf_blocks:
+                            multiplier[j] = T.float32(1) / out_sf[rows[j], vecs[j] * epv >> npc_log2]
             else:
-                # Block amax: a butterfly over the block's 2^lanes_log2 adjacent lanes. One uniform branch
-                # per step for all vectors (not one per step and vector), and the vectors' shuffles overlap.
-                for s in T.unroll(5):
-                    if s < lanes_log2:
-                        for j in T.unroll(num_vectors):
-                            amax[j] = T.max(amax[j], T.shfl_xor(amax[j], 1 << s))
-                if mode == MODE_PRECOMPUTED:
-                    if not packed:
-                        for j in T.unroll(num_vectors):
-                            if rows[j] < num_tokens and vecs[j] * epv < hidden and (vecs[j] * epv >> npc_log2) < num_sf_blocks:
-                                multiplier[j] = T.float32(1) / out_sf[rows[j], vecs[j] * epv >> npc_log2]
+                # All lanes of a block hold its amax, so lane k of each aligned group of `group` lanes
+                # (inside one block when a block has that many lanes) scales only its vector k and
+                # shuffles the multipliers to the group: two IEEE divisions per thread, not per vector.
+                if lanes_log2 >= group_log2:
+                    k = tid & (group - 1)
+                    block_scale(pick([amax[j] for j in range(num_vectors)], k), T.float32(floor), fmax, round_sf, packed, sf, multiplier, 0)
+                    own_sf = T.alloc_var(T.float32)
+                    own_sf = sf[0]
+                    own_mult = T.alloc_var(T.float32)
+                    own_mult = multiplier[0]
+                    for j in T.unroll(num_vectors):
+                        multiplier[j] = T.shfl_sync(own_mult, (tid & ~(group - 1)) + j)
+                    # The lanes at offsets 0..num_vectors-1 of a block store the scale factors of their
+                    # own vector k (offset k of the block is lane k of its group): one store per thread,
+                    # where testing every vector's lane cost each thread all num_vectors store paths.
+                    if (tid & ((1 << lanes_log2) - 1)) < num_vectors:
+                        store_sf(out_sf, pick([rows[j] for j in range(num_vectors)], k),
+                                 pick([vecs[j] for j in range(num_vectors)], k) * epv, own_sf, npc_log2, hidden, num_tokens,
+                                 num_sf_blocks, num_sf_words)
                 else:
-                    # All lanes of a block hold its amax, so lane k of each aligned group of `group` lanes
-                    # (inside one block when a block has that many lanes) scales only its vector k and
-                    # shuffles the multipliers to the group: two IEEE divisions per thread, not per vector.
-                    if lanes_log2 >= group_log2:
-                        k = tid & (group - 1)
-                        block_scale(pick([amax[j] for j in range(num_vectors)], k), T.float32(floor), fmax, round_sf, packed, sf, multiplier, 0)
-                        own_sf = T.alloc_var(T.float32)
-                        own_sf = sf[0]
-                        own_mult = T.alloc_var(T.float32)
-                        own_mult = multiplier[0]
-                        for j in T.unroll(num_vectors):
-                            multiplier[j] = T.shfl_sync(own_mult, (tid & ~(group - 1)) + j)
-                        # The lanes at offsets 0..num_vectors-1 of a block store the scale factors of their
-                        # own vector k (offset k of the block is lane k of its group): one store per thread,
-                        # where testing every vector's lane cost each thread all num_vectors store paths.
-                        if (tid & ((1 << lanes_log2) - 1)) < num_vectors:
-                            store_sf(out_sf, pick([rows[j] for j in range(num_vectors)], k),
-                                     pick([vecs[j] for j in range(num_vectors)], k) * epv, own_sf, npc_log2, hidden, num_tokens,
-                                     num_sf_blocks, num_sf_words)
-                    else:
-                        for j in T.unroll(num_vectors):
-                            block_scale(amax[j], T.float32(floor), fmax, round_sf, packed, sf, multiplier, j)
-                        # A block has fewer lanes than a group: its first lane stores each of its vectors'.
-                        for j in T.unroll(num_vectors):
-                            if (tid & ((1 << lanes_log2) - 1)) == 0:
-                                store_sf(out_sf, rows[j], vecs[j] * epv, sf[j], npc_log2, hidden, num_tokens, num_sf_blocks, num_sf_words)
+                    for j in T.unroll(num_vectors):
+                        block_scale(amax[j], T.float32(floor), fmax, round_sf, packed, sf, multiplier, j)
+                    # A block has fewer lanes than a group: its first lane stores each of its vectors'.
+                    for j in T.unroll(num_vectors):
+                        if (tid & ((1 << lanes_log2) - 1)) == 0:
+                            store_sf(out_sf, rows[j], vecs[j] * epv, sf[j], npc_log2, hidden, num_tokens, num_sf_blocks, num_sf_words)
 
             if mode != MODE_SF_ONLY:
                 for j in T.unroll(num_vectors):
@@ -282,6 +260,146 @@ def build(arch: Arch, in_dtype: str, fmt: str, sf_format: str, per_row: bool, al
                             out_flat[unsigned_wide_mad(rows[j], hidden // epv, vecs[j]) * epv + e] = quantized[e]
 
     return KernelProgram(per_token_cast, alignment={'x': 16 if aligned else elem_bytes, 'out': 16, 'out_sf': 1 if packed else 4})
+
+
+def build_per_row(in_dtype: str, fmt: str, sf_format: str) -> KernelProgram:
+    """One scale factor per row (num_per_channels == hidden): a CTA of NUM_THREADS threads owns a row.
+
+    Thread t holds vectors j * NUM_THREADS + t (j < ROW_VECTORS[in_dtype]) of a chunk of the row, so that
+    each warp load is one contiguous span. A row of one chunk is read once and cast from registers; a
+    wider one (bf16 rows over 8192 channels) is read twice, chunk by chunk, for its amax and then to cast.
+    Same arguments as the flat kernel (the op passes one set of scalars); the 16-byte aligned variant only.
+    """
+    elem_bytes = IN_DTYPES[in_dtype]
+    epv = 16 // elem_bytes  # elements per vector
+    fp4 = fmt == 'e2m1'
+    packed = sf_format == 'ue8m0'
+    fmax, floor = FORMATS[fmt]
+    num_vectors = ROW_VECTORS[in_dtype]
+    chunk_vectors = NUM_THREADS * num_vectors
+    num_warps = NUM_THREADS // 32
+    code_word = f'uint{4 * epv}'  # e2m1: the codes of one vector
+
+    num_tokens = T.dynamic('num_tokens')
+    hidden = T.dynamic('hidden')
+    row_stride = T.dynamic('row_stride')
+    num_sf_blocks = T.dynamic('num_sf_blocks')
+    sf_stride_t = T.dynamic('sf_stride_t')
+    sf_stride_k = T.dynamic('sf_stride_k')
+    num_sf_words = T.dynamic('num_sf_words')
+    sf_word_stride = T.dynamic('sf_word_stride')
+    out_type = (num_tokens, hidden // 2) if fp4 else (num_tokens, hidden)
+    out_dtype = T.int8 if fp4 else T.float8_e4m3fn
+    if packed:
+        sf_type = T.StridedTensor[(num_sf_words, num_tokens * 4), (sf_word_stride, 1), T.uint8]
+    else:
+        sf_type = T.StridedTensor[(num_tokens, num_sf_blocks), (sf_stride_t, sf_stride_k), T.float32]
+
+    @T.macro
+    def load_chunk(x_flat, row, chunk, tid, values, hidden, row_stride):
+        # Vectors past the row's end read as zeros, which cannot raise the amax.
+        for j in T.unroll(num_vectors):
+            vec = chunk * chunk_vectors + j * NUM_THREADS + tid
+            if vec * epv < hidden:
+                for e in T.vectorized(epv):
+                    values[j, e] = x_flat[unsigned_wide_mad(row, row_stride // epv, vec) * epv + e]
+            else:
+                for e in T.vectorized(epv):
+                    values[j, e] = T.cast(0, in_dtype)
+
+    @T.macro
+    def chunk_amax(values, amax):
+        if in_dtype == 'bfloat16':
+            # On bf16 pairs (|a| and max are exact in bf16; __hmax2 skips a NaN as fmaxf does): two
+            # elements an instruction and no float copy of the chunk, which is widened only at the cast.
+            pairs = T.view(values, (num_vectors, epv // 2), T.bfloat16x2)
+            pair_amax = T.alloc_local((1,), T.bfloat16x2)
+            pair_amax[0] = T.abs2(pairs[0, 0])
+            for j in T.unroll(num_vectors):
+                for p in T.unroll(epv // 2):
+                    pair_amax[0] = T.max2(pair_amax[0], T.abs2(pairs[j, p]))
+            pair_halves = T.view(pair_amax, (2,), T.bfloat16)
+            amax[0] = T.max(amax[0], T.max(T.Cast('float32', pair_halves[0]), T.Cast('float32', pair_halves[1])))
+        else:
+            for j in T.unroll(num_vectors):
+                for e in T.unroll(epv):
+                    amax[0] = T.max(amax[0], T.abs(values[j, e]))
+
+    @T.macro
+    def cast_chunk(out, out_flat, row, chunk, tid, values, multiplier, hidden):
+        for j in T.unroll(num_vectors):
+            vec = chunk * chunk_vectors + j * NUM_THREADS + tid
+            if fp4:
+                # The vector's codes as one word that the byte-vector store reads back whole (see the flat
+                # kernel); a masked vector's codes are computed and dropped.
+                codes = T.alloc_local((1,), code_word)
+                codes[0] = T.Cast(code_word, e2m1_word([T.Cast('float32', values[j, e]) * multiplier[0] for e in range(epv)]))
+                code_bytes = T.view(codes, (epv // 2,), T.int8)
+                if vec * epv < hidden:
+                    for e in T.vectorized(epv // 2):
+                        out[row, vec * (epv // 2) + e] = code_bytes[e]
+            elif vec * epv < hidden:
+                # Vectorised: tilelang converts pairs (one F2FP per two elements).
+                quantized = T.alloc_local((epv,), T.float8_e4m3fn)
+                for e in T.vectorized(epv):
+                    quantized[e] = T.Cast(T.float8_e4m3fn, T.Cast('float32', values[j, e]) * multiplier[0])
+                for e in T.vectorized(epv):
+                    out_flat[unsigned_wide_mad(row, hidden // epv, vec) * epv + e] = quantized[e]
+
+    @T.prim_func
+    def per_token_cast(
+        x: T.StridedTensor[(num_tokens, hidden), (row_stride, 1), in_dtype],
+        out: T.Tensor[out_type, out_dtype],
+        out_sf: sf_type,
+        vectors_per_row: T.int32,
+        row_magic: T.int64,
+        row_shift: T.int32,
+        npc_log2: T.int32,
+        round_sf: T.int32,
+        mode: T.int32,
+    ):
+        with T.Kernel(num_tokens, threads=NUM_THREADS) as row:
+            T.annotate_min_blocks_per_sm(ROW_MIN_BLOCKS[in_dtype])
+            T.assume(hidden % 16 == 0)
+            T.assume(row_stride % epv == 0)
+            tid = T.get_thread_binding()
+            values = T.alloc_local((num_vectors, epv), in_dtype)
+            amax = T.alloc_local((1,), T.float32)
+            multiplier = T.alloc_local((1,), T.float32)
+            sf = T.alloc_local((1,), T.float32)
+            red = T.alloc_shared((num_warps,), T.float32)
+            x_flat = T.Tensor(((num_tokens - 1) * row_stride + hidden,), in_dtype, x.data)
+            out_flat = T.reshape(out, (num_tokens * out_type[1],))
+            num_chunks = T.ceildiv(hidden // epv, chunk_vectors)  # uniform over the CTA
+
+            amax[0] = T.float32(0)
+            for chunk in T.serial(num_chunks):
+                load_chunk(x_flat, row, chunk, tid, values, hidden, row_stride)
+                chunk_amax(values, amax)
+            # Thread maxima, a warp butterfly, then across warps.
+            for s in T.unroll(5):
+                amax[0] = T.max(amax[0], T.shfl_xor(amax[0], 16 >> s))
+            if tid % 32 == 0:
+                red[tid // 32] = amax[0]
+            T.sync_threads()
+            for w in T.unroll(num_warps):
+                amax[0] = T.max(amax[0], red[w])
+            if mode == MODE_PRECOMPUTED:
+                if not packed:
+                    if num_sf_blocks > 0:
+                        multiplier[0] = T.float32(1) / out_sf[row, 0]
+            else:
+                block_scale(amax[0], T.float32(floor), fmax, round_sf, packed, sf, multiplier, 0)
+                if tid == 0:
+                    store_token_sf(out_sf, packed, row, 0, sf[0], True, num_sf_blocks, num_sf_words)
+
+            if mode != MODE_SF_ONLY:
+                for chunk in T.serial(num_chunks):
+                    if num_chunks > 1:  # a row of one chunk is still in registers
+                        load_chunk(x_flat, row, chunk, tid, values, hidden, row_stride)
+                    cast_chunk(out, out_flat, row, chunk, tid, values, multiplier, hidden)
+
+    return KernelProgram(per_token_cast, alignment={'x': 16, 'out': 16, 'out_sf': 1 if packed else 4})
 
 
 def prebuilt():

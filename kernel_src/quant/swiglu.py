@@ -43,6 +43,11 @@ FWD_THREADS = 256
 FWD_VECTORS = 4  # flat kernel: 16-byte vectors of each half per thread and step, all in one 128-wide block
 ROW_VECTORS = 8  # per_row: vectors per thread, so rows of up to 256 * 8 vectors (16384 bf16, 8192 fp32)
 ROW_THREADS_LOG2 = 8  # per_row: log2 of the CTA size
+# per_row: CTAs per SM the register allocation must allow. Unbounded, fp32 took 142 registers (one CTA,
+# 8 warps an SM; Nsight on bf16: issue-latency bound, 0.37 issue, 2 warps a scheduler); at 128 it takes 2
+# CTAs without spilling. bf16 capped at 128 spilled its loaded vectors to local memory (STL right after
+# each LDG: one round trip per vector instead of one per row step), so it stays unbounded.
+ROW_MIN_BLOCKS = {'bfloat16': 1, 'float32': 2}
 BLOCK = 128  # channels per scale factor of the flat forward
 FWD_MIN_BLOCKS = 2  # flat kernel: CTAs per SM the register allocation must allow (the op's grid is 2 per SM)
 
@@ -156,9 +161,16 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> K
     @T.macro
     def activate(gate, up, act, amax, counts, use_clamp, count_clamp, clamp_value, weight, j):
         """act[j, :] = swiglu * weight, amax[j] over it, and the clamp counts."""
+        # Both halves widened by vectorised casts (bf16: one instruction an element, where a cast at each
+        # use unpacked every element through PRMT and a shift), into act (gate) and a vector of up.
+        up_wide = T.alloc_local((epv,), T.float32)
+        for e in T.vectorized(epv):
+            act[j, e] = T.Cast(T.float32, gate[j, e])
+        for e in T.vectorized(epv):
+            up_wide[e] = T.Cast(T.float32, up[j, e])
         for e in T.unroll(epv):
-            l = T.Cast(T.float32, gate[j, e])
-            r = T.Cast(T.float32, up[j, e])
+            l = act[j, e]
+            r = up_wide[e]
             if count_clamp != 0:
                 counts[0] = counts[0] + T.Cast(T.int32, l > clamp_value)
                 counts[1] = counts[1] + T.Cast(T.int32, r > clamp_value)
@@ -168,9 +180,14 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> K
 
     @T.macro
     def store_quantized(out, act, multiplier, row, col, j):
+        # Products first, then the casts as a vectorised loop: one F2FP (satfinite, round to nearest even,
+        # as the scalar cast) converts a pair in place, where the scalar casts took one F2FP and a byte
+        # merge per element.
         quantized = T.alloc_local((epv,), T.float8_e4m3fn)
         for e in T.unroll(epv):
-            quantized[e] = T.Cast(T.float8_e4m3fn, act[j, e] * multiplier[j])
+            act[j, e] = act[j, e] * multiplier[j]
+        for e in T.vectorized(epv):
+            quantized[e] = T.Cast(T.float8_e4m3fn, act[j, e])
         for e in T.vectorized(epv):
             out[row, col + e] = quantized[e]
 
@@ -198,8 +215,7 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> K
         sf_floor: T.float32,
     ):
         with T.Kernel(num_ctas, threads=FWD_THREADS, prelude=None if per_row else _NAN_MIN_MAX_PRELUDE) as pid:
-            if not per_row:
-                T.annotate_min_blocks_per_sm(FWD_MIN_BLOCKS)
+            T.annotate_min_blocks_per_sm(ROW_MIN_BLOCKS[in_dtype] if per_row else FWD_MIN_BLOCKS)
             T.assume(hidden % BLOCK == 0)
             T.assume(width % 64 == 0)
             tid = T.get_thread_binding()

@@ -76,6 +76,28 @@ def test_per_token_cast_bitwise(spec, num_tokens, hidden):
                 check_unbiased(back, x.float())
 
 
+@pytest.mark.parametrize('hidden', (8256, 16384))
+@pytest.mark.parametrize('spec', [p for p in installed_specs('quant.per_token_cast')
+                                  if p.values[0] is None or (p.values[0]['per_row'] and p.values[0]['in_dtype'] == 'bfloat16')])
+def test_per_token_cast_per_row_wider_than_registers(spec, hidden):
+    """bf16 rows over 8192 channels (up to the op's 16384) are read twice, in chunks of 8192
+    (kernel_src/quant/per_token_cast.py build_per_row); rows' largest elements sit in either chunk."""
+    fmt = spec['fmt']
+    x = input_for(spec, 63, hidden)
+    x[::2, -1] = 40.0  # last chunk
+    x[1::4, 3] = -50.0  # first chunk
+    for col_major, round_sf, packed in layouts(spec):
+        flags = dict(use_tma_aligned_col_major_sf=col_major, round_sf=round_sf, use_packed_ue8m0=packed)
+        out, sf = tile_kernels_aot.quant.per_token_cast(x, fmt, hidden, **flags)
+        out_ref, sf_ref = reference.cast(x, fmt, (1, hidden), **flags)
+        assert_bitwise_equal(out, out_ref)
+        assert_bitwise_equal(sf, sf_ref)
+        assert_bitwise_equal(tile_kernels_aot.quant.per_token_cast_with_sf_only(x, fmt, hidden, **flags), sf_ref)
+        if not packed:
+            precomputed = tile_kernels_aot.quant.per_token_cast_with_precomputed_sf(x, fmt, hidden, sf)
+            assert_bitwise_equal(precomputed, reference.cast(x, fmt, (1, hidden), sf=sf))
+
+
 @pytest.mark.parametrize('fmt', ('e4m3', 'e2m1'))
 def test_per_token_cast_saturates_and_handles_tiny_blocks(fmt):
     x = torch.randn((64, 7168), device='cuda', dtype=torch.bfloat16)

@@ -22,7 +22,7 @@ from tile_kernels_aot.quant._common import (
 from tile_kernels_aot.quant.e5m6 import cast_back_from_e5m6, per_token_cast_to_e5m6
 
 _BLOCK_WIDTHS = (16, 32, 64, 128)
-_ROW_MAX_VECTORS = 128 * 16  # per-row kernel: 128 threads x 16 vectors
+_ROW_MAX_VECTORS = 128 * 16  # per-row kernel: rows of up to 2048 16-byte vectors (bf16 rows over 1024 are read twice)
 _REQUANT_BLOCK_WIDTHS = (32, 64, 128)  # a quantised input is read in chunks of 32 elements
 
 
