@@ -35,8 +35,8 @@ from tile_kernels_aot.quant._common import (
 _E4M3_FLOOR = 1e-4  # amax floor of e4m3 scale factors (upstream's clamp_min)
 _FMT_WHY = ' (the only format upstream fuses with SwiGLU)'
 _FWD_THREADS = 256
-_FWD_VECTORS = 4  # flat kernel: 16-byte vectors of each half per thread and step, in one 128-wide block
-_FWD_CTAS_PER_SM = 2  # flat kernel: its register use allows 2 CTAs per SM, and its grid is resident at once
+_FWD_ELEMENTS = 16  # flat kernel: elements of each half per thread and step, in one 128-wide block
+_FWD_CTAS_PER_SM = {2: 4, 4: 3}  # flat kernel, by element size: CTAs per SM its register use allows (kernel_src FWD_MIN_BLOCKS); the grid is resident at once
 _ROW_VECTORS = 8  # per-row kernel: up to 8 vectors of 16 bytes per thread
 _ROW_MAX_VECTORS = _FWD_THREADS * _ROW_VECTORS
 _CTAS_PER_SM = 8  # grid-stride grids: 8 CTAs of 256 threads fill an SM
@@ -184,10 +184,10 @@ def swiglu_forward_and_per_token_cast(
             num_ctas = min(groups, num_sms * _CTAS_PER_SM)
             num_iters = -(-groups // num_ctas)
         else:
-            # 128-wide blocks per CTA and step: a block is 128 / epv / _FWD_VECTORS adjacent threads.
-            blocks_per_step = _FWD_THREADS * _FWD_VECTORS * epv // 128
+            # 128-wide blocks per CTA and step: a block is 128 / _FWD_ELEMENTS adjacent threads.
+            blocks_per_step = _FWD_THREADS * _FWD_ELEMENTS // 128
             total = num_rows * blocks_per_row
-            num_ctas = min(-(-total // blocks_per_step), num_sms * _FWD_CTAS_PER_SM)
+            num_ctas = min(-(-total // blocks_per_step), num_sms * _FWD_CTAS_PER_SM[x.element_size()])
             num_iters = -(-total // (num_ctas * blocks_per_step))
             if num_iters * num_ctas * blocks_per_step >= _INDEX_LIMIT:
                 raise ValueError(f'{op}: x is too large: {num_rows} rows of {blocks_per_row} blocks of 128 reach 2^31 blocks')
