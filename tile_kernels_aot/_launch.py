@@ -151,6 +151,7 @@ class LoadedKernel:
         self._packs = threading.local()  # argument blocks, one set per thread
         self._driver: _driver.Driver | None = None
         self._resident_blocks: dict[tuple[int, str], int] = {}
+        self._blocks_per_sm: dict[int, int] = {}
 
     # -- loading -------------------------------------------------------------------------------
 
@@ -193,6 +194,18 @@ class LoadedKernel:
                 self._resident_blocks[(device, launch.symbol)] = per_sm * drv.device_attribute(_driver.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device)
             functions.append(fn)
         return functions
+
+    def blocks_per_sm(self, device: int) -> int:
+        """How many CTAs of the kernel's (first) launch fit on one multiprocessor of `device` at once, from the
+        driver's occupancy calculator (registers, shared memory, threads): an op that sizes a persistent grid
+        by it keeps that grid resident whatever register count the build gave the kernel."""
+        per_sm = self._blocks_per_sm.get(device)
+        if per_sm is None:
+            launch = self.entry.launches[0]
+            fn = self.functions(device)[0]
+            per_sm = self._driver.max_active_blocks(fn, launch.block[0] * launch.block[1] * launch.block[2], launch.dynamic_smem)
+            self._blocks_per_sm[device] = per_sm
+        return per_sm
 
     def functions(self, device: int) -> list:
         fns = self._functions.get(device)

@@ -13,10 +13,10 @@ q = e4m3_satfinite(v * multiplier).
   neither read nor written. Clamp counts are summed per thread in int32, per CTA through shared memory
   and added to the int64 counters with one atomic per CTA and counter: integer sums, so the result does
   not depend on the grid size (set_num_sms). The 128-wide blocks of all rows form one flat sequence that a
-  persistent grid-stride loop deals out: a block is 4 (bf16) or 8 (fp32) adjacent lanes, each holding 4
-  of its 16-byte vectors (lane i: vectors i, i + lanes, ...), so that one row lookup, one butterfly and
-  one scale serve 32 (bf16) or 16 (fp32) elements a thread, and each load instruction reads whole 64-byte
-  runs; the loop is software-pipelined (lookups two steps ahead, loads one). per_row gives a row to a
+  persistent grid-stride loop deals out: a block is 8 adjacent lanes, each holding 16 of its elements (2
+  bf16 or 4 fp32 16-byte vectors; lane i: vectors i, i + 8, ...), so that one row lookup, one butterfly
+  and one scale serve 16 elements a thread, and each load instruction reads whole 128-byte runs. One step
+  is in flight per thread (row lookups one step ahead), with 8 (bf16) or 6 (fp32) warps a scheduler. per_row gives a row to a
   power-of-two group of threads (a run-time size: up to 8 vectors each, 256 at most), several rows per CTA.
 * swiglu_forward_and_per_channel_cast: bf16 input only; act is rounded to bf16 (the rounding point of
   upstream), then cast in blocks of (num_per_tokens, 1) (32 or 128 tokens, a run-time choice). A CTA
@@ -40,7 +40,7 @@ from kernel_src.quant.token_sf import store_token_sf
 E4M3_MAX = 448.0
 
 FWD_THREADS = 256
-FWD_VECTORS = 4  # flat kernel: 16-byte vectors of each half per thread and step, all in one 128-wide block
+FWD_ELEMENTS = 16  # flat kernel: elements of each half per thread and step (2 bf16 or 4 fp32 vectors), in one 128-wide block
 ROW_VECTORS = 8  # per_row: vectors per thread, so rows of up to 256 * 8 vectors (16384 bf16, 8192 fp32)
 ROW_THREADS_LOG2 = 8  # per_row: log2 of the CTA size
 # per_row: CTAs per SM the register allocation must allow. Unbounded, fp32 took 142 registers (one CTA,
@@ -49,7 +49,10 @@ ROW_THREADS_LOG2 = 8  # per_row: log2 of the CTA size
 # each LDG: one round trip per vector instead of one per row step), so it stays unbounded.
 ROW_MIN_BLOCKS = {'bfloat16': 1, 'float32': 2}
 BLOCK = 128  # channels per scale factor of the flat forward
-FWD_MIN_BLOCKS = 2  # flat kernel: CTAs per SM the register allocation must allow (the op's grid is 2 per SM)
+# Flat kernel: CTAs per SM the register allocation must allow (the op asks the driver how many fit and makes its
+# persistent grid that many per SM): bf16 fits 64 registers (8 warps a scheduler); fp32 holds twice the loaded
+# bytes and spilled at 64 (one spill stored a row lookup as it arrived, a wait each step), none at 80.
+FWD_MIN_BLOCKS = {'bfloat16': 4, 'float32': 3}
 
 CH_THREADS = 256
 CH_TOKENS = 128  # tokens per CTA (one block of 128 or four of 32)
@@ -102,10 +105,10 @@ def check_forward(in_dtype: str, sf_format: str, per_row: bool) -> None:
 def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> KernelProgram:
     epv = 16 // IN_DTYPES[in_dtype]  # elements per 16-byte vector
     packed = sf_format == 'ue8m0'
-    num_vectors = ROW_VECTORS if per_row else FWD_VECTORS
-    # Flat kernel: a 128-wide block is `lanes` adjacent lanes (4 for bf16, 8 for fp32), lane i holding its
-    # vectors i, i + lanes, ... so that each load instruction reads whole 64-byte runs.
-    lanes = BLOCK // epv // FWD_VECTORS
+    num_vectors = ROW_VECTORS if per_row else FWD_ELEMENTS // epv
+    # Flat kernel: a 128-wide block is `lanes` (8) adjacent lanes, lane i holding its vectors i, i + lanes, ...
+    # so that each load instruction reads whole 128-byte runs.
+    lanes = BLOCK // FWD_ELEMENTS
     lanes_log2 = lanes.bit_length() - 1
     blocks_per_step = FWD_THREADS // lanes
     num_warps = FWD_THREADS // 32
@@ -215,7 +218,7 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> K
         sf_floor: T.float32,
     ):
         with T.Kernel(num_ctas, threads=FWD_THREADS, prelude=None if per_row else _NAN_MIN_MAX_PRELUDE) as pid:
-            T.annotate_min_blocks_per_sm(ROW_MIN_BLOCKS[in_dtype] if per_row else FWD_MIN_BLOCKS)
+            T.annotate_min_blocks_per_sm(ROW_MIN_BLOCKS[in_dtype] if per_row else FWD_MIN_BLOCKS[in_dtype])
             T.assume(hidden % BLOCK == 0)
             T.assume(width % 64 == 0)
             tid = T.get_thread_binding()
@@ -280,30 +283,24 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> K
                             if col < hidden:
                                 store_quantized(out, act, multiplier, row, col, j)
             else:
-                # A software pipeline over the grid-stride steps keeps the memory system busy while the
-                # thread computes (the SwiGLU takes about as much issue time as the loads take to arrive):
-                # pass t issues the row lookups (pos_to_expert, pos_to_token_topk) of step t, the x loads
-                # and weight gathers of step t - 1 (whose lookups arrived during pass t - 1), and computes
-                # step t - 2. Unrolled by two, the double buffers are indexed by constant parities (no
-                # register moves); the live flags start at 0, so passes 0 and 1 compute nothing.
-                info_live = T.alloc_local((2,), T.int32)
-                info_index = T.alloc_local((2,), T.int32)
-                # Each step's row and block within the row are worked out once, with its lookups, and travel
-                # with the step through the pipeline (info -> data): the loads and the stores reuse them instead
-                # of repeating the 64-bit magic division at each use. The block, not the column, is carried:
-                # block * 128 + lane * epv keeps the vector alignment visible to tilelang, which then emits
-                # 16-byte loads and stores.
-                info_row = T.alloc_local((2,), T.int32)
-                info_block = T.alloc_local((2,), T.int32)
-                data_row = T.alloc_local((2,), T.int32)
-                data_block = T.alloc_local((2,), T.int32)
-                gate2 = T.alloc_local((2, num_vectors, epv), in_dtype)
-                up2 = T.alloc_local((2, num_vectors, epv), in_dtype)
-                live2 = T.alloc_local((2,), T.int32)
-                weight2 = T.alloc_local((2,), T.float32)
+                # One grid-stride step in flight per thread, and more warps instead of a software pipeline:
+                # the SwiGLU of an element is a serial chain (exponential, reciprocal, Newton steps and the
+                # division's slow-path branch, ~100 cycles for ~28 instructions), so a warp issues about one
+                # instruction in three cycles by itself and the scheduler needs several warps computing at
+                # once. Two steps in flight per thread took 128 registers (2 CTAs, 4 warps a scheduler);
+                # one step of 16 elements fits 64 for bf16 (4 CTAs, 8 warps a scheduler; fp32: 80, 6 warps),
+                # and the warps waiting for their loads keep the memory system busy while the others compute.
+                # Only the row lookups run a step ahead (their values are used one step later, so the
+                # dependent x loads never wait for them): iteration t looks up step t and loads and
+                # computes step t - 1, whose lookups arrived during iteration t - 1.
+                next_row = T.alloc_local((1,), T.int32)
+                next_block = T.alloc_local((1,), T.int32)
+                next_live = T.alloc_local((1,), T.int32)
+                next_expert = T.alloc_local((1,), T.int32)
+                next_index = T.alloc_local((1,), T.int32)
+                step_weight = T.alloc_local((1,), T.float32)
                 reach = T.alloc_local((2,), T.float32)
-                # One vector of each half widened to float32 by a vectorised cast (bf16: one instruction an
-                # element; converting at each use unpacked every element through PRMT and a shift).
+                # One vector of each half widened to float32 by a vectorised cast.
                 gate_wide = T.alloc_local((epv,), T.float32)
                 up_wide = T.alloc_local((epv,), T.float32)
                 quantized = T.alloc_local((epv,), T.float8_e4m3fn)
@@ -311,92 +308,102 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> K
                 # element loop does not test use_clamp.
                 clamp_c = T.alloc_var(T.float32)
                 clamp_c = T.if_then_else(use_clamp != 0, clamp_value, T.float32(float('inf')))
+                row = T.alloc_var(T.int32)
+                block = T.alloc_var(T.int32)
+                live = T.alloc_var(T.int32)
+                index = T.alloc_var(T.int32)
                 lane = tid & (lanes - 1)
-                for p in T.unroll(2):
-                    info_live[p] = 0
-                    live2[p] = 0
-                for t2 in T.serial((num_iters + 3) // 2):
-                    for p in T.unroll(2):
-                        t = t2 * 2 + p
-                        # Lookups of step t into info[p]. Steps past the last are not live (and their block
-                        # index is not formed, so it never overflows).
-                        blk = (T.min(t, num_iters - 1) * num_ctas + pid) * blocks_per_step + (tid >> lanes_log2)
-                        info_row[p] = T.Cast(T.int32, (T.Cast(T.int64, blk) * row_magic) >> T.Cast(T.int64, row_shift))
-                        info_block[p] = blk - info_row[p] * blocks_per_row
-                        info_live[p] = T.Cast(T.int32, T.And(t < num_iters, info_row[p] < num_rows))
-                        if info_live[p] != 0:
-                            if with_pos_to_expert != 0:
-                                if pos_to_expert[info_row[p]] < 0:
-                                    info_live[p] = 0
-                            if with_weight != 0:
-                                info_index[p] = pos_to_token_topk[info_row[p]]
-                        # Loads of step t - 1 (lookups in info[1 - p]) into data[1 - p].
-                        live2[1 - p] = info_live[1 - p]
-                        data_row[1 - p] = info_row[1 - p]
-                        data_block[1 - p] = info_block[1 - p]
-                        weight2[1 - p] = T.float32(1)
-                        if live2[1 - p] != 0:
-                            row = T.Cast(T.int64, data_row[1 - p])
-                            col = data_block[1 - p] * BLOCK + lane * epv
-                            for j in T.unroll(num_vectors):
-                                for e in T.vectorized(epv):
-                                    gate2[1 - p, j, e] = x[row, col + j * lanes * epv + e]
-                            for j in T.unroll(num_vectors):
-                                for e in T.vectorized(epv):
-                                    up2[1 - p, j, e] = x[row, hidden + col + j * lanes * epv + e]
-                            if with_weight != 0:
-                                index = info_index[1 - p]
-                                weight2[1 - p] = T.if_then_else(index >= 0, topk_weights[T.max(index, 0)], T.float32(0))
-                        # Step t - 2 from data[p].
-                        amax[0] = T.float32(0)
-                        if live2[p] != 0:
-                            # Clamp counts: the largest gate and |up| (two FMNMX an element rather than three
-                            # compare-and-adds); only a step that reaches the clamp is counted exactly.
-                            # fmaxf skips NaN, which no count includes either.
-                            reach[0] = T.float32(float('-inf'))
-                            reach[1] = T.float32(0)
-                            for j in T.unroll(num_vectors):
-                                for e in T.vectorized(epv):
-                                    gate_wide[e] = T.Cast(T.float32, gate2[p, j, e])
-                                for e in T.vectorized(epv):
-                                    up_wide[e] = T.Cast(T.float32, up2[p, j, e])
-                                for e in T.unroll(epv):
-                                    l = gate_wide[e]
-                                    r = up_wide[e]
-                                    if count_clamp != 0:
-                                        reach[0] = T.max(reach[0], l)
-                                        reach[1] = T.max(reach[1], T.abs(r))
-                                    act[j, e] = _clamped_swiglu(l, r, clamp_c) * weight2[p]
-                                    amax[0] = T.max(amax[0], T.abs(act[j, e]))
-                            if count_clamp != 0:
-                                if T.Or(reach[0] > clamp_c, reach[1] > clamp_c):
-                                    for j in T.unroll(num_vectors):
-                                        for e in T.unroll(epv):
-                                            l = T.Cast(T.float32, gate2[p, j, e])
-                                            r = T.Cast(T.float32, up2[p, j, e])
-                                            counts[0] = counts[0] + T.Cast(T.int32, l > clamp_c)
-                                            counts[1] = counts[1] + T.Cast(T.int32, r > clamp_c)
-                                            counts[2] = counts[2] + T.Cast(T.int32, r < -clamp_c)
-                        # Block amax: a butterfly over the block's lanes (adjacent; every lane takes part: a
-                        # skipped or missing row is a whole number of blocks, all with amax 0).
-                        for s in T.unroll(lanes_log2):
-                            amax[0] = T.max(amax[0], T.shfl_xor(amax[0], 1 << s))
-                        if live2[p] != 0:
-                            row = T.Cast(T.int64, data_row[p])
-                            block = data_block[p]
-                            col = block * BLOCK + lane * epv
-                            block_scale(amax[0], sf_floor, E4M3_MAX, round_sf, packed, sf, multiplier, 0)
-                            if lane == 0:
-                                store_token_sf(out_sf, packed, row, block, sf[0], block + 1 == blocks_per_row, num_sf_blocks, num_sf_words)
-                            for j in T.unroll(num_vectors):
-                                # Products first, then the casts as a vectorised loop: one F2FP (satfinite,
-                                # round to nearest even, as the scalar cast) converts a pair in place.
-                                for e in T.unroll(epv):
-                                    act[j, e] = act[j, e] * multiplier[0]
-                                for e in T.vectorized(epv):
-                                    quantized[e] = T.Cast(T.float8_e4m3fn, act[j, e])
-                                for e in T.vectorized(epv):
-                                    out[row, col + j * lanes * epv + e] = quantized[e]
+                next_row[0] = 0
+                next_block[0] = 0
+                next_live[0] = 0
+                next_expert[0] = 0
+                next_index[0] = 0
+                for t in T.serial(num_iters + 1):
+                    # Step t - 1: its row and block (worked out once, with its lookups), and whether it is
+                    # processed. The block, not the column, is carried: block * 128 + lane * epv keeps the
+                    # vector alignment visible to tilelang, which then emits 16-byte loads and stores (the column
+                    # is written out at each use: bound to a name it becomes a let that the vectoriser does not
+                    # see through, and every access was split into single elements).
+                    row = next_row[0]
+                    block = next_block[0]
+                    live = T.Cast(T.int32, T.And(next_live[0] != 0, T.Or(with_pos_to_expert == 0, next_expert[0] >= 0)))
+                    index = next_index[0]
+                    step_weight[0] = T.float32(1)
+                    if live != 0:
+                        for j in T.unroll(num_vectors):
+                            for e in T.vectorized(epv):
+                                gate[j, e] = x[T.Cast(T.int64, row), block * BLOCK + (j * lanes + lane) * epv + e]
+                        for j in T.unroll(num_vectors):
+                            for e in T.vectorized(epv):
+                                up[j, e] = x[T.Cast(T.int64, row), hidden + block * BLOCK + (j * lanes + lane) * epv + e]
+                        if with_weight != 0:
+                            step_weight[0] = T.if_then_else(index >= 0, topk_weights[T.max(index, 0)], T.float32(0))
+                    # Lookups of step t, issued now and read at the start of the next iteration. Steps past
+                    # the last are not live (and their block index is not formed, so it never overflows).
+                    blk = (T.min(t, num_iters - 1) * num_ctas + pid) * blocks_per_step + (tid >> lanes_log2)
+                    next_row[0] = T.Cast(T.int32, (T.Cast(T.int64, blk) * row_magic) >> T.Cast(T.int64, row_shift))
+                    next_block[0] = blk - next_row[0] * blocks_per_row
+                    next_live[0] = T.Cast(T.int32, T.And(t < num_iters, next_row[0] < num_rows))
+                    if next_live[0] != 0:
+                        if with_pos_to_expert != 0:
+                            next_expert[0] = pos_to_expert[next_row[0]]
+                        if with_weight != 0:
+                            next_index[0] = pos_to_token_topk[next_row[0]]
+                    # The SwiGLU of step t - 1.
+                    amax[0] = T.float32(0)
+                    if live != 0:
+                        # Clamp counts: the largest gate and |up| (two FMNMX an element rather than three
+                        # compare-and-adds); fmaxf skips NaN, which no count includes either.
+                        reach[0] = T.float32(float('-inf'))
+                        reach[1] = T.float32(0)
+                        for j in T.unroll(num_vectors):
+                            for e in T.vectorized(epv):
+                                gate_wide[e] = T.Cast(T.float32, gate[j, e])
+                            for e in T.vectorized(epv):
+                                up_wide[e] = T.Cast(T.float32, up[j, e])
+                            for e in T.unroll(epv):
+                                l = gate_wide[e]
+                                r = up_wide[e]
+                                if count_clamp != 0:
+                                    reach[0] = T.max(reach[0], l)
+                                    reach[1] = T.max(reach[1], T.abs(r))
+                                act[j, e] = _clamped_swiglu(l, r, clamp_c) * step_weight[0]
+                                amax[0] = T.max(amax[0], T.abs(act[j, e]))
+                        # Only a step that reaches the clamp is counted exactly, from x read again (it is
+                        # in cache): keeping the loaded vectors for this rare case would hold 32 registers
+                        # through the element loop.
+                        if count_clamp != 0:
+                            if T.Or(reach[0] > clamp_c, reach[1] > clamp_c):
+                                for j in T.unroll(num_vectors):
+                                    for e in T.vectorized(epv):
+                                        gate[j, e] = x[T.Cast(T.int64, row), block * BLOCK + (j * lanes + lane) * epv + e]
+                                    for e in T.vectorized(epv):
+                                        up[j, e] = x[T.Cast(T.int64, row), hidden + block * BLOCK + (j * lanes + lane) * epv + e]
+                                for j in T.unroll(num_vectors):
+                                    for e in T.unroll(epv):
+                                        l = T.Cast(T.float32, gate[j, e])
+                                        r = T.Cast(T.float32, up[j, e])
+                                        counts[0] = counts[0] + T.Cast(T.int32, l > clamp_c)
+                                        counts[1] = counts[1] + T.Cast(T.int32, r > clamp_c)
+                                        counts[2] = counts[2] + T.Cast(T.int32, r < -clamp_c)
+                    # Block amax: a butterfly over the block's lanes (adjacent; every lane takes part: a
+                    # skipped or missing row is a whole number of blocks, all with amax 0).
+                    for s in T.unroll(lanes_log2):
+                        amax[0] = T.max(amax[0], T.shfl_xor(amax[0], 1 << s))
+                    if live != 0:
+                        block_scale(amax[0], sf_floor, E4M3_MAX, round_sf, packed, sf, multiplier, 0)
+                        if lane == 0:
+                            store_token_sf(out_sf, packed, T.Cast(T.int64, row), block, sf[0], block + 1 == blocks_per_row,
+                                           num_sf_blocks, num_sf_words)
+                        for j in T.unroll(num_vectors):
+                            # Products first, then the casts as a vectorised loop: one F2FP (satfinite,
+                            # round to nearest even, as the scalar cast) converts a pair in place.
+                            for e in T.unroll(epv):
+                                act[j, e] = act[j, e] * multiplier[0]
+                            for e in T.vectorized(epv):
+                                quantized[e] = T.Cast(T.float8_e4m3fn, act[j, e])
+                            for e in T.vectorized(epv):
+                                out[T.Cast(T.int64, row), block * BLOCK + (j * lanes + lane) * epv + e] = quantized[e]
             if count_clamp != 0:
                 count_into(counts, clamped_count, red_counts, tid)
 

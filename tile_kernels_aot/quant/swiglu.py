@@ -35,8 +35,7 @@ from tile_kernels_aot.quant._common import (
 _E4M3_FLOOR = 1e-4  # amax floor of e4m3 scale factors (upstream's clamp_min)
 _FMT_WHY = ' (the only format upstream fuses with SwiGLU)'
 _FWD_THREADS = 256
-_FWD_VECTORS = 4  # flat kernel: 16-byte vectors of each half per thread and step, in one 128-wide block
-_FWD_CTAS_PER_SM = 2  # flat kernel: its register use allows 2 CTAs per SM, and its grid is resident at once
+_FWD_ELEMENTS = 16  # flat kernel: elements of each half per thread and step, in one 128-wide block
 _ROW_VECTORS = 8  # per-row kernel: up to 8 vectors of 16 bytes per thread
 _ROW_MAX_VECTORS = _FWD_THREADS * _ROW_VECTORS
 _CTAS_PER_SM = 8  # grid-stride grids: 8 CTAs of 256 threads fill an SM
@@ -175,6 +174,8 @@ def swiglu_forward_and_per_token_cast(
     blocks_per_row = hidden // 128
     num_blocks = 1 if per_row else blocks_per_row
     if num_rows:
+        spec = dict(in_dtype=IN_DTYPES[x.dtype], sf_format=sf_format(packed), per_row=per_row)
+        kernel = find_kernel('quant.swiglu_forward_and_per_token_cast', spec, device)
         num_sms = config.get_num_sms(device)
         tpr_log2 = 0
         if per_row:
@@ -184,10 +185,12 @@ def swiglu_forward_and_per_token_cast(
             num_ctas = min(groups, num_sms * _CTAS_PER_SM)
             num_iters = -(-groups // num_ctas)
         else:
-            # 128-wide blocks per CTA and step: a block is 128 / epv / _FWD_VECTORS adjacent threads.
-            blocks_per_step = _FWD_THREADS * _FWD_VECTORS * epv // 128
+            # 128-wide blocks per CTA and step: a block is 128 / _FWD_ELEMENTS adjacent threads. The grid is
+            # as many CTAs per SM as fit at once (the kernel's register budget sets it), so none waits for a
+            # second wave.
+            blocks_per_step = _FWD_THREADS * _FWD_ELEMENTS // 128
             total = num_rows * blocks_per_row
-            num_ctas = min(-(-total // blocks_per_step), num_sms * _FWD_CTAS_PER_SM)
+            num_ctas = min(-(-total // blocks_per_step), num_sms * kernel.blocks_per_sm(device))
             num_iters = -(-total // (num_ctas * blocks_per_step))
             if num_iters * num_ctas * blocks_per_step >= _INDEX_LIMIT:
                 raise ValueError(f'{op}: x is too large: {num_rows} rows of {blocks_per_row} blocks of 128 reach 2^31 blocks')
@@ -195,14 +198,12 @@ def swiglu_forward_and_per_token_cast(
     returned, sf_arg = alloc_sf(num_rows, num_blocks, col_major, packed, x.device)
     if num_rows:
         row_magic, row_shift = magic(blocks_per_row)
-        spec = dict(in_dtype=IN_DTYPES[x.dtype], sf_format=sf_format(packed), per_row=per_row)
         scalars = dict(num_ctas=num_ctas, num_iters=num_iters, blocks_per_row=blocks_per_row, row_magic=row_magic, row_shift=row_shift,
                        with_weight=int(with_weight), with_pos_to_expert=int(pos_to_expert is not None), use_clamp=int(clamp is not None),
                        count_clamp=int(clamped_count is not None), round_sf=int(round_sf), tpr_log2=tpr_log2,
                        clamp_value=0.0 if clamp is None else clamp,
                        sf_floor=_E4M3_FLOOR if floor is None else floor)
-        find_kernel('quant.swiglu_forward_and_per_token_cast', spec, device)(
-            device, {**_placeholders(x.device), **tensors, 'out': out, 'out_sf': sf_arg}, scalars)
+        kernel(device, {**_placeholders(x.device), **tensors, 'out': out, 'out_sf': sf_arg}, scalars)
     return out, returned
 
 
