@@ -77,6 +77,36 @@ __device__ __forceinline__ float tk_max_nan(float a, float b) { float r; asm("ma
 """
 
 
+FAST_DIV_MAX = 80.0  # the range of |a| where tk_div_rn_fast is used (see below)
+FAST_DIV_MIN = 2.0**-64
+
+# Division a / b rounded to nearest (IEEE div.rn) for the SwiGLU's b = 1 + exp(-a) >= 1, without a branch: nvcc's
+# own fast path for div.rn.f32 on sm_90 (MUFU.RCP, one Newton step, quotient, residual, correction), less its FCHK
+# operand test and the branch to its slow path, which made each element's division a basic block of its own so
+# that the elements of a step could not overlap. A step computes all of its elements this way and tests ONCE
+# whether every operand pair was inside the range where the sequence is correctly rounded
+# (tk_div_fast_in_range over the largest and smallest |a|; else the step is recomputed with `/`):
+#   * 2^-64 <= |a| <= 80, so b = 1 + exp(-a) <= 1 + e^80 < 2^116 and every intermediate (1/b, the quotient, the
+#     residual) is a normal float far from overflow, where all of the steps scale exactly by powers of two;
+#   * there the Newton step gives y = RN(1 / b) for every significand of b and any reciprocal within 2 ulps
+#     (checked exhaustively: tests/cpu/test_swiglu_division.py), and with y = RN(1/b) and a faithful quotient
+#     q = RN(a y) the residual a - b q is exact and RN(q + (a - b q) y) = RN(a / b) (Markstein's theorem;
+#     Cornea-Hasegan, Golliver, Markstein, ARITH 1999), the proof nvcc's own sequence rests on.
+# NaN (in a, hence in b) fails the test, as does a = +-inf. The residual is formed negated (b q - a) and the
+# correction subtracted: the same values, and a = -0 keeps its sign (nvcc's form a y + 0 gives +0).
+_FAST_DIV_PRELUDE = """
+__device__ __forceinline__ float tk_div_rn_fast(float a, float b) {
+  float y; asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(b));
+  y = __fmaf_rn(y, __fmaf_rn(-b, y, 1.0f), y);
+  const float q = __fmul_rn(a, y);
+  return __fmaf_rn(-y, __fmaf_rn(b, q, -a), q);
+}
+__device__ __forceinline__ int tk_div_fast_in_range(float largest, float smallest) {
+  return largest <= FAST_DIV_MAXf && smallest >= FAST_DIV_MINf;
+}
+""".replace('FAST_DIV_MAX', FAST_DIV_MAX.hex()).replace('FAST_DIV_MIN', FAST_DIV_MIN.hex())
+
+
 def _clamped_swiglu(l, r, c):
     """_swiglu with the clamp always on, against c (+inf for no clamp: the same results), in three FMNMX.NAN.
 
@@ -200,7 +230,7 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> K
         clamp_value: T.float32,
         sf_floor: T.float32,
     ):
-        with T.Kernel(num_ctas, threads=FWD_THREADS, prelude=None if per_row else _NAN_MIN_MAX_PRELUDE) as pid:
+        with T.Kernel(num_ctas, threads=FWD_THREADS, prelude=None if per_row else _NAN_MIN_MAX_PRELUDE + _FAST_DIV_PRELUDE) as pid:
             if not per_row:
                 T.annotate_min_blocks_per_sm(FWD_MIN_BLOCKS[IN_DTYPES[in_dtype]])
             T.assume(hidden % BLOCK == 0)
@@ -284,6 +314,8 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> K
                 next_index = T.alloc_local((1,), T.int32)
                 step_weight = T.alloc_local((1,), T.float32)
                 reach = T.alloc_local((2,), T.float32)
+                div_range = T.alloc_local((2,), T.float32)  # largest and smallest |clamped gate| of the step
+                gate_clamped = T.alloc_local((1,), T.float32)
                 # One vector of each half widened to float32 by a vectorised cast.
                 gate_wide = T.alloc_local((epv,), T.float32)
                 up_wide = T.alloc_local((epv,), T.float32)
@@ -340,6 +372,10 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> K
                         # compare-and-adds); fmaxf skips NaN, which no count includes either.
                         reach[0] = T.float32(float('-inf'))
                         reach[1] = T.float32(0)
+                        # The divisions without branches (tk_div_rn_fast), so that the 16 elements overlap,
+                        # and the largest and smallest |clamped gate| for the step's one range test.
+                        div_range[0] = T.float32(0)
+                        div_range[1] = T.float32(float('inf'))
                         for j in T.unroll(num_vectors):
                             for e in T.vectorized(epv):
                                 gate_wide[e] = T.Cast(T.float32, gate[j, e])
@@ -351,7 +387,28 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> K
                                 if count_clamp != 0:
                                     reach[0] = T.max(reach[0], l)
                                     reach[1] = T.max(reach[1], T.abs(r))
-                                act[j, e] = _clamped_swiglu(l, r, clamp_c) * step_weight[0]
+                                gate_clamped[0] = T.call_extern('float32', 'tk_min_nan', l, clamp_c)
+                                # max.NaN: a NaN gate fails the range test.
+                                div_range[0] = T.call_extern('float32', 'tk_max_nan', div_range[0], T.abs(gate_clamped[0]))
+                                div_range[1] = T.min(div_range[1], T.abs(gate_clamped[0]))
+                                act[j, e] = T.call_extern('float32', 'tk_div_rn_fast', gate_clamped[0],
+                                                          T.float32(1) + T.exp(-gate_clamped[0])) * \
+                                    T.call_extern('float32', 'tk_min_nan', T.call_extern('float32', 'tk_max_nan', r, -clamp_c), clamp_c) * \
+                                    step_weight[0]
+                        # Outside the range (a zero, tiny or large gate, inf, NaN: rare), the step again with
+                        # IEEE division, from x read again (in cache) rather than loaded vectors kept live.
+                        if T.call_extern('int32', 'tk_div_fast_in_range', div_range[0], div_range[1]) == 0:
+                            for j in T.unroll(num_vectors):
+                                for e in T.vectorized(epv):
+                                    gate[j, e] = x[T.Cast(T.int64, row), block * BLOCK + (j * lanes + lane) * epv + e]
+                                for e in T.vectorized(epv):
+                                    up[j, e] = x[T.Cast(T.int64, row), hidden + block * BLOCK + (j * lanes + lane) * epv + e]
+                            for j in T.unroll(num_vectors):
+                                for e in T.unroll(epv):
+                                    act[j, e] = _clamped_swiglu(T.Cast(T.float32, gate[j, e]), T.Cast(T.float32, up[j, e]),
+                                                                clamp_c) * step_weight[0]
+                        for j in T.unroll(num_vectors):
+                            for e in T.unroll(epv):
                                 amax[0] = T.max(amax[0], T.abs(act[j, e]))
                         # Only a step that reaches the clamp is counted exactly, from x read again (it is
                         # in cache): keeping the loaded vectors for this rare case would hold 32 registers
