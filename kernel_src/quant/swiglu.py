@@ -87,13 +87,16 @@ FAST_DIV_MIN = 2.0**-64
 # whether every operand pair was inside the range where the sequence is correctly rounded
 # (tk_div_fast_in_range over the largest and smallest |a|; else the step is recomputed with `/`):
 #   * 2^-64 <= |a| <= 80, so b = 1 + exp(-a) <= 1 + e^80 < 2^116 and every intermediate (1/b, the quotient, the
-#     residual) is a normal float far from overflow, where all of the steps scale exactly by powers of two;
-#   * there the Newton step gives y = RN(1 / b) for every significand of b and any reciprocal within 2 ulps
-#     (checked exhaustively: tests/cpu/test_swiglu_division.py), and with y = RN(1/b) and a faithful quotient
-#     q = RN(a y) the residual a - b q is exact and RN(q + (a - b q) y) = RN(a / b) (Markstein's theorem;
-#     Cornea-Hasegan, Golliver, Markstein, ARITH 1999), the proof nvcc's own sequence rests on.
-# NaN (in a, hence in b) fails the test, as does a = +-inf. The residual is formed negated (b q - a) and the
-# correction subtracted: the same values, and a = -0 keeps its sign (nvcc's form a y + 0 gives +0).
+#     residual) is a normal float far from overflow, where every step scales exactly by powers of two;
+#   * so the results are those of the same instructions on significands in [1, 2), where nvcc's FCHK (a range
+#     check on the exponents) lets its div.rn.f32 take this path, which NVIDIA guarantees IEEE-correct;
+#   * independently of nvcc: with MUFU.RCP correctly rounded, the Newton step gives y = RN(1/b) for every
+#     significand of b, and then the residual a - b RN(a y) is exact and RN(q + (a - b q) y) = RN(a / b)
+#     (Markstein's theorem; Cornea-Hasegan, Golliver, Markstein, ARITH 1999). tests/cpu/test_swiglu_division.py
+#     checks this, and the GPU tests compare every bf16 gate, including the one SwiGLU operand pair
+#     (a = 2^-23) that a reciprocal 1 ulp off (MUFU.RCP's documented bound) would get wrong.
+# NaN (in a, hence in b), +-inf and zero fail the test. The residual is formed negated (b q - a) and the
+# correction subtracted: the same values as nvcc's a - b q and its addition, and a zero would keep its sign.
 _FAST_DIV_PRELUDE = """
 __device__ __forceinline__ float tk_div_rn_fast(float a, float b) {
   float y; asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(b));
@@ -116,6 +119,20 @@ def _clamped_swiglu(l, r, c):
     l = T.call_extern('float32', 'tk_min_nan', l, c)
     r = T.call_extern('float32', 'tk_min_nan', T.call_extern('float32', 'tk_max_nan', r, -c), c)
     return l / (T.float32(1) + T.exp(-l)) * r
+
+
+def _clamped_swiglu_fast(a, r, c):
+    """_clamped_swiglu of an already clamped gate a, with tk_div_rn_fast: exact only where a passes the step's
+    range test (track_division_range, then tk_div_fast_in_range)."""
+    r = T.call_extern('float32', 'tk_min_nan', T.call_extern('float32', 'tk_max_nan', r, -c), c)
+    return T.call_extern('float32', 'tk_div_rn_fast', a, T.float32(1) + T.exp(-a)) * r
+
+
+@T.macro
+def track_division_range(div_range, a):
+    """div_range[0], div_range[1]: the largest (max.NaN: a NaN fails the range test) and smallest |a| so far."""
+    div_range[0] = T.call_extern('float32', 'tk_max_nan', div_range[0], T.abs(a))
+    div_range[1] = T.min(div_range[1], T.abs(a))
 
 
 def check_forward(in_dtype: str, sf_format: str, per_row: bool) -> None:
@@ -388,13 +405,8 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> K
                                     reach[0] = T.max(reach[0], l)
                                     reach[1] = T.max(reach[1], T.abs(r))
                                 gate_clamped[0] = T.call_extern('float32', 'tk_min_nan', l, clamp_c)
-                                # max.NaN: a NaN gate fails the range test.
-                                div_range[0] = T.call_extern('float32', 'tk_max_nan', div_range[0], T.abs(gate_clamped[0]))
-                                div_range[1] = T.min(div_range[1], T.abs(gate_clamped[0]))
-                                act[j, e] = T.call_extern('float32', 'tk_div_rn_fast', gate_clamped[0],
-                                                          T.float32(1) + T.exp(-gate_clamped[0])) * \
-                                    T.call_extern('float32', 'tk_min_nan', T.call_extern('float32', 'tk_max_nan', r, -clamp_c), clamp_c) * \
-                                    step_weight[0]
+                                track_division_range(div_range, gate_clamped[0])
+                                act[j, e] = _clamped_swiglu_fast(gate_clamped[0], r, clamp_c) * step_weight[0]
                         # Outside the range (a zero, tiny or large gate, inf, NaN: rare), the step again with
                         # IEEE division, from x read again (in cache) rather than loaded vectors kept live.
                         if T.call_extern('int32', 'tk_div_fast_in_range', div_range[0], div_range[1]) == 0:
