@@ -53,7 +53,7 @@ CH_THREADS = 256
 CH_TOKENS = 128  # tokens per CTA (one block of 128 or four of 32)
 CH_CHANNELS = 64  # channels per CTA
 CH_SEGMENT = 32  # tokens per thread in the cast phase
-CH_MIN_BLOCKS = 5  # CTAs per SM the register allocation must allow
+CH_MIN_BLOCKS = 4  # CTAs per SM the register allocation must allow
 
 BWD_THREADS = 64
 BWD_ELEMS = 16  # elements per thread-step (16 bytes of e4m3)
@@ -496,12 +496,13 @@ def build_channel(arch: Arch, transpose: bool) -> KernelProgram:
         use_clamp: T.int32,
         clamp_value: T.float32,
     ):
-        with T.Kernel(hidden // CH_CHANNELS, num_tokens // CH_TOKENS, threads=CH_THREADS, prelude=_NAN_MIN_MAX_PRELUDE) as (pid_h, pid_t):
+        with T.Kernel(hidden // CH_CHANNELS, num_tokens // CH_TOKENS, threads=CH_THREADS, prelude=_NAN_MIN_MAX_PRELUDE + _FAST_DIV_PRELUDE) as (pid_h, pid_t):
             T.assume(num_tokens % CH_TOKENS == 0)
             T.assume(hidden % CH_CHANNELS == 0)
             T.assume(width % 64 == 0)
-            # 48 registers a thread (5 CTAs per SM): no spills, and 25% more warps than the 52 registers
-            # nvcc picks unbounded to hide the latency of the exponentials and divisions.
+            # 64 registers a thread (4 CTAs per SM): the branch-free divisions overlap a vector's 8 elements,
+            # which needs more registers than one element's chain at a time, and at 48 (5 CTAs) nvcc spilled
+            # 40 bytes. A warp now has 8 independent chains, so fewer warps hide the latency.
             T.annotate_min_blocks_per_sm(CH_MIN_BLOCKS)
             tid = T.get_thread_binding()
             act_shared = T.alloc_shared((CH_TOKENS, CH_CHANNELS), T.bfloat16)
@@ -531,10 +532,22 @@ def build_channel(arch: Arch, transpose: bool) -> KernelProgram:
             # then has no use_clamp test, which nvcc compiled to a branch around the up clamp of every element.
             clamp_c = T.alloc_var(T.float32)
             clamp_c = T.if_then_else(use_clamp != 0, clamp_value, T.float32(float('inf')))
+            # The divisions without branches (tk_div_rn_fast), so that a vector's 8 elements overlap, and one
+            # range test per vector; outside the range (rare) the vector again with IEEE division, from the
+            # loaded values, still held.
+            div_range = T.alloc_local((2,), T.float32)
+            gate_clamped = T.alloc_local((1,), T.float32)
             for i in T.unroll(loads):
                 idx = i * CH_THREADS + tid
+                div_range[0] = T.float32(0)
+                div_range[1] = T.float32(float('inf'))
                 for e in T.unroll(8):
-                    act_f32[e] = _clamped_swiglu(T.Cast(T.float32, gate[i, e]), T.Cast(T.float32, up[i, e]), clamp_c)
+                    gate_clamped[0] = T.call_extern('float32', 'tk_min_nan', T.Cast(T.float32, gate[i, e]), clamp_c)
+                    track_division_range(div_range, gate_clamped[0])
+                    act_f32[e] = _clamped_swiglu_fast(gate_clamped[0], T.Cast(T.float32, up[i, e]), clamp_c)
+                if T.call_extern('int32', 'tk_div_fast_in_range', div_range[0], div_range[1]) == 0:
+                    for e in T.unroll(8):
+                        act_f32[e] = _clamped_swiglu(T.Cast(T.float32, gate[i, e]), T.Cast(T.float32, up[i, e]), clamp_c)
                 # A vectorised cast: one conversion instruction per pair, not one per element plus a merge.
                 for e in T.vectorized(8):
                     act[e] = T.Cast(T.bfloat16, act_f32[e])
