@@ -364,3 +364,22 @@ def test_forward_division_special_gates(spec):
             ref_out, ref_sf = reference.swiglu_forward_and_per_token_cast(x, 'e4m3', 128, swiglu_clamp_value=clamp)
             assert_bitwise_equal(out, ref_out)
             assert_bitwise_equal(sf, ref_sf)
+
+
+@pytest.mark.parametrize('spec', installed_specs('quant.swiglu_forward_and_per_channel_cast_and_transpose'))
+def test_forward_per_channel_cast_every_bfloat16_gate(spec):
+    """The per-channel kernel's branch-free division (one range test per 8 elements): every finite bf16 value as
+    a gate, spread over vectors in and out of the range, clamp or not."""
+    gates = torch.arange(1 << 16, dtype=torch.int32, device='cuda').to(torch.int16).view(torch.bfloat16)
+    gates = gates[torch.isfinite(gates)]
+    gates = torch.cat([gates, gates.new_zeros(-gates.numel() % (128 * 512))])
+    l = gates[torch.randperm(gates.numel(), device='cuda')].view(-1, 512)
+    r = torch.where(l.float().abs() > 2.0**100, 2.0**-110, 1.0).to(torch.bfloat16)
+    x = torch.cat([l, r], dim=1).contiguous()
+    for npt in (32, 128):
+        for clamp in (None, 10.0):
+            args = (x, 'e4m3', npt, True, not spec['transpose'], clamp)
+            out, sf = tile_kernels_aot.quant.swiglu_forward_and_per_channel_cast_and_transpose(*args)
+            ref_out, ref_sf = reference.swiglu_forward_and_per_channel_cast_and_transpose(*args)
+            assert_bitwise_equal(out, ref_out)
+            assert_bitwise_equal(sf, ref_sf)
