@@ -58,7 +58,7 @@ CH_THREADS = 256
 CH_TOKENS = 128  # tokens per CTA (one block of 128 or four of 32)
 CH_CHANNELS = 64  # channels per CTA
 CH_SEGMENT = 32  # tokens per thread in the cast phase
-CH_MIN_BLOCKS = 5  # CTAs per SM the register allocation must allow
+CH_MIN_BLOCKS = 4  # CTAs per SM the register allocation must allow
 
 BWD_THREADS = 64
 BWD_ELEMS = 16  # elements per thread-step (16 bytes of e4m3)
@@ -82,6 +82,39 @@ __device__ __forceinline__ float tk_max_nan(float a, float b) { float r; asm("ma
 """
 
 
+FAST_DIV_MAX = 80.0  # the range of |a| where tk_div_rn_fast is used (see below)
+FAST_DIV_MIN = 2.0**-64
+
+# Division a / b rounded to nearest (IEEE div.rn) for the SwiGLU's b = 1 + exp(-a) >= 1, without a branch: nvcc's
+# own fast path for div.rn.f32 on sm_90 (MUFU.RCP, one Newton step, quotient, residual, correction), less its FCHK
+# operand test and the branch to its slow path, which made each element's division a basic block of its own so
+# that the elements of a step could not overlap. A step computes all of its elements this way and tests ONCE
+# whether every operand pair was inside the range where the sequence is correctly rounded
+# (tk_div_fast_in_range over the largest and smallest |a|; else the step is recomputed with `/`):
+#   * 2^-64 <= |a| <= 80, so b = 1 + exp(-a) <= 1 + e^80 < 2^116 and every intermediate (1/b, the quotient, the
+#     residual) is a normal float far from overflow, where every step scales exactly by powers of two;
+#   * so the results are those of the same instructions on significands in [1, 2), where nvcc's FCHK (a range
+#     check on the exponents) lets its div.rn.f32 take this path, which NVIDIA guarantees IEEE-correct;
+#   * independently of nvcc: with MUFU.RCP correctly rounded, the Newton step gives y = RN(1/b) for every
+#     significand of b, and then the residual a - b RN(a y) is exact and RN(q + (a - b q) y) = RN(a / b)
+#     (Markstein's theorem; Cornea-Hasegan, Golliver, Markstein, ARITH 1999). tests/cpu/test_swiglu_division.py
+#     checks this, and the GPU tests compare every bf16 gate, including the one SwiGLU operand pair
+#     (a = 2^-23) that a reciprocal 1 ulp off (MUFU.RCP's documented bound) would get wrong.
+# NaN (in a, hence in b), +-inf and zero fail the test. The residual is formed negated (b q - a) and the
+# correction subtracted: the same values as nvcc's a - b q and its addition, and a zero would keep its sign.
+_FAST_DIV_PRELUDE = """
+__device__ __forceinline__ float tk_div_rn_fast(float a, float b) {
+  float y; asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(b));
+  y = __fmaf_rn(y, __fmaf_rn(-b, y, 1.0f), y);
+  const float q = __fmul_rn(a, y);
+  return __fmaf_rn(-y, __fmaf_rn(b, q, -a), q);
+}
+__device__ __forceinline__ int tk_div_fast_in_range(float largest, float smallest) {
+  return largest <= FAST_DIV_MAXf && smallest >= FAST_DIV_MINf;
+}
+""".replace('FAST_DIV_MAX', FAST_DIV_MAX.hex()).replace('FAST_DIV_MIN', FAST_DIV_MIN.hex())
+
+
 def _clamped_swiglu(l, r, c):
     """_swiglu with the clamp always on, against c (+inf for no clamp: the same results), in three FMNMX.NAN.
 
@@ -91,6 +124,20 @@ def _clamped_swiglu(l, r, c):
     l = T.call_extern('float32', 'tk_min_nan', l, c)
     r = T.call_extern('float32', 'tk_min_nan', T.call_extern('float32', 'tk_max_nan', r, -c), c)
     return l / (T.float32(1) + T.exp(-l)) * r
+
+
+def _clamped_swiglu_fast(a, r, c):
+    """_clamped_swiglu of an already clamped gate a, with tk_div_rn_fast: exact only where a passes the step's
+    range test (track_division_range, then tk_div_fast_in_range)."""
+    r = T.call_extern('float32', 'tk_min_nan', T.call_extern('float32', 'tk_max_nan', r, -c), c)
+    return T.call_extern('float32', 'tk_div_rn_fast', a, T.float32(1) + T.exp(-a)) * r
+
+
+@T.macro
+def track_division_range(div_range, a):
+    """div_range[0], div_range[1]: the largest (max.NaN: a NaN fails the range test) and smallest |a| so far."""
+    div_range[0] = T.call_extern('float32', 'tk_max_nan', div_range[0], T.abs(a))
+    div_range[1] = T.min(div_range[1], T.abs(a))
 
 
 def check_forward(in_dtype: str, sf_format: str, per_row: bool) -> None:
@@ -217,7 +264,7 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> K
         clamp_value: T.float32,
         sf_floor: T.float32,
     ):
-        with T.Kernel(num_ctas, threads=FWD_THREADS, prelude=None if per_row else _NAN_MIN_MAX_PRELUDE) as pid:
+        with T.Kernel(num_ctas, threads=FWD_THREADS, prelude=None if per_row else _NAN_MIN_MAX_PRELUDE + _FAST_DIV_PRELUDE) as pid:
             T.annotate_min_blocks_per_sm(ROW_MIN_BLOCKS[in_dtype] if per_row else FWD_MIN_BLOCKS[in_dtype])
             T.assume(hidden % BLOCK == 0)
             T.assume(width % 64 == 0)
@@ -300,6 +347,8 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> K
                 next_index = T.alloc_local((1,), T.int32)
                 step_weight = T.alloc_local((1,), T.float32)
                 reach = T.alloc_local((2,), T.float32)
+                div_range = T.alloc_local((2,), T.float32)  # largest and smallest |clamped gate| of the step
+                gate_clamped = T.alloc_local((1,), T.float32)
                 # One vector of each half widened to float32 by a vectorised cast.
                 gate_wide = T.alloc_local((epv,), T.float32)
                 up_wide = T.alloc_local((epv,), T.float32)
@@ -356,6 +405,10 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> K
                         # compare-and-adds); fmaxf skips NaN, which no count includes either.
                         reach[0] = T.float32(float('-inf'))
                         reach[1] = T.float32(0)
+                        # The divisions without branches (tk_div_rn_fast), so that the 16 elements overlap,
+                        # and the largest and smallest |clamped gate| for the step's one range test.
+                        div_range[0] = T.float32(0)
+                        div_range[1] = T.float32(float('inf'))
                         for j in T.unroll(num_vectors):
                             for e in T.vectorized(epv):
                                 gate_wide[e] = T.Cast(T.float32, gate[j, e])
@@ -367,7 +420,23 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> K
                                 if count_clamp != 0:
                                     reach[0] = T.max(reach[0], l)
                                     reach[1] = T.max(reach[1], T.abs(r))
-                                act[j, e] = _clamped_swiglu(l, r, clamp_c) * step_weight[0]
+                                gate_clamped[0] = T.call_extern('float32', 'tk_min_nan', l, clamp_c)
+                                track_division_range(div_range, gate_clamped[0])
+                                act[j, e] = _clamped_swiglu_fast(gate_clamped[0], r, clamp_c) * step_weight[0]
+                        # Outside the range (a zero, tiny or large gate, inf, NaN: rare), the step again with
+                        # IEEE division, from x read again (in cache) rather than loaded vectors kept live.
+                        if T.call_extern('int32', 'tk_div_fast_in_range', div_range[0], div_range[1]) == 0:
+                            for j in T.unroll(num_vectors):
+                                for e in T.vectorized(epv):
+                                    gate[j, e] = x[T.Cast(T.int64, row), block * BLOCK + (j * lanes + lane) * epv + e]
+                                for e in T.vectorized(epv):
+                                    up[j, e] = x[T.Cast(T.int64, row), hidden + block * BLOCK + (j * lanes + lane) * epv + e]
+                            for j in T.unroll(num_vectors):
+                                for e in T.unroll(epv):
+                                    act[j, e] = _clamped_swiglu(T.Cast(T.float32, gate[j, e]), T.Cast(T.float32, up[j, e]),
+                                                                clamp_c) * step_weight[0]
+                        for j in T.unroll(num_vectors):
+                            for e in T.unroll(epv):
                                 amax[0] = T.max(amax[0], T.abs(act[j, e]))
                         # Only a step that reaches the clamp is counted exactly, from x read again (it is
                         # in cache): keeping the loaded vectors for this rare case would hold 32 registers
@@ -443,12 +512,13 @@ def build_channel(arch: Arch, transpose: bool) -> KernelProgram:
         use_clamp: T.int32,
         clamp_value: T.float32,
     ):
-        with T.Kernel(hidden // CH_CHANNELS, num_tokens // CH_TOKENS, threads=CH_THREADS, prelude=_NAN_MIN_MAX_PRELUDE) as (pid_h, pid_t):
+        with T.Kernel(hidden // CH_CHANNELS, num_tokens // CH_TOKENS, threads=CH_THREADS, prelude=_NAN_MIN_MAX_PRELUDE + _FAST_DIV_PRELUDE) as (pid_h, pid_t):
             T.assume(num_tokens % CH_TOKENS == 0)
             T.assume(hidden % CH_CHANNELS == 0)
             T.assume(width % 64 == 0)
-            # 48 registers a thread (5 CTAs per SM): no spills, and 25% more warps than the 52 registers
-            # nvcc picks unbounded to hide the latency of the exponentials and divisions.
+            # 64 registers a thread (4 CTAs per SM): the branch-free divisions overlap a vector's 8 elements,
+            # which needs more registers than one element's chain at a time, and at 48 (5 CTAs) nvcc spilled
+            # 40 bytes. A warp now has 8 independent chains, so fewer warps hide the latency.
             T.annotate_min_blocks_per_sm(CH_MIN_BLOCKS)
             tid = T.get_thread_binding()
             act_shared = T.alloc_shared((CH_TOKENS, CH_CHANNELS), T.bfloat16)
@@ -478,10 +548,22 @@ def build_channel(arch: Arch, transpose: bool) -> KernelProgram:
             # then has no use_clamp test, which nvcc compiled to a branch around the up clamp of every element.
             clamp_c = T.alloc_var(T.float32)
             clamp_c = T.if_then_else(use_clamp != 0, clamp_value, T.float32(float('inf')))
+            # The divisions without branches (tk_div_rn_fast), so that a vector's 8 elements overlap, and one
+            # range test per vector; outside the range (rare) the vector again with IEEE division, from the
+            # loaded values, still held.
+            div_range = T.alloc_local((2,), T.float32)
+            gate_clamped = T.alloc_local((1,), T.float32)
             for i in T.unroll(loads):
                 idx = i * CH_THREADS + tid
+                div_range[0] = T.float32(0)
+                div_range[1] = T.float32(float('inf'))
                 for e in T.unroll(8):
-                    act_f32[e] = _clamped_swiglu(T.Cast(T.float32, gate[i, e]), T.Cast(T.float32, up[i, e]), clamp_c)
+                    gate_clamped[0] = T.call_extern('float32', 'tk_min_nan', T.Cast(T.float32, gate[i, e]), clamp_c)
+                    track_division_range(div_range, gate_clamped[0])
+                    act_f32[e] = _clamped_swiglu_fast(gate_clamped[0], T.Cast(T.float32, up[i, e]), clamp_c)
+                if T.call_extern('int32', 'tk_div_fast_in_range', div_range[0], div_range[1]) == 0:
+                    for e in T.unroll(8):
+                        act_f32[e] = _clamped_swiglu(T.Cast(T.float32, gate[i, e]), T.Cast(T.float32, up[i, e]), clamp_c)
                 # A vectorised cast: one conversion instruction per pair, not one per element plus a merge.
                 for e in T.vectorized(8):
                     act[e] = T.Cast(T.bfloat16, act_f32[e])

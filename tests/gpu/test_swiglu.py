@@ -265,3 +265,121 @@ def test_errors_name_the_argument():
     ):
         with pytest.raises(error, match=match):
             q.swiglu_backward_and_per_token_cast(**{**good, name: bad})
+
+
+# The flat forward's branch-free division (kernel_src.quant.swiglu tk_div_rn_fast, used when every |clamped gate|
+# of a thread's step is in [2^-64, 80], else the step is redone with `/`) must be IEEE a / b bit for bit. The e4m3
+# output hides the quotient's low bits, so each gate goes in twice, with an up value that puts the product just
+# past an e4m3 rounding midpoint: 17 (between 16 and 18) from above and 19 (between 18 and 20) from below,
+# both 18 in e4m3, so a quotient an ulp low (high) is caught whenever that ulp takes the product across.
+# A block's first element (gate 30, up 10: act 300) fixes amax, so with round_sf the multiplier is 1. On the CPU,
+# with q an ulp off, 82% (low) and 88% (high) of the bf16 gates' copies leave 18.
+def _up_past_midpoint(q: torch.Tensor, midpoint: float, above: bool) -> torch.Tensor:
+    """float32 r of the sign of q with RN(q r) the nearest float32 above (below) midpoint."""
+    r0 = (midpoint / q.abs()).float()
+    candidates, up, down = [r0], r0, r0
+    for _ in range(4):
+        up = torch.nextafter(up, r0.new_tensor(float('inf')))
+        down = torch.nextafter(down, r0.new_tensor(0.0))
+        candidates += [up, down]
+    candidates = torch.stack(candidates)
+    products = q.abs() * candidates
+    if above:
+        r = torch.where(products > midpoint, candidates, float('inf')).amin(dim=0)
+    else:
+        r = torch.where(products < midpoint, candidates, -float('inf')).amax(dim=0)
+    return torch.where(q < 0, -r, r)
+
+
+def _division_rows(gates: torch.Tensor, hidden: int = 2048) -> tuple[torch.Tensor, int]:
+    """float32 rows [l | r]: per 128-block an anchor, then each gate twice with _up_past_midpoint's up values."""
+    q = gates / (1.0 + torch.exp(-gates))
+    keep = torch.isfinite(q) & (q.abs() > 2.0**-118)  # so that the up values stay below 2^123
+    gates, q = gates[keep], q[keep]
+    l = torch.cat([gates, gates])
+    r = torch.cat([_up_past_midpoint(q, 17.0, True), _up_past_midpoint(q, 19.0, False)])
+    per_block = 127
+    num_blocks = -(-l.numel() // per_block)
+    num_blocks += -num_blocks % (hidden // 128)
+    pad = num_blocks * per_block - l.numel()
+    l = torch.cat([l, l.new_ones(pad)]).view(num_blocks, per_block)
+    r = torch.cat([r, r.new_zeros(pad)]).view(num_blocks, per_block)
+    l = torch.cat([l.new_full((num_blocks, 1), 30.0), l], dim=1).view(-1, hidden)
+    r = torch.cat([r.new_full((num_blocks, 1), 10.0), r], dim=1).view(-1, hidden)
+    return torch.cat([l, r], dim=1).contiguous(), int(keep.sum())
+
+
+def _check_division(x: torch.Tensor, kept: int) -> None:
+    out, sf = tile_kernels_aot.quant.swiglu_forward_and_per_token_cast(x, 'e4m3', 128, round_sf=True)
+    ref_out, ref_sf = reference.swiglu_forward_and_per_token_cast(x, 'e4m3', 128, round_sf=True)
+    payload = ref_out.view(-1, 128)[:, 1:].float().flatten()[:2 * kept]
+    assert (payload == 18).all()  # the construction: every product just past its midpoint
+    assert_bitwise_equal(out, ref_out)
+    assert_bitwise_equal(sf, ref_sf)
+
+
+def _flat_specs(in_dtype: str) -> list:
+    return [s for s in installed_specs('quant.swiglu_forward_and_per_token_cast')
+            if not s['per_row'] and s['sf_format'] == 'f32' and s['in_dtype'] == in_dtype]
+
+
+@pytest.mark.parametrize('spec', _flat_specs('float32'))
+def test_forward_division_every_bfloat16_gate_at_rounding_midpoints(spec):
+    gates = torch.arange(1 << 16, dtype=torch.int32, device='cuda').to(torch.int16).view(torch.bfloat16).float()
+    x, kept = _division_rows(gates[torch.isfinite(gates)])
+    assert kept > 45000  # the others' quotients are below 2^-118 (test_forward_division_special_gates has them)
+    _check_division(x, kept)
+
+
+@pytest.mark.parametrize('spec', _flat_specs('float32'))
+def test_forward_division_float32_gates_at_rounding_midpoints(spec):
+    """Random bit patterns (log-uniform magnitudes: tiny, subnormal, huge), the range test's edges, and values
+    next to them, so that both the branch-free steps and the steps redone with `/` are checked."""
+    g = torch.Generator(device='cuda').manual_seed(20261130)
+    bits = torch.randint(-(1 << 31), 1 << 31, (200000,), device='cuda', dtype=torch.int64, generator=g).to(torch.int32)
+    edges = torch.tensor([2.0**-64, 80.0, 2.0**-126, 1e-45, 3.0e38, 1.0, 17.0, 88.0], device='cuda')
+    edges = torch.cat([edges, torch.nextafter(edges, edges.new_tensor(0.0)), torch.nextafter(edges, edges.new_tensor(float('inf')))])
+    gates = torch.cat([bits.view(torch.float32), edges, -edges])
+    x, kept = _division_rows(gates[torch.isfinite(gates)])
+    assert kept > 100000
+    _check_division(x, kept)
+
+
+@pytest.mark.parametrize('spec', _flat_specs('bfloat16'))
+def test_forward_division_special_gates(spec):
+    """Every finite bf16 value as a gate (up 1), and zeros of both signs, subnormals and the largest floats
+    among ordinary values (up tiny where the gate is huge, so that act stays finite), clamp or not."""
+    gates = torch.arange(1 << 16, dtype=torch.int32, device='cuda').to(torch.int16).view(torch.bfloat16)
+    gates = gates[torch.isfinite(gates)]
+    specials = torch.tensor([0.0, -0.0, 1e-40, -1e-40, 3e38, -3e38, 2.0**-64, 80.0, -80.0], device='cuda', dtype=torch.bfloat16)
+    ordinary = torch.randn(gates.numel(), device='cuda').to(torch.bfloat16)
+    ordinary[::97] = specials.repeat(-(-ordinary[::97].numel() // specials.numel()))[:ordinary[::97].numel()]
+    hidden = 2048
+    for l in (gates, ordinary):
+        l = torch.cat([l, l.new_zeros(-l.numel() % hidden)]).view(-1, hidden)
+        r = torch.where(l.float().abs() > 2.0**100, 2.0**-110, 1.0).to(torch.bfloat16)
+        x = torch.cat([l, r], dim=1).contiguous()
+        for clamp in (None, 10.0):
+            out, sf = tile_kernels_aot.quant.swiglu_forward_and_per_token_cast(x, 'e4m3', 128, swiglu_clamp_value=clamp)
+            ref_out, ref_sf = reference.swiglu_forward_and_per_token_cast(x, 'e4m3', 128, swiglu_clamp_value=clamp)
+            assert_bitwise_equal(out, ref_out)
+            assert_bitwise_equal(sf, ref_sf)
+
+
+@pytest.mark.parametrize('spec', installed_specs('quant.swiglu_forward_and_per_channel_cast_and_transpose'))
+def test_forward_per_channel_cast_every_bfloat16_gate(spec):
+    """The per-channel kernel's branch-free division (one range test per 8 elements): every finite bf16 value as
+    a gate, spread over vectors in and out of the range, clamp or not."""
+    gates = torch.arange(1 << 16, dtype=torch.int32, device='cuda').to(torch.int16).view(torch.bfloat16)
+    gates = gates[torch.isfinite(gates)]
+    gates = torch.cat([gates, gates.new_zeros(-gates.numel() % (128 * 512))])
+    l = gates[torch.randperm(gates.numel(), device='cuda')].view(-1, 512)
+    r = torch.where(l.float().abs() > 2.0**100, 2.0**-110, 1.0).to(torch.bfloat16)
+    x = torch.cat([l, r], dim=1).contiguous()
+    for npt in (32, 128):
+        for clamp in (None, 10.0):
+            args = (x, 'e4m3', npt, True, not spec['transpose'], clamp)
+            out, sf = tile_kernels_aot.quant.swiglu_forward_and_per_channel_cast_and_transpose(*args)
+            ref_out, ref_sf = reference.swiglu_forward_and_per_channel_cast_and_transpose(*args)
+            assert_bitwise_equal(out, ref_out)
+            assert_bitwise_equal(sf, ref_sf)
