@@ -11,14 +11,15 @@ import torch
 TOKEN_COUNTS = (0, 1, 63, 4001, 8192)
 
 
-def installed_specs(kernel: str) -> list:
-    """One pytest param per installed spec of `kernel` for GPU 0; a skipped placeholder without a GPU."""
+def installed_specs(kernel: str, where=None) -> list:
+    """One pytest param per installed spec of `kernel` for GPU 0 (those for which where(spec) holds, if
+    given); a skipped placeholder without a GPU."""
     if not torch.cuda.is_available():
         return [pytest.param(None, marks=pytest.mark.skip(reason='needs a CUDA GPU'), id='no-gpu')]
     from tile_kernels_aot._select import prebuilt_specs
 
-    specs = prebuilt_specs(kernel, 0)
-    assert specs, f'the installed arch package has no {kernel} binaries'
+    specs = [s for s in prebuilt_specs(kernel, 0) if where is None or where(s)]
+    assert specs, f'the installed arch package has no {kernel} binaries' + (' of the kind this test needs' if where else '')
     return [pytest.param(s, id='-'.join(f'{k}={v}' for k, v in s.items())) for s in specs]
 
 

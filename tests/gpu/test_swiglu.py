@@ -319,8 +319,8 @@ def _check_division(x: torch.Tensor, kept: int) -> None:
 
 
 def _flat_specs(in_dtype: str) -> list:
-    return [s for s in installed_specs('quant.swiglu_forward_and_per_token_cast')
-            if not s['per_row'] and s['sf_format'] == 'f32' and s['in_dtype'] == in_dtype]
+    return installed_specs('quant.swiglu_forward_and_per_token_cast',
+                           where=lambda s: not s['per_row'] and s['sf_format'] == 'f32' and s['in_dtype'] == in_dtype)
 
 
 @pytest.mark.parametrize('spec', _flat_specs('float32'))
