@@ -198,9 +198,17 @@ def build(arch: Arch, in_dtype: str, fmt: str, sf_format: str, per_row: bool, al
                     for e in T.vectorized(epv):
                         wide[j, e] = T.Cast('float32', values[j, e])
             for j in T.unroll(num_vectors):
-                amax[j] = T.float32(0)
-                for e in T.unroll(epv):
-                    amax[j] = T.max(amax[j], T.abs(as_float(values, wide, j, e)))
+                if fp4:
+                    # Started from the first pair (one FMNMX of two |.|), not from 0: a vector of NaNs then has
+                    # a NaN amax instead of 0, which the butterfly's fmaxf skips and block_scale's
+                    # max(amax, floor) turns into the floor, as it does 0: the same scale factors.
+                    amax[j] = T.max(T.abs(as_float(values, wide, j, 0)), T.abs(as_float(values, wide, j, 1)))
+                    for e in T.unroll(2, epv):
+                        amax[j] = T.max(amax[j], T.abs(as_float(values, wide, j, e)))
+                else:
+                    amax[j] = T.float32(0)
+                    for e in T.unroll(epv):
+                        amax[j] = T.max(amax[j], T.abs(as_float(values, wide, j, e)))
                 if not aligned:
                     # A masked vector's values are another vector's: as the aligned path's zeros, it must not
                     # raise its block's amax (one select per vector; its casts are computed and dropped).
