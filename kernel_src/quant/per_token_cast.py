@@ -184,14 +184,31 @@ def build(arch: Arch, in_dtype: str, fmt: str, sf_format: str, per_row: bool, al
                     for e in T.unroll(epv):
                         values[j, e] = x[T.Cast('int64', T.min(rows[j], num_tokens - 1)), T.min(vecs[j], hidden // epv - 1) * epv + e]
             wide = T.alloc_local((num_vectors, epv) if widen else (1,), T.float32)
-            if widen:
+            if widen and fp4:
+                # A bf16 is the top half of its float32: the even element of each word is the word shifted
+                # up 16, the odd one the word with its low half masked off, one instruction each. The plain
+                # conversion cost the odd element a PRMT (moving it down) and then the same shift.
+                words = T.view(values, (num_vectors, epv // 2), T.uint32)
+                for j in T.unroll(num_vectors):
+                    for w in T.unroll(epv // 2):
+                        wide[j, 2 * w] = T.reinterpret(words[j, w] << T.uint32(16), T.float32)
+                        wide[j, 2 * w + 1] = T.reinterpret(words[j, w] & T.uint32(0xFFFF0000), T.float32)
+            elif widen:
                 for j in T.unroll(num_vectors):
                     for e in T.vectorized(epv):
                         wide[j, e] = T.Cast('float32', values[j, e])
             for j in T.unroll(num_vectors):
-                amax[j] = T.float32(0)
-                for e in T.unroll(epv):
-                    amax[j] = T.max(amax[j], T.abs(as_float(values, wide, j, e)))
+                if fp4:
+                    # Started from the first pair (one FMNMX of two |.|), not from 0: a vector of NaNs then has
+                    # a NaN amax instead of 0, which the butterfly's fmaxf skips and block_scale's
+                    # max(amax, floor) turns into the floor, as it does 0: the same scale factors.
+                    amax[j] = T.max(T.abs(as_float(values, wide, j, 0)), T.abs(as_float(values, wide, j, 1)))
+                    for e in T.unroll(2, epv):
+                        amax[j] = T.max(amax[j], T.abs(as_float(values, wide, j, e)))
+                else:
+                    amax[j] = T.float32(0)
+                    for e in T.unroll(epv):
+                        amax[j] = T.max(amax[j], T.abs(as_float(values, wide, j, e)))
                 if not aligned:
                     # A masked vector's values are another vector's: as the aligned path's zeros, it must not
                     # raise its block's amax (one select per vector; its casts are computed and dropped).
@@ -248,8 +265,10 @@ def build(arch: Arch, in_dtype: str, fmt: str, sf_format: str, per_row: bool, al
                         codes[0] = T.Cast(code_word, e2m1_word([as_float(values, wide, j, e) * multiplier[j] for e in range(epv)]))
                         code_bytes = T.view(codes, (epv // 2,), T.int8)
                         if rows[j] < num_tokens and vecs[j] * epv < hidden:
+                            # Addressed in vectors, unsigned, as the loads (one IMAD.WIDE.U32): out[row, col]
+                            # took ten instructions of signed 64-bit arithmetic per store.
                             for e in T.vectorized(epv // 2):
-                                out[rows[j], vecs[j] * (epv // 2) + e] = code_bytes[e]
+                                out_flat[unsigned_wide_mad(rows[j], hidden // epv, vecs[j]) * (epv // 2) + e] = code_bytes[e]
                     elif rows[j] < num_tokens and vecs[j] * epv < hidden:
                         # Vectorised, so that tilelang converts pairs (one F2FP per two elements, packed in
                         # place) instead of one F2FP per element and a byte merge each.
