@@ -41,6 +41,7 @@ from tilelang import language as T
 
 from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
 from kernel_src.quant.common import IN_DTYPES, SF_FORMATS, ceil_pow2_exponent, inverse_pow2, pow2
+from kernel_src.quant.token_sf import cta_max, token_sf_tensor
 
 NUM_THREADS = 128
 CHUNK = 32  # channels per chunk: 4 groups of 8 codes, 12 words
@@ -134,13 +135,7 @@ def build_cast(arch: Arch, in_dtype: str, sf_format: str, aligned: bool) -> Kern
     def row_multiplier(amax, tid, row, red, round_sf, out_sf, multiplier):
         """multiplier[0] of the row from each thread's amax[0] (a butterfly, then the warps through shared
         memory); thread 0 stores the row's scale factor."""
-        for s in T.unroll(5):
-            amax[0] = T.max(amax[0], T.shfl_xor(amax[0], 16 >> s))
-        if tid % 32 == 0:
-            red[tid // 32] = amax[0]
-        T.sync_threads()
-        for w in T.unroll(num_warps):
-            amax[0] = T.max(amax[0], red[w])
+        cta_max(amax, red, tid, num_warps)
 
         clamped = T.max(amax[0], T.float32(AMAX_FLOOR))
         sf = T.alloc_var(T.float32)
@@ -277,16 +272,8 @@ def build_back(arch: Arch, out_dtype: str, sf_format: str, aligned: bool) -> Ker
 
     num_tokens = T.dynamic('num_tokens')
     hidden = T.dynamic('hidden')
-    num_sf_cols = T.dynamic('num_sf_cols')
-    sf_stride_t = T.dynamic('sf_stride_t')
-    sf_stride_k = T.dynamic('sf_stride_k')
-    num_sf_words = T.dynamic('num_sf_words')
-    sf_word_stride = T.dynamic('sf_word_stride')
-    if packed:
-        # The bytes of the int32 words: word w of token t holds the UE8M0 exponents of blocks 4w..4w+3.
-        sf_type = T.StridedTensor[(num_sf_words, num_tokens * 4), (sf_word_stride, 1), T.uint8]
-    else:
-        sf_type = T.StridedTensor[(num_tokens, num_sf_cols), (sf_stride_t, sf_stride_k), T.float32]
+    sf_type = token_sf_tensor(packed, num_tokens, T.dynamic('num_sf_cols'), T.dynamic('num_sf_words'), T.dynamic('sf_word_stride'),
+                              T.dynamic('sf_stride_t'), T.dynamic('sf_stride_k'))
 
     # Unit i of a thread is unit tid % units_per_chunk of flat chunk
     # v = pid * cta_chunks + i * (128 / units_per_chunk) + tid / units_per_chunk, so a warp's lanes cover

@@ -33,7 +33,7 @@ from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
 from kernel_src.quant.common import (
     FORMATS, IN_DTYPES, MODE_CAST, MODE_PRECOMPUTED, MODE_SF_ONLY, SF_FORMATS, block_scale, e2m1_word,
 )
-from kernel_src.quant.token_sf import store_token_sf
+from kernel_src.quant.token_sf import cta_max, store_token_sf, token_sf_tensor
 
 NUM_THREADS = 128
 NUM_VECTORS = 4  # vectors per thread in the flat layout: 64 bytes of loads in flight
@@ -76,6 +76,17 @@ def check(in_dtype: str, fmt: str, sf_format: str, per_row: bool, aligned: bool)
         raise ValueError(f'sf_format must be one of {SF_FORMATS}, got {sf_format!r}')
 
 
+def _buffer_types(fp4: bool, packed: bool):
+    """The run-time dims and buffer types both kernels take: num_tokens, hidden, row_stride (of x, in
+    elements), num_sf_blocks, num_sf_words, then out's shape and dtype (e2m1 as int8 pairs) and out_sf's type."""
+    num_tokens, hidden = T.dynamic('num_tokens'), T.dynamic('hidden')
+    num_sf_blocks, num_sf_words = T.dynamic('num_sf_blocks'), T.dynamic('num_sf_words')
+    sf_type = token_sf_tensor(packed, num_tokens, num_sf_blocks, num_sf_words, T.dynamic('sf_word_stride'),
+                              T.dynamic('sf_stride_t'), T.dynamic('sf_stride_k'))
+    out_type = (num_tokens, hidden // 2) if fp4 else (num_tokens, hidden)
+    return num_tokens, hidden, T.dynamic('row_stride'), num_sf_blocks, num_sf_words, out_type, T.int8 if fp4 else T.float8_e4m3fn, sf_type
+
+
 def build(arch: Arch, in_dtype: str, fmt: str, sf_format: str, per_row: bool, aligned: bool,
           num_threads: int = NUM_THREADS, num_vectors: int = 0) -> KernelProgram:
     if per_row:
@@ -91,21 +102,7 @@ def build(arch: Arch, in_dtype: str, fmt: str, sf_format: str, per_row: bool, al
     group = 1 << group_log2
     code_word = f'uint{4 * epv}'  # e2m1: the codes of one vector
 
-    num_tokens = T.dynamic('num_tokens')
-    hidden = T.dynamic('hidden')
-    row_stride = T.dynamic('row_stride')
-    num_sf_blocks = T.dynamic('num_sf_blocks')
-    sf_stride_t = T.dynamic('sf_stride_t')
-    sf_stride_k = T.dynamic('sf_stride_k')
-    num_sf_words = T.dynamic('num_sf_words')
-    sf_word_stride = T.dynamic('sf_word_stride')
-    out_type = (num_tokens, hidden // 2) if fp4 else (num_tokens, hidden)
-    out_dtype = T.int8 if fp4 else T.float8_e4m3fn
-    if packed:
-        # The bytes of the int32 words: word w of token t holds the UE8M0 exponents of blocks 4w..4w+3.
-        sf_type = T.StridedTensor[(num_sf_words, num_tokens * 4), (sf_word_stride, 1), T.uint8]
-    else:
-        sf_type = T.StridedTensor[(num_tokens, num_sf_blocks), (sf_stride_t, sf_stride_k), T.float32]
+    num_tokens, hidden, row_stride, num_sf_blocks, num_sf_words, out_type, out_dtype, sf_type = _buffer_types(fp4, packed)
 
     # Row and column (in elements) of a thread's j-th vector, computed once into int32 registers (the
     # column as a vector index, so that tilelang still proves col = vec * epv a multiple of the vector and
@@ -299,20 +296,7 @@ def build_per_row(in_dtype: str, fmt: str, sf_format: str) -> KernelProgram:
     num_warps = NUM_THREADS // 32
     code_word = f'uint{4 * epv}'  # e2m1: the codes of one vector
 
-    num_tokens = T.dynamic('num_tokens')
-    hidden = T.dynamic('hidden')
-    row_stride = T.dynamic('row_stride')
-    num_sf_blocks = T.dynamic('num_sf_blocks')
-    sf_stride_t = T.dynamic('sf_stride_t')
-    sf_stride_k = T.dynamic('sf_stride_k')
-    num_sf_words = T.dynamic('num_sf_words')
-    sf_word_stride = T.dynamic('sf_word_stride')
-    out_type = (num_tokens, hidden // 2) if fp4 else (num_tokens, hidden)
-    out_dtype = T.int8 if fp4 else T.float8_e4m3fn
-    if packed:
-        sf_type = T.StridedTensor[(num_sf_words, num_tokens * 4), (sf_word_stride, 1), T.uint8]
-    else:
-        sf_type = T.StridedTensor[(num_tokens, num_sf_blocks), (sf_stride_t, sf_stride_k), T.float32]
+    num_tokens, hidden, row_stride, num_sf_blocks, num_sf_words, out_type, out_dtype, sf_type = _buffer_types(fp4, packed)
 
     @T.macro
     def load_chunk(x_flat, row, chunk, tid, values, hidden, row_stride):
@@ -396,13 +380,7 @@ def build_per_row(in_dtype: str, fmt: str, sf_format: str) -> KernelProgram:
                 load_chunk(x_flat, row, chunk, tid, values, hidden, row_stride)
                 chunk_amax(values, amax)
             # Thread maxima, a warp butterfly, then across warps.
-            for s in T.unroll(5):
-                amax[0] = T.max(amax[0], T.shfl_xor(amax[0], 16 >> s))
-            if tid % 32 == 0:
-                red[tid // 32] = amax[0]
-            T.sync_threads()
-            for w in T.unroll(num_warps):
-                amax[0] = T.max(amax[0], red[w])
+            cta_max(amax, red, tid, num_warps)
             if mode == MODE_PRECOMPUTED:
                 if not packed:
                     if num_sf_blocks > 0:

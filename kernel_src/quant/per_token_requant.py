@@ -20,7 +20,7 @@ from tilelang import language as T
 
 from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
 from kernel_src.quant.common import FORMATS, SF_FORMATS, block_scale, e2m1_value, e2m1_word
-from kernel_src.quant.token_sf import store_token_sf
+from kernel_src.quant.token_sf import store_token_sf, token_sf_tensor
 
 NUM_THREADS = 128
 CHUNK = 32  # logical elements per thread
@@ -31,15 +31,6 @@ def check(in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) -> None:
                                  ('in_sf_format', in_sf_format, SF_FORMATS), ('sf_format', sf_format, SF_FORMATS)):
         if value not in allowed:
             raise ValueError(f'{name} must be one of {sorted(allowed)}, got {value!r}')
-
-
-def _sf_tensor(packed: bool, rows, blocks, words, word_stride, stride_t, stride_k, row_bytes=None):
-    """Scale factors as the kernels read and write them: float32 [rows, blocks] in any strides, or the bytes
-    of packed UE8M0 words (word w of row r is bytes [4r, 4r + 4) of row w; `row_bytes` = 4 * rows, its own
-    variable where no other buffer binds the rows)."""
-    if packed:
-        return T.StridedTensor[(words, rows * 4 if row_bytes is None else row_bytes), (word_stride, 1), T.uint8]
-    return T.StridedTensor[(rows, blocks), (stride_t, stride_k), T.float32]
 
 
 def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) -> KernelProgram:
@@ -55,10 +46,10 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) 
     hidden = in_width * 2 if in_fp4 else in_width
     num_in_sf_rows, num_in_sf_blocks, num_in_sf_words = T.dynamic('num_in_sf_rows'), T.dynamic('num_in_sf_blocks'), T.dynamic('num_in_sf_words')
     in_sf_row_bytes = T.dynamic('in_sf_row_bytes')
-    in_sf_type = _sf_tensor(in_packed, num_in_sf_rows, num_in_sf_blocks, num_in_sf_words,
+    in_sf_type = token_sf_tensor(in_packed, num_in_sf_rows, num_in_sf_blocks, num_in_sf_words,
                             T.dynamic('in_sf_word_stride'), T.dynamic('in_sf_stride_t'), T.dynamic('in_sf_stride_k'), in_sf_row_bytes)
     num_sf_blocks, num_sf_words = T.dynamic('num_sf_blocks'), T.dynamic('num_sf_words')
-    sf_type = _sf_tensor(packed, num_tokens, num_sf_blocks, num_sf_words, T.dynamic('sf_word_stride'),
+    sf_type = token_sf_tensor(packed, num_tokens, num_sf_blocks, num_sf_words, T.dynamic('sf_word_stride'),
                         T.dynamic('sf_stride_t'), T.dynamic('sf_stride_k'))
     in_dtype = T.int8 if in_fp4 else T.float8_e4m3fn
     out_dtype = T.int8 if out_fp4 else T.float8_e4m3fn

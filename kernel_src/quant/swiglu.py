@@ -35,7 +35,7 @@ from tilelang import language as T
 
 from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
 from kernel_src.quant.common import IN_DTYPES, SF_FORMATS, block_scale
-from kernel_src.quant.token_sf import store_token_sf
+from kernel_src.quant.token_sf import store_token_sf, token_sf_tensor
 
 E4M3_MAX = 448.0
 
@@ -166,16 +166,9 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> K
     num_p2t = T.dynamic('num_p2t')
     num_weights = T.dynamic('num_weights')
     num_p2e = T.dynamic('num_p2e')
-    num_sf_blocks = T.dynamic('num_sf_blocks')
-    sf_stride_t = T.dynamic('sf_stride_t')
-    sf_stride_k = T.dynamic('sf_stride_k')
-    num_sf_words = T.dynamic('num_sf_words')
-    sf_word_stride = T.dynamic('sf_word_stride')
-    if packed:
-        # The bytes of the int32 words: word w of row t holds the UE8M0 exponents of blocks 4w..4w+3.
-        sf_type = T.StridedTensor[(num_sf_words, num_rows * 4), (sf_word_stride, 1), T.uint8]
-    else:
-        sf_type = T.StridedTensor[(num_rows, num_sf_blocks), (sf_stride_t, sf_stride_k), T.float32]
+    num_sf_blocks, num_sf_words = T.dynamic('num_sf_blocks'), T.dynamic('num_sf_words')
+    sf_type = token_sf_tensor(packed, num_rows, num_sf_blocks, num_sf_words, T.dynamic('sf_word_stride'),
+                              T.dynamic('sf_stride_t'), T.dynamic('sf_stride_k'))
 
     @T.macro
     def row_info(row, with_weight, with_pos_to_expert, pos_to_token_topk, topk_weights, pos_to_expert, live, weight, j):
@@ -227,6 +220,18 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> K
                 counts[2] = counts[2] + T.Cast(T.int32, r < -clamp_value)
             act[j, e] = _swiglu(l, r, use_clamp, clamp_value) * weight[j]
             amax[j] = T.max(amax[j], T.abs(act[j, e]))
+
+    @T.macro
+    def load_step(x, gate, up, row, block, lane):
+        """The flat kernel's vectors of one step: the lane's part of 128-wide block `block` of row `row`, gate
+        and up (the column is written out, not bound to a name: a bound one became a let that tilelang could
+        not see through, and it split every access into single elements)."""
+        for j in T.unroll(num_vectors):
+            for e in T.vectorized(epv):
+                gate[j, e] = x[T.Cast(T.int64, row), block * BLOCK + (j * lanes + lane) * epv + e]
+        for j in T.unroll(num_vectors):
+            for e in T.vectorized(epv):
+                up[j, e] = x[T.Cast(T.int64, row), hidden + block * BLOCK + (j * lanes + lane) * epv + e]
 
     @T.macro
     def store_quantized(out, act, multiplier, row, col, j):
@@ -379,12 +384,7 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> K
                     index = next_index[0]
                     step_weight[0] = T.float32(1)
                     if live != 0:
-                        for j in T.unroll(num_vectors):
-                            for e in T.vectorized(epv):
-                                gate[j, e] = x[T.Cast(T.int64, row), block * BLOCK + (j * lanes + lane) * epv + e]
-                        for j in T.unroll(num_vectors):
-                            for e in T.vectorized(epv):
-                                up[j, e] = x[T.Cast(T.int64, row), hidden + block * BLOCK + (j * lanes + lane) * epv + e]
+                        load_step(x, gate, up, row, block, lane)
                         if with_weight != 0:
                             step_weight[0] = T.if_then_else(index >= 0, topk_weights[T.max(index, 0)], T.float32(0))
                     # Lookups of step t, issued now and read at the start of the next iteration. Steps past
@@ -426,11 +426,7 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> K
                         # Outside the range (a zero, tiny or large gate, inf, NaN: rare), the step again with
                         # IEEE division, from x read again (in cache) rather than loaded vectors kept live.
                         if T.call_extern('int32', 'tk_div_fast_in_range', div_range[0], div_range[1]) == 0:
-                            for j in T.unroll(num_vectors):
-                                for e in T.vectorized(epv):
-                                    gate[j, e] = x[T.Cast(T.int64, row), block * BLOCK + (j * lanes + lane) * epv + e]
-                                for e in T.vectorized(epv):
-                                    up[j, e] = x[T.Cast(T.int64, row), hidden + block * BLOCK + (j * lanes + lane) * epv + e]
+                            load_step(x, gate, up, row, block, lane)
                             for j in T.unroll(num_vectors):
                                 for e in T.unroll(epv):
                                     act[j, e] = _clamped_swiglu(T.Cast(T.float32, gate[j, e]), T.Cast(T.float32, up[j, e]),
@@ -443,11 +439,7 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> K
                         # through the element loop.
                         if count_clamp != 0:
                             if T.Or(reach[0] > clamp_c, reach[1] > clamp_c):
-                                for j in T.unroll(num_vectors):
-                                    for e in T.vectorized(epv):
-                                        gate[j, e] = x[T.Cast(T.int64, row), block * BLOCK + (j * lanes + lane) * epv + e]
-                                    for e in T.vectorized(epv):
-                                        up[j, e] = x[T.Cast(T.int64, row), hidden + block * BLOCK + (j * lanes + lane) * epv + e]
+                                load_step(x, gate, up, row, block, lane)
                                 for j in T.unroll(num_vectors):
                                     for e in T.unroll(epv):
                                         l = T.Cast(T.float32, gate[j, e])

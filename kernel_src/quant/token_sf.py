@@ -1,10 +1,34 @@
-"""The scale-factor store of the casts with one scale per (1, n) block of a row: per_token_cast,
-per_token_requant and the per-token SwiGLU forward.
+"""What the casts with one scale factor per (1, n) block of a row share about those scale factors: the
+buffer type (float32 in any strides, or the bytes of packed UE8M0 words), the CTA-wide amax of a row, and
+the store. Used by per_token_cast, per_token_requant, the per-token SwiGLU forward and the E5M6 casts.
 
-Its own module (not common.py), so that a change here re-lowers only those three kernels.
+Its own module (not common.py), so that a change here re-lowers only those kernels.
 """
 
 from tilelang import language as T
+
+
+def token_sf_tensor(packed: bool, rows, blocks, words, word_stride, stride_t, stride_k, row_bytes=None):
+    """Scale factors as the kernels read and write them: float32 [rows, blocks] in any strides, or the bytes
+    of packed UE8M0 int32 words (word w of row r is bytes [4r, 4r + 4) of row w of the uint8 view, and
+    holds the exponents of blocks 4w..4w+3; `row_bytes` = 4 * rows, its own variable where no other buffer
+    binds the rows)."""
+    if packed:
+        return T.StridedTensor[(words, rows * 4 if row_bytes is None else row_bytes), (word_stride, 1), T.uint8]
+    return T.StridedTensor[(rows, blocks), (stride_t, stride_k), T.float32]
+
+
+@T.macro
+def cta_max(amax, red, tid, num_warps: int):
+    """amax[0] of every thread = the largest amax[0] of the CTA: a warp butterfly, then the warps' maxima
+    through `red` (shared, one float32 per warp)."""
+    for s in T.unroll(5):
+        amax[0] = T.max(amax[0], T.shfl_xor(amax[0], 16 >> s))
+    if tid % 32 == 0:
+        red[tid // 32] = amax[0]
+    T.sync_threads()
+    for w in T.unroll(num_warps):
+        amax[0] = T.max(amax[0], red[w])
 
 
 @T.macro
