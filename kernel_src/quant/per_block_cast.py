@@ -83,18 +83,28 @@ class TileShape:
 
 
 # Lane-wise max / min of two bf16 pairs held in uint32 words (__hmax2 / __hmin2, which nvcc fuses into one
-# three-input VHMNMX.BF16_V2 per two new words). tilelang has no uint32 <-> bfloat16x2 view that keeps the pair
-# whole, so the call is an immediately invoked lambda. Like fmaxf, both return the other operand for a NaN.
-_BF16X2_LANEWISE = ('[](unsigned a, unsigned b) {{ __nv_bfloat162 r = {}(*reinterpret_cast<__nv_bfloat162 *>(&a), '
-                    '*reinterpret_cast<__nv_bfloat162 *>(&b)); return *reinterpret_cast<unsigned *>(&r); }}')
+# three-input VHMNMX.BF16_V2 per two new words; like fmaxf, both return the other operand for a NaN), as device
+# functions in the kernel's prelude: the words are also read as uint32 for the widening, and tilelang's storage
+# rewrite rejects a local buffer viewed both as uint32 and as bfloat16x2.
+_BF16X2_PRELUDE = """
+#include <cuda_bf16.h>
+__device__ __forceinline__ unsigned tk_bf16x2_max(unsigned a, unsigned b) {
+  __nv_bfloat162 r = __hmax2(*reinterpret_cast<__nv_bfloat162 *>(&a), *reinterpret_cast<__nv_bfloat162 *>(&b));
+  return *reinterpret_cast<unsigned *>(&r);
+}
+__device__ __forceinline__ unsigned tk_bf16x2_min(unsigned a, unsigned b) {
+  __nv_bfloat162 r = __hmin2(*reinterpret_cast<__nv_bfloat162 *>(&a), *reinterpret_cast<__nv_bfloat162 *>(&b));
+  return *reinterpret_cast<unsigned *>(&r);
+}
+"""
 
 
 def bf16x2_max(a, b):
-    return T.call_extern('uint32', _BF16X2_LANEWISE.format('__hmax2'), a, b)
+    return T.call_extern('uint32', 'tk_bf16x2_max', a, b)
 
 
 def bf16x2_min(a, b):
-    return T.call_extern('uint32', _BF16X2_LANEWISE.format('__hmin2'), a, b)
+    return T.call_extern('uint32', 'tk_bf16x2_min', a, b)
 
 
 def bf16_low_as_float(word):
@@ -192,7 +202,8 @@ def build(arch: Arch, in_dtype: str, fmt: str, block_m: int, block_k: int, sf_fo
         mode: T.int32,
     ):
         # Row blocks on x (up to 2^31 - 1 of them), column slices on y.
-        with T.Kernel(T.ceildiv(num_tokens, block_m), T.ceildiv(hidden, cols), threads=NUM_THREADS) as (bx, by):
+        with T.Kernel(T.ceildiv(num_tokens, block_m), T.ceildiv(hidden, cols), threads=NUM_THREADS,
+                      prelude=_BF16X2_PRELUDE if bf16_pairs else None) as (bx, by):
             T.assume(hidden % 16 == 0)
             T.assume(row_stride % epv == 0)
             tid = T.get_thread_binding()
