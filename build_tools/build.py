@@ -144,8 +144,9 @@ def _hash_name(path: Path) -> str:
 
 
 def _kernel_src_closure(module: str) -> set[Path]:
-    """The files of `module` and of the kernel_src modules it imports, transitively (read with ast, not
-    imported: a relative or absolute `kernel_src.` import counts, anything else is a library)."""
+    """The files of `module` and of the kernel_src modules it imports, transitively: the imports are read
+    with ast (a relative or absolute `kernel_src.` import counts, anything else is a library) and the files
+    found with importlib's finder, which imports only the parent packages."""
     import ast
     import importlib.util
 

@@ -190,8 +190,7 @@ class LoadedKernel:
                 if not drv.device_attribute(_driver.CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH, device):
                     raise TileKernelsAOTError(f'{launch.symbol} needs a cooperative launch, which device {device} does not support')
                 # A cooperative grid must be co-resident: remember how many blocks can be, per device.
-                per_sm = drv.max_active_blocks(fn, launch.block[0] * launch.block[1] * launch.block[2], launch.dynamic_smem)
-                self._resident_blocks[(device, launch.symbol)] = per_sm * drv.device_attribute(_driver.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device)
+                self._resident_blocks[(device, launch.symbol)] = _blocks_per_sm(drv, fn, launch) * drv.device_attribute(_driver.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device)
             functions.append(fn)
         return functions
 
@@ -201,10 +200,8 @@ class LoadedKernel:
         by it keeps that grid resident whatever register count the build gave the kernel."""
         per_sm = self._blocks_per_sm.get(device)
         if per_sm is None:
-            launch = self.entry.launches[0]
-            fn = self.functions(device)[0]
-            per_sm = self._driver.max_active_blocks(fn, launch.block[0] * launch.block[1] * launch.block[2], launch.dynamic_smem)
-            self._blocks_per_sm[device] = per_sm
+            fn = self.functions(device)[0]  # loads the module, and with it self._driver
+            per_sm = self._blocks_per_sm[device] = _blocks_per_sm(self._driver, fn, self.entry.launches[0])
         return per_sm
 
     def functions(self, device: int) -> list:
@@ -282,6 +279,11 @@ class LoadedKernel:
         attr_array = (_driver.CUlaunchAttribute * len(attrs))(*attrs)
         config = _driver.CUlaunchConfig(*grid, *block, launch.dynamic_smem, stream, attr_array, len(attrs))
         drv.call('cuLaunchKernelEx', ctypes.byref(config), fn, params, None)
+
+
+def _blocks_per_sm(drv: _driver.Driver, fn, launch: Launch) -> int:
+    """CTAs of `launch` that fit on one multiprocessor at once, by the driver's occupancy calculator."""
+    return drv.max_active_blocks(fn, launch.block[0] * launch.block[1] * launch.block[2], launch.dynamic_smem)
 
 
 def _ensure_context(device: int) -> None:
