@@ -18,9 +18,11 @@ MODE_CAST, MODE_SF_ONLY, MODE_PRECOMPUTED = 0, 1, 2  # the run-time `mode` of th
 # float add itself rounds a to nearest even onto the e2m1 grid (m's mantissa is zero, so ties go to an even
 # k) and s's mantissa is k = round(a / 2^(e-1)), 0..4; the magnitude code is k + 2e (codes 0..7 are 0, 0.5,
 # 1, 1.5, 2, 3, 4, 6). s's exponent holds e, so both come out of s's bits by one multiply-add (see
-# e2m1_top_nibble). A NaN a makes s NaN, which a final max(s, 1) turns into 1.0: exponent 0 and k = 0, the
-# code 0 that the reference's compares give a NaN. a * 2^-22 is exact (but far below any tie), so an FFMA
-# and a separate multiply and add round alike; with flush-to-zero a subnormal a becomes 0, code 0 as well.
+# e2m1_top_nibble). A NaN a makes s NaN, and the GPU's float32 arithmetic returns every NaN as the canonical
+# 0x7FFFFFFF, whose bits the same multiply-add turns into magnitude code 0: the code the reference's compares
+# give a NaN (tests/gpu feed NaNs of both signs and several payloads through the casts). a * 2^-22 is exact
+# (but far below any tie), so an FFMA and a separate multiply and add round alike; with flush-to-zero a
+# subnormal a becomes 0, code 0 as well.
 E2M1_CLAMP = 6.0  # the largest e2m1 magnitude; every |v| above 5 has code 7
 E2M1_ROUNDING_SCALE = 2.0**-22  # a * this, added to 2^e, lands a's e2m1 step on the last mantissa bit
 E2M1_EXPONENT_MASK = 0x7F800000
@@ -44,13 +46,13 @@ def _let(name, dtype, value, body):
 def e2m1_top_nibble(v):
     """uint32 whose top 4 bits are the e2m1 code of float32 v (RTNE, saturated at 6, sign of v in bit 31;
     NaN gives the code of a signed zero), bit-exact with the reference's compares; the 28 bits below are
-    not zero. Seven instructions: FMNMX.NAN, FMNMX, LOP3, FFMA, FMNMX, IMAD, LOP3."""
+    not zero. Six instructions: FMNMX.NAN, FMNMX, LOP3, FFMA, IMAD, LOP3."""
     # `a > 6 ? 6 : a` keeps a NaN (nvcc emits FMNMX.NAN), where min(a, 6) would give 6 and the code 7.
     clamped = lambda a: T.if_then_else(a > T.float32(E2M1_CLAMP), T.float32(E2M1_CLAMP), a)
 
     def magnitude_top_nibble(a):
         binade = T.reinterpret(T.max(a, T.float32(1)), T.uint32) & T.uint32(E2M1_EXPONENT_MASK)
-        rounded = T.max(a * T.float32(E2M1_ROUNDING_SCALE) + T.reinterpret(binade, T.float32), T.float32(1))
+        rounded = a * T.float32(E2M1_ROUNDING_SCALE) + T.reinterpret(binade, T.float32)
         return T.reinterpret(rounded, T.uint32) * T.uint32(E2M1_TOP_NIBBLE_MULTIPLIER) + T.uint32(E2M1_TOP_NIBBLE_OFFSET)
 
     magnitude = _let('e2m1_abs', 'float32', clamped(T.abs(v)), magnitude_top_nibble)

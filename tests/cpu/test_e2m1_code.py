@@ -21,15 +21,17 @@ def emulated_e2m1_codes(bits: torch.Tensor) -> torch.Tensor:
     """The codes (int64, sign in bit 3) that e2m1_top_nibble's instructions give for the float32 bit patterns
     `bits` (int32), one step per instruction, in IEEE float32 arithmetic: `a > clamp ? clamp : a` keeps a
     NaN (FMNMX.NAN), fmax drops one (FMNMX). The FFMA is a multiply and an add here: a * 2^-22 is exact for
-    a >= 2^-104, and below that both give m, so the one rounding is the FFMA's."""
+    a >= 2^-104, and below that both give m, so the one rounding is the FFMA's. A NaN result is the GPU's
+    canonical NaN, 0x7FFFFFFF, whatever the payload of a (the CPU keeps payloads, so it is set here)."""
     v = bits.view(torch.float32)
     a = v.abs()
     clamp = torch.tensor(common.E2M1_CLAMP, dtype=torch.float32)
     one = torch.ones((), dtype=torch.float32)
     a = torch.where(a > clamp, clamp, a)
     binade = torch.fmax(a, one).view(torch.int32) & common.E2M1_EXPONENT_MASK
-    rounded = torch.fmax(a * common.E2M1_ROUNDING_SCALE + binade.view(torch.float32), one)
-    magnitude = (rounded.view(torch.int32).long() * common.E2M1_TOP_NIBBLE_MULTIPLIER + common.E2M1_TOP_NIBBLE_OFFSET) & 0xFFFFFFFF
+    rounded = a * common.E2M1_ROUNDING_SCALE + binade.view(torch.float32)
+    rounded_bits = torch.where(rounded.isnan(), torch.tensor(0x7FFFFFFF, dtype=torch.int32), rounded.view(torch.int32))
+    magnitude = (rounded_bits.long() * common.E2M1_TOP_NIBBLE_MULTIPLIER + common.E2M1_TOP_NIBBLE_OFFSET) & 0xFFFFFFFF
     assert not (magnitude & common.E2M1_SIGN_BIT).any()  # the sign bit is free for v's
     return (magnitude | (bits.long() & common.E2M1_SIGN_BIT)) >> 28
 

@@ -114,6 +114,38 @@ def test_per_token_cast_saturates_and_handles_tiny_blocks(fmt):
                 assert torch.isfinite(out.float()).all()
 
 
+# NaN bit patterns of both signs with several payloads (quiet, signalling, all ones), per input dtype.
+NAN_BITS = {'bfloat16': (0x7FC0, 0xFFC0, 0x7F81, 0xFFFF), 'float32': (0x7FC00000, 0xFFC00000, 0x7F800001, 0xFFFFFFFF)}
+
+
+@pytest.mark.parametrize('spec', installed_specs('quant.per_token_cast', where=lambda s: s['fmt'] == 'e2m1'))
+def test_per_token_cast_e2m1_of_nan(spec):
+    """A NaN element is skipped by its block's amax (fmaxf) and encodes as +0: its product with the
+    multiplier is the GPU's canonical NaN 0x7FFFFFFF (positive, whatever the input's sign and payload), which
+    kernel_src.quant.common.e2m1_top_nibble turns into code 0 with no NaN test of its own. Every other element
+    and every scale factor is the reference's for the same input with the NaNs replaced by zeros."""
+    hidden = 7168
+    x = input_for(spec, 40, hidden)
+    int_dtype = torch.int16 if spec['in_dtype'] == 'bfloat16' else torch.int32
+    # Narrowing an int64 to int16/int32 wraps, so the patterns above the sign bit become the negative integers of the same bits.
+    nans = torch.tensor(NAN_BITS[spec['in_dtype']], dtype=torch.int64).to(int_dtype).cuda().view(x.dtype)
+    is_nan = torch.zeros(x.shape, dtype=torch.bool, device='cuda')
+    is_nan[::3, ::37] = True
+    is_nan[1, 64:96] = True  # a whole 32-wide block of NaNs: its amax is the floor
+    x[is_nan] = nans.repeat(-(-int(is_nan.sum()) // nans.numel()))[:int(is_nan.sum())]
+    assert x.isnan().sum() == is_nan.sum()
+    for npc in ((hidden,) if spec['per_row'] else (32, 128)):
+        for col_major, round_sf, packed in layouts(spec):
+            flags = dict(use_tma_aligned_col_major_sf=col_major, round_sf=round_sf, use_packed_ue8m0=packed)
+            out, sf = tile_kernels_aot.quant.per_token_cast(x, 'e2m1', npc, **flags)
+            out_ref, sf_ref = reference.cast(x.nan_to_num(0.0), 'e2m1', (1, npc), **flags)
+            assert_bitwise_equal(sf, sf_ref)
+            ref_bytes = out_ref.view(torch.uint8).int()
+            codes = torch.stack([ref_bytes & 0xF, ref_bytes >> 4], dim=-1).flatten(-2)
+            codes[is_nan] = 0
+            assert_bitwise_equal(out, (codes[:, 0::2] | (codes[:, 1::2] << 4)).to(torch.uint8).view(torch.int8))
+
+
 def test_per_token_cast_sf_strides_match_upstream():
     x = torch.randn((5, 7168), device='cuda', dtype=torch.bfloat16)
     _, sf = tile_kernels_aot.quant.per_token_cast(x, 'e4m3', 128, use_tma_aligned_col_major_sf=True)
