@@ -41,7 +41,7 @@ from tilelang import language as T
 
 from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
 from kernel_src.quant.common import IN_DTYPES, SF_FORMATS, ceil_pow2_exponent, inverse_pow2, pow2
-from kernel_src.quant.token_sf import cta_max, token_sf_tensor
+from kernel_src.quant.token_sf import bf16_amax_into, cta_max, token_sf_tensor
 
 NUM_THREADS = 128
 CHUNK = 32  # channels per chunk: 4 groups of 8 codes, 12 words
@@ -196,20 +196,12 @@ def build_cast(arch: Arch, in_dtype: str, sf_format: str, aligned: bool) -> Kern
                         for e in T.vectorized(8):
                             values[i, e] = T.cast(0, in_dtype)  # zeros cannot raise the amax
 
+                amax[0] = T.float32(0)
                 if in_dtype == 'bfloat16':
-                    # The amax of bf16 pairs (max of |a| is exact in bf16; __hmax2 skips a NaN as fmaxf does,
-                    # and a NaN left by an all-NaN thread is skipped by the fmaxf that follow): no float copy
-                    # of the row stays live across the barrier, so the row fits in 64 registers.
-                    pairs = T.view(values, (groups, 4), T.bfloat16x2)
-                    pair_amax = T.alloc_local((1,), T.bfloat16x2)
-                    pair_amax[0] = T.abs2(pairs[0, 0])
-                    for i in T.unroll(groups):
-                        for p in T.unroll(4):
-                            pair_amax[0] = T.max2(pair_amax[0], T.abs2(pairs[i, p]))
-                    pair_halves = T.view(pair_amax, (2,), T.bfloat16)
-                    amax[0] = T.max(T.Cast('float32', pair_halves[0]), T.Cast('float32', pair_halves[1]))
+                    # On bf16 pairs: no float copy of the row stays live across the barrier, so the row fits
+                    # in 64 registers.
+                    bf16_amax_into(values, amax, groups, 4)
                 else:
-                    amax[0] = T.float32(0)
                     for i in T.unroll(groups):
                         for e in T.unroll(8):
                             amax[0] = T.max(amax[0], T.abs(T.Cast('float32', values[i, e])))

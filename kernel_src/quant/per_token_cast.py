@@ -33,7 +33,7 @@ from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
 from kernel_src.quant.common import (
     FORMATS, IN_DTYPES, MODE_CAST, MODE_PRECOMPUTED, MODE_SF_ONLY, SF_FORMATS, block_scale, e2m1_word,
 )
-from kernel_src.quant.token_sf import cta_max, store_token_sf, token_sf_tensor
+from kernel_src.quant.token_sf import bf16_amax_into, cta_max, store_token_sf, token_sf_tensor
 
 NUM_THREADS = 128
 NUM_VECTORS = 4  # vectors per thread in the flat layout: 64 bytes of loads in flight
@@ -313,16 +313,7 @@ def build_per_row(in_dtype: str, fmt: str, sf_format: str) -> KernelProgram:
     @T.macro
     def chunk_amax(values, amax):
         if in_dtype == 'bfloat16':
-            # On bf16 pairs (|a| and max are exact in bf16; __hmax2 skips a NaN as fmaxf does): two
-            # elements an instruction and no float copy of the chunk, which is widened only at the cast.
-            pairs = T.view(values, (num_vectors, epv // 2), T.bfloat16x2)
-            pair_amax = T.alloc_local((1,), T.bfloat16x2)
-            pair_amax[0] = T.abs2(pairs[0, 0])
-            for j in T.unroll(num_vectors):
-                for p in T.unroll(epv // 2):
-                    pair_amax[0] = T.max2(pair_amax[0], T.abs2(pairs[j, p]))
-            pair_halves = T.view(pair_amax, (2,), T.bfloat16)
-            amax[0] = T.max(amax[0], T.max(T.Cast('float32', pair_halves[0]), T.Cast('float32', pair_halves[1])))
+            bf16_amax_into(values, amax, num_vectors, epv // 2)
         else:
             for j in T.unroll(num_vectors):
                 for e in T.unroll(epv):

@@ -1,6 +1,7 @@
 """What the casts with one scale factor per (1, n) block of a row share about those scale factors: the
-buffer type (float32 in any strides, or the bytes of packed UE8M0 words), the CTA-wide amax of a row, and
-the store. Used by per_token_cast, per_token_requant, the per-token SwiGLU forward and the E5M6 casts.
+buffer type (float32 in any strides, or the bytes of packed UE8M0 words), a thread's amax of bf16 values, the
+CTA-wide amax of a row, and the store. Used by per_token_cast, per_token_requant, the per-token SwiGLU
+forward and the E5M6 casts.
 
 Its own module (not common.py), so that a change here re-lowers only those kernels.
 """
@@ -16,6 +17,22 @@ def token_sf_tensor(packed: bool, rows, blocks, words, word_stride, stride_t, st
     if packed:
         return T.StridedTensor[(words, rows * 4 if row_bytes is None else row_bytes), (word_stride, 1), T.uint8]
     return T.StridedTensor[(rows, blocks), (stride_t, stride_k), T.float32]
+
+
+@T.macro
+def bf16_amax_into(values, amax, rows: int, row_pairs: int):
+    """amax[0] = max(amax[0], largest |v| of the local bf16 buffer `values`, rows x 2 * row_pairs), on bf16 pairs:
+    |a| and max are exact in bf16 and one instruction covers two elements, and no float32 copy of the values
+    is made (they are widened only where they are cast). __hmax2 skips a NaN as fmaxf does; a pair
+    maximum left NaN (every value NaN) is skipped by the fmaxf that fold it in."""
+    pairs = T.view(values, (rows, row_pairs), T.bfloat16x2)
+    pair_amax = T.alloc_local((1,), T.bfloat16x2)
+    pair_amax[0] = T.abs2(pairs[0, 0])
+    for j in T.unroll(rows):
+        for p in T.unroll(row_pairs):
+            pair_amax[0] = T.max2(pair_amax[0], T.abs2(pairs[j, p]))
+    pair_halves = T.view(pair_amax, (2,), T.bfloat16)
+    amax[0] = T.max(amax[0], T.max(T.Cast('float32', pair_halves[0]), T.Cast('float32', pair_halves[1])))
 
 
 @T.macro
