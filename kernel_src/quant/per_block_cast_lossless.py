@@ -22,6 +22,7 @@ from tilelang import language as T
 from tvm import tirx
 
 from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
+from kernel_src.quant.nibbles import CODE_MAGNITUDES, table_bytes_of_codes, table_word
 from kernel_src.quant.per_block_cast import NUM_THREADS, NUM_WARPS, SF_FORMATS, TileShape, block_max, store_sf
 
 VECTOR_ELEMS = 16  # logical elements per vector: 8 bytes of e2m1 pairs in, 16 bytes of e4m3 out
@@ -35,26 +36,11 @@ MAX_SPAN = 5  # e_in + 5 >= out_exp: e2m1's smallest value 2^-1 to e4m3's smalle
 # values 0, 0.5, 1, 1.5, 2, 3, 4, 6) times 2^d is the e4m3 normal whose byte is (m << 2) + K with K = (d + 6) << 3
 # for m >= 2 (m's exponent bits become the e4m3 exponent less the bias offset, its mantissa bit the top
 # mantissa bit), K for m = 1 (0.5 * 2^d: exponent d + 6, mantissa 0) and 0 for m = 0; every byte is at most
-# 124 (384, e4m3's 0x7C), so its top bit is free for the sign. Those eight bytes, held in two words, are a
-# table that one byte permute (PRMT) indexes with four codes at once; a second permute and a shift move the
-# codes' sign bits (bit 3 of each nibble) to bit 7 of their bytes. Eight elements take twelve integer
-# instructions, where decoding each to float32, scaling and converting took about twelve each.
-E4M3_TABLE_LOW = 0x0C080000  # bytes (m << 2) + K - K for m = 0..3, with m = 0 and m = 1 fixed up: 0, 0, 8, 12
-E4M3_TABLE_HIGH = 0x1C181410  # m = 4..7: 16, 20, 24, 28
-CODE_MAGNITUDES = 0x77777777  # the magnitude bits of eight nibbles
-SIGN_BITS_EVEN = 0x00800080  # bit 7 of output bytes 0 and 2, fed from bit 3 of their input byte (shifted up by 4)
-SIGN_BITS_ODD = 0x80008000  # bit 7 of output bytes 1 and 3, which is bit 7 of their input byte
-
-
-def e4m3_word_of_e2m1(word, magnitudes, table_low, table_high, half):
-    """uint32 of the four e4m3 bytes of the e2m1 codes in nibbles 4 * half .. 4 * half + 3 of `word` (so,
-    as bytes, output byte i is nibble 4 * half + i), with `magnitudes` = word & CODE_MAGNITUDES and the table
-    words of the block's d (see E4M3_TABLE_LOW)."""
-    selector = magnitudes >> T.Cast('uint32', 16 * half)  # __byte_perm reads the low 16 bits
-    encoded = T.call_extern('uint32', '__byte_perm', table_low, table_high, selector)
-    # Input bytes 2 * half and 2 * half + 1, each twice: [b, b, b', b'].
-    doubled = T.call_extern('uint32', '__byte_perm', word, T.uint32(0), T.Cast('uint32', 0x1100 + 0x2222 * half))
-    return encoded | ((doubled << T.uint32(4)) & T.uint32(SIGN_BITS_EVEN)) | (doubled & T.uint32(SIGN_BITS_ODD))
+# 124 (384, e4m3's 0x7C), so bit 7 is free for the sign. Those eight bytes are the table of
+# kernel_src.quant.nibbles: eight elements take twelve integer instructions, where decoding each to float32,
+# scaling and converting took about twelve each.
+E4M3_TABLE_LOW = table_word((0, 0, 8, 12))  # the bytes less K for m = 0..3 (m = 0 and m = 1 fixed up)
+E4M3_TABLE_HIGH = table_word((16, 20, 24, 28))  # m = 4..7
 
 
 def check(block_m: int, block_k: int, in_sf_format: str, sf_format: str) -> None:
@@ -153,7 +139,7 @@ def build(arch: Arch, block_m: int, block_k: int, in_sf_format: str, sf_format: 
                 for w in T.unroll(VECTOR_ELEMS // 8):
                     magnitudes = words[j, w] & T.uint32(CODE_MAGNITUDES)
                     for half in T.unroll(2):
-                        encoded[2 * w + half] = e4m3_word_of_e2m1(words[j, w], magnitudes, table_low, table_high, half)
+                        encoded[2 * w + half] = table_bytes_of_codes(words[j, w], magnitudes, table_low, table_high, half)
                 if row < num_tokens and col < hidden:
                     T.call_intrin('void', tirx.op.Op.get('tl.device_assert'), in_exp[j] + T.float32(MAX_SPAN) >= out_exp[j])
                     for e in T.vectorized(VECTOR_ELEMS):

@@ -1,0 +1,75 @@
+"""kernel_src.quant.nibbles.table_bytes_of_codes (four e2m1 codes through an eight-byte table by byte
+permutes) in its two uses, replayed on the CPU for every 16-bit group of four codes:
+* per_block_cast_lossless: the e4m3 bytes of the codes' values times 2^d, for every d the kernel accepts
+  (its device assert rejects the others), against torch's own float8_e4m3fn conversion;
+* per_token_requant: the halves whose high bytes the table gives, against the e2m1 values themselves.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tile_kernels_aot.reference.cast import E2M1_VALUES
+
+nibbles = pytest.importorskip('kernel_src.quant.nibbles')
+lossless = pytest.importorskip('kernel_src.quant.per_block_cast_lossless')
+requant = pytest.importorskip('kernel_src.quant.per_token_requant')
+
+SIGNED_VALUES = torch.tensor(E2M1_VALUES + tuple(-v for v in E2M1_VALUES), dtype=torch.float32)  # by code 0..15
+
+
+def byte_perm(x: torch.Tensor, y, selector) -> torch.Tensor:
+    """CUDA's __byte_perm on int64 tensors (or ints) holding uint32s: byte n of the result is byte
+    (selector >> 4n) & 7 of the eight bytes of x (0..3) and y (4..7); only the low 16 bits of the selector
+    are read."""
+    x, y, selector = (torch.as_tensor(v, dtype=torch.int64).expand_as(x) for v in (x, y, selector))
+    source = x | (y << 32)
+    result = torch.zeros_like(x)
+    for n in range(4):
+        index = (selector >> (4 * n)) & 7
+        result |= ((source >> (8 * index)) & 0xFF) << (8 * n)
+    return result
+
+
+def table_bytes(words: torch.Tensor, table_low: int, table_high: int, half: int) -> torch.Tensor:
+    """table_bytes_of_codes, instruction by instruction."""
+    magnitudes = words & nibbles.CODE_MAGNITUDES
+    looked_up = byte_perm(torch.full_like(words, table_low), table_high, magnitudes >> (16 * half))
+    doubled = byte_perm(words, 0, 0x1100 + 0x2222 * half)
+    return looked_up | (((doubled << 4) & 0xFFFFFFFF) & nibbles.SIGN_BITS_EVEN) | (doubled & nibbles.SIGN_BITS_ODD)
+
+
+def every_group_of_four_codes() -> torch.Tensor:
+    """uint32 words (int64) holding every 16-bit group of four codes, once in each half."""
+    groups = torch.arange(1 << 16, dtype=torch.int64)
+    return torch.cat([groups, groups << 16])
+
+
+def codes_of(words: torch.Tensor) -> torch.Tensor:
+    return torch.stack([(words >> (4 * i)) & 15 for i in range(8)], dim=1)
+
+
+@pytest.mark.parametrize('d', range(-lossless.MAX_SPAN, lossless.EXPONENT_SHIFT + 1))
+def test_lossless_e4m3_bytes_match_the_float8_conversion(d):
+    words = every_group_of_four_codes()
+    k = (d + 6) << 3
+    table_low = (k * 0x01010100 + lossless.E4M3_TABLE_LOW) & 0xFFFFFFFF
+    table_high = (k * 0x01010101 + lossless.E4M3_TABLE_HIGH) & 0xFFFFFFFF
+    encoded = [table_bytes(words, table_low, table_high, half) for half in range(2)]
+    got = torch.stack([(encoded[i // 4] >> (8 * (i % 4))) & 0xFF for i in range(8)], dim=1)
+    want = (SIGNED_VALUES[codes_of(words)] * 2.0**d).to(torch.float8_e4m3fn).view(torch.uint8).long()
+    # -0.0 (code 8) converts to 0x80, the sign bit on a zero magnitude byte.
+    assert torch.equal(got, want), (got != want).nonzero()[:5]
+
+
+def test_requant_halves_are_the_e2m1_values():
+    words = every_group_of_four_codes()
+    pairs = []
+    for half in range(2):
+        high = table_bytes(words, requant.HALF_TABLE_LOW, requant.HALF_TABLE_HIGH, half)
+        pairs += [byte_perm(high, 0, 0x1404), byte_perm(high, 0, 0x3424)]
+    as_int32 = torch.stack(pairs, dim=1).to(torch.int32)  # wraps as the bits of a uint32
+    got = as_int32.view(torch.float16).float()  # [n, 8]: little-endian halves, element 0 first
+    want = SIGNED_VALUES[codes_of(words)]
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))  # bit for bit: -0.0 kept
