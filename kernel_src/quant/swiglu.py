@@ -679,8 +679,9 @@ def build_backward(arch: Arch, grad_dtype: str) -> KernelProgram:
             # if_then_else on use_clamp became if/else blocks pasted at every use (the exponential four times),
             # which nvcc did not fold back.
             xc[e] = T.Select(xv > clamp_c, clamp_c, xv)
-            y_low = T.Select(yv < -clamp_c, -clamp_c, yv)  # torch.clamp(r, -c, c): low bound first
-            yc[e] = T.Select(y_low > clamp_c, clamp_c, y_low)
+            # torch.clamp(r, -c, c), low bound first, as the flat forward's (_clamped_swiglu): two FMNMX.NAN where
+            # the selects took two compares and two selects.
+            yc[e] = T.call_extern('float32', 'tk_min_nan', T.call_extern('float32', 'tk_max_nan', yv, -clamp_c), clamp_c)
             denominator[e] = T.float32(1) + T.exp(-xc[e])
             if fast:
                 div_range[0] = T.call_extern('float32', 'tk_max_nan', div_range[0], T.abs(xc[e]))
@@ -697,7 +698,8 @@ def build_backward(arch: Arch, grad_dtype: str) -> KernelProgram:
             # 1 + x (1 - s) with one rounding, as the reference's compiled FMA.
             dx = gws[e] * yc[e] * T.call_extern('float32', '__fmaf_rn', xc[e], T.float32(1) - sig[e], T.float32(1))
             gx[e] = T.Select(xv > clamp_c, T.float32(0), dx)
-            gy[e] = T.Select(T.Or(yv > clamp_c, yv < -clamp_c), T.float32(0), gws[e] * xc[e])
+            # r > c or r < -c is |r| > c for any non-NaN c (for c < 0 both hold for every non-NaN r): one compare.
+            gy[e] = T.Select(T.abs(yv) > clamp_c, T.float32(0), gws[e] * xc[e])
             amax[0] = T.max(amax[0], T.abs(gx[e]))
             amax[1] = T.max(amax[1], T.abs(gy[e]))
 
