@@ -724,8 +724,8 @@ def build_backward(arch: Arch, grad_dtype: str) -> KernelProgram:
         clamp_value: T.float32,
     ):
         with T.Kernel(num_ctas, threads=BWD_THREADS, prelude=_NAN_MIN_MAX_PRELUDE + _BACKWARD_DIV_PRELUDE) as pid:
-            # The kernel is issue-bound (exponential, division and reciprocal per element): more warps to
-            # pick from, at no spill.
+            # Issue-bound (exponential and the divisions per element): as many warps as fit without a spill
+            # (see BWD_MIN_BLOCKS).
             T.annotate_min_blocks_per_sm(BWD_MIN_BLOCKS)
             T.assume(hidden % 32 == 0)
             T.assume(width % 64 == 0)
