@@ -62,7 +62,10 @@ CH_MIN_BLOCKS = 4  # CTAs per SM the register allocation must allow
 
 BWD_THREADS = 64
 BWD_ELEMS = 16  # elements per thread-step (16 bytes of e4m3)
-BWD_MIN_BLOCKS = 12  # CTAs per SM the register allocation must allow: 80 registers, 24 warps (95 unbounded: 20)
+# CTAs per SM the register allocation must allow: 96 registers, 20 warps an SM. The branch-free divisions let
+# nvcc overlap a step's 16 elements, which takes more registers than one element's chain at a time; at 80
+# (12 CTAs, the count before) it spilled 24 bytes and recomputed predicates (~100 more instructions a step).
+BWD_MIN_BLOCKS = 10
 
 
 def _swiglu(l, r, use_clamp, c):
@@ -113,6 +116,38 @@ __device__ __forceinline__ int tk_div_fast_in_range(float largest, float smalles
   return largest <= FAST_DIV_MAXf && smallest >= FAST_DIV_MINf;
 }
 """.replace('FAST_DIV_MAX', FAST_DIV_MAX.hex()).replace('FAST_DIV_MIN', FAST_DIV_MIN.hex())
+
+# The backward's two divisions of an element, 1 / b (the sigmoid) and a / b, share one reciprocal:
+#   * tk_rcp_rn_fast (MUFU.RCP and the Newton step, the first half of tk_div_rn_fast) is instruction for
+#     instruction nvcc's fast path for rcp.rn.f32 (1.0f / b: MUFU.RCP, r = b y0 - 1, y0 - y0 r), which nvcc takes
+#     for every b whose exponent field is in [1, 252] (an integer test on b's bits, then a branch). For
+#     b = 1 + exp(-a) in [1, 2^116] it is therefore 1 / b correctly rounded: NVIDIA's guarantee, no assumption of
+#     ours (r = b y0 - 1 is a multiple of 2^-47 there, so nvcc's flush of a subnormal -r never applies);
+#   * tk_div_rn_fast_by(a, b, y) is the rest of tk_div_rn_fast, so tk_div_rn_fast_by(a, b, tk_rcp_rn_fast(b)) is
+#     tk_div_rn_fast(a, b), with the range argument above.
+# The step's range test also lets a = +-0 through (tk_div_fast_in_range_or_zero): b = 1 + exp(-0) = 2 exactly
+# (CUDA's expf(+-0) = 1; in SASS the 1 + is fused into the exponential's last FFMA, 1 * 1 + 1), y = 1/2 from any
+# MUFU.RCP result within an ulp, and the quotient is a zero of a's sign, as IEEE 0 / 2 (test_signed_zero). So the
+# smallest |a| is taken over nonzero gates only: tk_abs_below_or_nan_at_zero(a) is |a| one ulp toward zero (its
+# bits less one), and NaN for +-0 (0x00000000 - 1 and 0x80000000 - 1 are NaN bit patterns), which min skips; it
+# is compared against FAST_DIV_MIN_BELOW, the float just below FAST_DIV_MIN. tk_opaque_zero (0, hidden from
+# nvcc in a volatile asm) keeps the redo's loads from being merged with the step's own.
+FAST_DIV_MIN_BELOW = FAST_DIV_MIN * (1 - 2.0**-24)
+_BACKWARD_DIV_PRELUDE = """
+__device__ __forceinline__ float tk_rcp_rn_fast(float b) {
+  float y; asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(b));
+  return __fmaf_rn(y, __fmaf_rn(-b, y, 1.0f), y);
+}
+__device__ __forceinline__ float tk_div_rn_fast_by(float a, float b, float y) {
+  const float q = __fmul_rn(a, y);
+  return __fmaf_rn(-y, __fmaf_rn(b, q, -a), q);
+}
+__device__ __forceinline__ float tk_abs_below_or_nan_at_zero(float a) { return fabsf(__int_as_float(__float_as_int(a) - 1)); }
+__device__ __forceinline__ int tk_div_fast_in_range_or_zero(float largest, float smallest_below) {
+  return largest <= FAST_DIV_MAXf && smallest_below >= FAST_DIV_MIN_BELOWf;
+}
+__device__ __forceinline__ int tk_opaque_zero() { int z; asm volatile("mov.u32 %0, 0;" : "=r"(z)); return z; }
+""".replace('FAST_DIV_MAX', FAST_DIV_MAX.hex()).replace('FAST_DIV_MIN_BELOW', FAST_DIV_MIN_BELOW.hex())
 
 
 def _clamped_swiglu(l, r, c):
@@ -615,6 +650,59 @@ def build_backward(arch: Arch, grad_dtype: str) -> KernelProgram:
     num_warps = BWD_THREADS // 32
     n = BWD_ELEMS
 
+    @T.macro
+    def load_step(x, grad_out, xq, yq, g, row, col):
+        """The thread's 16 gates, 16 ups and 16 output gradients of row `row` from channel `col`."""
+        for e in T.vectorized(n):
+            xq[e] = x[row, col + e]
+        for e in T.vectorized(n):
+            yq[e] = x[row, hidden + col + e]
+        for e in T.vectorized(n):
+            g[e] = grad_out[row, col + e]
+
+    @T.macro
+    def step_elements(xq, yq, g, sfx, sfy, w, clamp_c, fast, xf, yf, xc, yc, denominator, sig, quotient, gws, out_f32, gx, gy,
+                      amax, acc, div_range):
+        """The 16 elements of a step: out_f32, gx, gy, their block amax and the weight_grad sum acc. fast: the
+        divisions by tk_rcp_rn_fast and tk_div_rn_fast_by, with the range of the clamped gates in div_range
+        (exact only if tk_div_fast_in_range_or_zero passes); else IEEE division."""
+        # Vectorised fp8 -> float32 conversions: one unpack a pair, not a mask, shift and unpack an element.
+        for e in T.vectorized(n):
+            xf[e] = T.Cast(T.float32, xq[e])
+        for e in T.vectorized(n):
+            yf[e] = T.Cast(T.float32, yq[e])
+        for e in T.unroll(n):
+            xv = xf[e] * sfx
+            yv = yf[e] * sfy
+            go = T.Cast(T.float32, g[e])
+            # Selects against clamp_c (+inf without a clamp), each value bound once through a register array:
+            # if_then_else on use_clamp became if/else blocks pasted at every use (the exponential four times),
+            # which nvcc did not fold back.
+            xc[e] = T.Select(xv > clamp_c, clamp_c, xv)
+            # torch.clamp(r, -c, c), low bound first, as the flat forward's (_clamped_swiglu): two FMNMX.NAN where
+            # the selects took two compares and two selects.
+            yc[e] = T.call_extern('float32', 'tk_min_nan', T.call_extern('float32', 'tk_max_nan', yv, -clamp_c), clamp_c)
+            denominator[e] = T.float32(1) + T.exp(-xc[e])
+            if fast:
+                div_range[0] = T.call_extern('float32', 'tk_max_nan', div_range[0], T.abs(xc[e]))
+                div_range[1] = T.min(div_range[1], T.call_extern('float32', 'tk_abs_below_or_nan_at_zero', xc[e]))
+                sig[e] = T.call_extern('float32', 'tk_rcp_rn_fast', denominator[e])
+                quotient[e] = T.call_extern('float32', 'tk_div_rn_fast_by', xc[e], denominator[e], sig[e])
+            else:
+                sig[e] = T.float32(1) / denominator[e]
+                quotient[e] = xc[e] / denominator[e]
+            act = quotient[e] * yc[e]
+            acc[0] = acc[0] + go * act
+            gws[e] = go * w * sig[e]
+            out_f32[e] = act * w
+            # 1 + x (1 - s) with one rounding, as the reference's compiled FMA.
+            dx = gws[e] * yc[e] * T.call_extern('float32', '__fmaf_rn', xc[e], T.float32(1) - sig[e], T.float32(1))
+            gx[e] = T.Select(xv > clamp_c, T.float32(0), dx)
+            # r > c or r < -c is |r| > c for any non-NaN c (for c < 0 both hold for every non-NaN r): one compare.
+            gy[e] = T.Select(T.abs(yv) > clamp_c, T.float32(0), gws[e] * xc[e])
+            amax[0] = T.max(amax[0], T.abs(gx[e]))
+            amax[1] = T.max(amax[1], T.abs(gy[e]))
+
     @T.prim_func
     def swiglu_backward(
         x: T.Tensor[(num_rows, width), T.float8_e4m3fn],
@@ -635,9 +723,9 @@ def build_backward(arch: Arch, grad_dtype: str) -> KernelProgram:
         use_clamp: T.int32,
         clamp_value: T.float32,
     ):
-        with T.Kernel(num_ctas, threads=BWD_THREADS) as pid:
-            # The kernel is issue-bound (exponential, division and reciprocal per element): more warps to
-            # pick from, at no spill.
+        with T.Kernel(num_ctas, threads=BWD_THREADS, prelude=_NAN_MIN_MAX_PRELUDE + _BACKWARD_DIV_PRELUDE) as pid:
+            # Issue-bound (exponential and the divisions per element): as many warps as fit without a spill
+            # (see BWD_MIN_BLOCKS).
             T.annotate_min_blocks_per_sm(BWD_MIN_BLOCKS)
             T.assume(hidden % 32 == 0)
             T.assume(width % 64 == 0)
@@ -652,6 +740,8 @@ def build_backward(arch: Arch, grad_dtype: str) -> KernelProgram:
             xc = T.alloc_local((n,), T.float32)
             yc = T.alloc_local((n,), T.float32)
             denominator = T.alloc_local((n,), T.float32)
+            sig = T.alloc_local((n,), T.float32)
+            quotient = T.alloc_local((n,), T.float32)
             gws = T.alloc_local((n,), T.float32)
             out_f32 = T.alloc_local((n,), T.float32)
             out_local = T.alloc_local((n,), T.bfloat16)
@@ -663,6 +753,8 @@ def build_backward(arch: Arch, grad_dtype: str) -> KernelProgram:
             sf = T.alloc_local((2,), T.float32)
             multiplier = T.alloc_local((2,), T.float32)
             acc = T.alloc_local((1,), T.float32)
+            acc_before = T.alloc_local((1,), T.float32)  # acc at the start of the step, for its IEEE redo
+            div_range = T.alloc_local((2,), T.float32)  # largest |clamped gate| and smallest nonzero one, less an ulp
             w_local = T.alloc_local((1,), T.float32)
             sf_in = T.alloc_local((2,), T.float32)
             red = T.alloc_shared((num_warps,), T.float32)
@@ -685,46 +777,32 @@ def build_backward(arch: Arch, grad_dtype: str) -> KernelProgram:
                     amax[0] = T.float32(0)
                     amax[1] = T.float32(0)
                     if col < hidden:  # a whole block is in or out
-                        for e in T.vectorized(n):
-                            xq[e] = x[pid, col + e]
-                        for e in T.vectorized(n):
-                            yq[e] = x[pid, hidden + col + e]
-                        for e in T.vectorized(n):
-                            g[e] = grad_out[pid, col + e]
+                        load_step(x, grad_out, xq, yq, g, pid, col)
                         # Into registers once: a load bound to a Python name is re-emitted at every use, and
                         # the lowered ld.global intrinsics are not merged (16 loads of each a step before).
                         sf_in[0] = x_sf[pid, col >> npc_log2]
                         sf_in[1] = x_sf[pid, (hidden + col) >> npc_log2]
                         sfx = sf_in[0]
                         sfy = sf_in[1]
-                        # Vectorised fp8 -> float32 conversions: one unpack a pair, not a mask, shift and unpack
-                        # an element.
-                        for e in T.vectorized(n):
-                            xf[e] = T.Cast(T.float32, xq[e])
-                        for e in T.vectorized(n):
-                            yf[e] = T.Cast(T.float32, yq[e])
-                        for e in T.unroll(n):
-                            xv = xf[e] * sfx
-                            yv = yf[e] * sfy
-                            go = T.Cast(T.float32, g[e])
-                            # Selects against clamp_c (+inf without a clamp), each value bound once through
-                            # a register array: if_then_else on use_clamp became if/else blocks pasted at
-                            # every use (the exponential four times), which nvcc did not fold back.
-                            xc[e] = T.Select(xv > clamp_c, clamp_c, xv)
-                            y_low = T.Select(yv < -clamp_c, -clamp_c, yv)  # torch.clamp(r, -c, c): low bound first
-                            yc[e] = T.Select(y_low > clamp_c, clamp_c, y_low)
-                            denominator[e] = T.float32(1) + T.exp(-xc[e])
-                            act = xc[e] / denominator[e] * yc[e]
-                            acc[0] = acc[0] + go * act
-                            sig = T.float32(1) / denominator[e]
-                            gws[e] = go * w * sig
-                            out_f32[e] = act * w
-                            # 1 + x (1 - s) with one rounding, as the reference's compiled FMA.
-                            dx = gws[e] * yc[e] * T.call_extern('float32', '__fmaf_rn', xc[e], T.float32(1) - sig, T.float32(1))
-                            gx[e] = T.Select(xv > clamp_c, T.float32(0), dx)
-                            gy[e] = T.Select(T.Or(yv > clamp_c, yv < -clamp_c), T.float32(0), gws[e] * xc[e])
-                            amax[0] = T.max(amax[0], T.abs(gx[e]))
-                            amax[1] = T.max(amax[1], T.abs(gy[e]))
+                        # The divisions without branches (tk_rcp_rn_fast, tk_div_rn_fast_by: one reciprocal for
+                        # the sigmoid and the quotient), so that the 16 elements overlap, and the largest and
+                        # smallest nonzero |clamped gate| for the step's one range test; outside the range (a
+                        # tiny or large gate, inf, NaN: rare) the step again with IEEE division, from the row
+                        # read again (in cache) rather than loaded vectors kept live through the element loop.
+                        acc_before[0] = acc[0]
+                        div_range[0] = T.float32(0)
+                        div_range[1] = T.float32(float('inf'))
+                        step_elements(xq, yq, g, sfx, sfy, w, clamp_c, True, xf, yf, xc, yc, denominator, sig, quotient, gws, out_f32,
+                                      gx, gy, amax, acc, div_range)
+                        if T.call_extern('int32', 'tk_div_fast_in_range_or_zero', div_range[0], div_range[1]) == 0:
+                            acc[0] = acc_before[0]
+                            amax[0] = T.float32(0)
+                            amax[1] = T.float32(0)
+                            # The row index plus a zero nvcc cannot see through: the same loads would be merged
+                            # with the step's, keeping its 48 widened inputs live through the fast element loop.
+                            load_step(x, grad_out, xq, yq, g, pid + T.call_extern('int32', 'tk_opaque_zero'), col)
+                            step_elements(xq, yq, g, sfx, sfy, w, clamp_c, False, xf, yf, xc, yc, denominator, sig, quotient, gws,
+                                          out_f32, gx, gy, amax, acc, div_range)
                         # Vectorised casts: one conversion instruction per pair.
                         for e in T.vectorized(n):
                             out_local[e] = T.Cast(T.bfloat16, out_f32[e])

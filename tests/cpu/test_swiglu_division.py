@@ -155,3 +155,65 @@ def test_signed_zero():
             s = b * q0 + (-a)
             q = (-y) * s + q0
             assert q == 0 and np.signbit(q) == np.signbit(a)
+
+
+# The backward (swiglu.build_backward) shares one reciprocal between the sigmoid 1 / b and the quotient a / b
+# (tk_rcp_rn_fast, tk_div_rn_fast_by: together the sequence above) and its range test also lets a = +-0 through:
+# the smallest |a| is taken over tk_abs_below_or_nan_at_zero(a) (|a| one ulp toward zero; NaN for +-0, which
+# fminf skips) against FAST_DIV_MIN_BELOW.
+def _abs_below_or_nan_at_zero(a: np.ndarray) -> np.ndarray:
+    bits = a.astype(np.float32).view(np.uint32)
+    return np.abs((bits - np.uint32(1)).view(np.float32))  # uint32 arithmetic wraps, as the kernel's int
+
+
+def _backward_range_test(gates: np.ndarray) -> bool:
+    """tk_div_fast_in_range_or_zero over one step's clamped gates, as the kernel reduces them."""
+    magnitudes = np.abs(gates.astype(np.float32))
+    largest = np.float32(np.nan) if np.isnan(magnitudes).any() else magnitudes.max(initial=np.float32(0))  # max.NaN
+    smallest = np.fmin.reduce(_abs_below_or_nan_at_zero(gates), initial=np.float32(np.inf))  # fminf skips NaN
+    return bool(largest <= np.float32(swiglu.FAST_DIV_MAX)) and bool(smallest >= np.float32(swiglu.FAST_DIV_MIN_BELOW))
+
+
+def _in_backward_range(a: np.ndarray) -> np.ndarray:
+    m = np.abs(a.astype(np.float32))
+    return (m == 0) | ((m >= np.float32(swiglu.FAST_DIV_MIN)) & (m <= np.float32(swiglu.FAST_DIV_MAX)))
+
+
+def test_backward_range_constants():
+    below = np.array([swiglu.FAST_DIV_MIN], dtype=np.float32).view(np.uint32) - np.uint32(1)
+    assert float(below.view(np.float32)[0]) == swiglu.FAST_DIV_MIN_BELOW
+    assert swiglu.FAST_DIV_MIN_BELOW.hex() + 'f' in swiglu._BACKWARD_DIV_PRELUDE
+    assert swiglu.FAST_DIV_MAX.hex() + 'f' in swiglu._BACKWARD_DIV_PRELUDE
+
+
+def test_backward_range_test_takes_zeros_and_the_range_only():
+    """Single gates: every 65537th float32 bit pattern (all signs and exponents) and the edges with their
+    neighbours; then steps of 16 mixing zeros, in-range, tiny, huge, subnormal, inf and NaN gates."""
+    bits = np.arange(0, 1 << 32, 65537, dtype=np.uint64).astype(np.uint32)
+    edges = np.array([0.0, swiglu.FAST_DIV_MIN, swiglu.FAST_DIV_MAX, 1e-45, 2.0**-126, 1.0, 88.0, 3e38, np.inf], dtype=np.float32)
+    edges = np.concatenate([edges, np.nextafter(edges, np.float32(0)), np.nextafter(edges, np.float32(np.inf))])
+    singles = np.concatenate([bits.view(np.float32), edges, -edges, np.array([np.nan], dtype=np.float32)])
+    expected = _in_backward_range(singles)
+    assert expected.sum() > 10000 and (~expected).sum() > 10000
+    for a, ok in zip(singles, expected):
+        assert _backward_range_test(np.array([a])) == ok, a
+    rng = np.random.default_rng(20261130)
+    pool = np.concatenate([singles, np.zeros(5000, dtype=np.float32), -np.zeros(5000, dtype=np.float32),
+                           rng.standard_normal(20000).astype(np.float32)])
+    for _ in range(20000):
+        step = rng.choice(pool, 16)
+        assert _backward_range_test(step) == bool(_in_backward_range(step).all()), step
+    assert _backward_range_test(np.zeros(16, dtype=np.float32))  # an all-zero step
+
+
+def test_zero_gate_on_the_backward_fast_path():
+    """a = +-0: b = 1 + exp(0) = 2, and from MUFU.RCP's result or either neighbour the Newton step gives 1/2
+    (the sigmoid), and the quotient is a zero of a's sign (IEEE +-0 / 2)."""
+    for y0 in _float32_neighbours(0.5, 1):
+        y = _fma(y0, _fma(-2.0, y0, 1.0), y0)
+        assert y == 0.5
+    b, y = np.float32(2.0), np.float32(0.5)
+    for a in (np.float32(0.0), np.float32(-0.0)):
+        q0 = a * y
+        q = (-y) * (b * q0 + (-a)) + q0
+        assert q == 0 and np.signbit(q) == np.signbit(a)
