@@ -102,11 +102,14 @@ def build(arch: Arch, fmt: str, out_dtype: str, sf_format: str, num_threads: int
     # (the host's magic numbers, exact below 2^31); the column in units; the scale-factor block of the
     # column's vector. Units past the last row get a row of num_tokens or more, which the masks skip.
     @T.macro
-    def locate(pid, tid, units, rows, blocks, vectors_per_row, row_magic, row_shift, block_magic, block_shift):
+    def number_units(pid, tid, units):
         for i in T.unroll(num_units):
-            u = pid * slots + i * num_threads + tid
-            units[i] = u
-            vector = u >> units_per_vector_log2
+            units[i] = pid * slots + i * num_threads + tid
+
+    @T.macro
+    def locate(units, rows, blocks, vectors_per_row, row_magic, row_shift, block_magic, block_shift):
+        for i in T.unroll(num_units):
+            vector = units[i] >> units_per_vector_log2
             rows[i] = T.Cast('int32', (T.Cast('uint64', T.Cast('uint32', vector)) * T.Cast('uint64', T.Cast('uint32', row_magic)))
                              >> T.Cast('uint64', row_shift))
             blocks[i] = T.Cast('int32', (T.Cast('uint64', T.Cast('uint32', vector - rows[i] * vectors_per_row)) * T.Cast('uint64', T.Cast('uint32', block_magic)))
@@ -117,12 +120,15 @@ def build(arch: Arch, fmt: str, out_dtype: str, sf_format: str, num_threads: int
     # inside the tensor has its scale factor inside x_sf. (The run-time scalars keep their kernel names
     # here, which the lowered entry point takes.)
     @T.macro
-    def dequantize(x_flat, x_sf, out_flat, units, rows, blocks, data, sf, result, num_tokens, sf_row_shift, masked):
-        # All loads first (data, then the scale factors), so that they are in flight together.
+    def load_data(x_flat, units, rows, data, num_tokens, masked):
         for i in T.unroll(num_units):
             if rows[i] < num_tokens if masked else T.bool(True):
                 for e in T.vectorized(unit_bytes):
                     data[i, e] = x_flat[units[i] * unit_bytes + e]
+
+    @T.macro
+    def dequantize(x_sf, out_flat, units, rows, blocks, data, sf, result, num_tokens, sf_row_shift, masked):
+        # The scale factors are loaded after the data (all loads in flight together), then the arithmetic.
         for i in T.unroll(num_units):
             if rows[i] < num_tokens if masked else T.bool(True):
                 block = blocks[i]
@@ -180,13 +186,21 @@ def build(arch: Arch, fmt: str, out_dtype: str, sf_format: str, num_threads: int
             data = T.alloc_local((num_units, unit_bytes), T.int8 if fp4 else T.float8_e4m3fn)
             sf = T.alloc_local((num_units,), T.float32)
             result = T.alloc_local((unit_elems,), out_dtype)
-            locate(pid, tid, units, rows, blocks, vectors_per_row, row_magic, row_shift, block_magic, block_shift)
+            number_units(pid, tid, units)
             # Every CTA but the last has all its units inside the tensor: it runs the same code with no masks,
-            # so neither its loads nor its stores sit behind per-unit branches.
+            # so neither its loads nor its stores sit behind per-unit branches. It issues its data loads
+            # first, from the unit numbers alone, and only then works out rows and blocks (two multiply-shifts
+            # a unit) while they are in flight: with the rows first, each warp issued some 80 instructions
+            # before its first data load, a stretch in which the CTA's slot on the SM had nothing in flight
+            # (upstream's kernel, one row per CTA, issues its loads after a few instructions).
             if (pid + 1) * slots <= num_tokens * vectors_per_row * units_per_vector:
-                dequantize(x_flat, x_sf, out_flat, units, rows, blocks, data, sf, result, num_tokens, sf_row_shift, False)
+                load_data(x_flat, units, rows, data, num_tokens, False)
+                locate(units, rows, blocks, vectors_per_row, row_magic, row_shift, block_magic, block_shift)
+                dequantize(x_sf, out_flat, units, rows, blocks, data, sf, result, num_tokens, sf_row_shift, False)
             else:
-                dequantize(x_flat, x_sf, out_flat, units, rows, blocks, data, sf, result, num_tokens, sf_row_shift, True)
+                locate(units, rows, blocks, vectors_per_row, row_magic, row_shift, block_magic, block_shift)
+                load_data(x_flat, units, rows, data, num_tokens, True)
+                dequantize(x_sf, out_flat, units, rows, blocks, data, sf, result, num_tokens, sf_row_shift, True)
 
     return KernelProgram(cast_back, alignment={'x': 16 // FORMATS[fmt], 'x_sf': 1 if packed else 4, 'out': 16})
 
