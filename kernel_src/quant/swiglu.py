@@ -115,6 +115,63 @@ __device__ __forceinline__ int tk_div_fast_in_range(float largest, float smalles
 """.replace('FAST_DIV_MAX', FAST_DIV_MAX.hex()).replace('FAST_DIV_MIN', FAST_DIV_MIN.hex())
 
 
+def _bf16_bits(value: float) -> int:
+    """The bf16 bit pattern of a float32 that bf16 holds exactly."""
+    import struct
+    bits = struct.unpack('<I', struct.pack('<f', value))[0]
+    assert bits & 0xFFFF == 0, value
+    return bits >> 16
+
+
+# The flat forward's bf16 input, handled as the 32-bit words that hold two elements each:
+# * widening: a bf16 is the upper half of its float32, so the element in the high half is the word with its low half
+#   cleared (one LOP3) and the one in the low half the word shifted up (one SHF), where the vectorised cast spent a
+#   PRMT and a shift on each high half;
+# * the step's range test of the division on the gate's magnitude bits (word & 0x7fff7fff, one LOP3 a word), folded
+#   four elements at a time by Hopper's three-input 16x2 integer max and min (VIMNMX3.U16x2): for bf16 magnitudes,
+#   integer order is value order, and NaN (above inf) fails the upper bound as max.NaN did. It tests the loaded gate
+#   l, not the clamped a = min(l, c): when a = l it is the same test; when a = c (l > c), l <= 80 implies c < 80 and
+#   the kernel requires c >= FAST_DIV_MIN once per launch (tk_clamp_allows_fast_div). So every step that passes
+#   has every |a| inside [FAST_DIV_MIN, FAST_DIV_MAX], as before (tests/cpu/test_swiglu_bf16_words.py checks it
+#   over every bf16 gate); a large gate that the clamp would have brought into range now takes the exact path;
+# * the clamp-count reach: the signed 16x2 max over gate words and |up| words (VIMNMX3.S16x2, one for 4 elements):
+#   positive bf16 are ordered as their signed 16-bit patterns and every negative one is below every positive one,
+#   so some l > c >= 0 or |r| > c makes the max exceed c; a NaN max (or c < 0) sends the step to the exact recount
+#   as well, which counts with the float compares (counts never depend on this test, only the cost does).
+_BF16_WORDS_PRELUDE = """
+__device__ __forceinline__ void tk_widen_bf16x8(const void* src, float* dst) {
+  const unsigned* w = (const unsigned*)src;
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    dst[2 * i] = __uint_as_float(w[i] << 16);
+    dst[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+  }
+}
+__device__ __forceinline__ void tk_track_gate_bits_bf16x8(const void* gate, unsigned* largest, unsigned* smallest) {
+  const unsigned* g = (const unsigned*)gate;
+  const unsigned m0 = g[0] & 0x7fff7fffu, m1 = g[1] & 0x7fff7fffu, m2 = g[2] & 0x7fff7fffu, m3 = g[3] & 0x7fff7fffu;
+  largest[0] = __vimax3_u16x2(__vimax3_u16x2(largest[0], m0, m1), m2, m3);
+  smallest[0] = __vimin3_u16x2(__vimin3_u16x2(smallest[0], m0, m1), m2, m3);
+}
+__device__ __forceinline__ void tk_track_reach_bf16x8(const void* gate, const void* up, unsigned* reach) {
+  const unsigned* g = (const unsigned*)gate;
+  const unsigned* u = (const unsigned*)up;
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) reach[0] = __vimax3_s16x2(reach[0], g[i], u[i] & 0x7fff7fffu);
+}
+__device__ __forceinline__ int tk_gate_bits_in_range(unsigned largest, unsigned smallest) {
+  return max(largest & 0xffffu, largest >> 16) <= FAST_DIV_MAX_BITSu && min(smallest & 0xffffu, smallest >> 16) >= FAST_DIV_MIN_BITSu;
+}
+__device__ __forceinline__ int tk_clamp_allows_fast_div(float c) { return c >= FAST_DIV_MINf; }
+__device__ __forceinline__ int tk_reach_exceeds(unsigned reach, float c) {
+  const float high = __uint_as_float(reach & 0xffff0000u);
+  const float low = __uint_as_float(reach << 16);
+  return !(high <= c && low <= c);
+}
+""".replace('FAST_DIV_MAX_BITS', hex(_bf16_bits(FAST_DIV_MAX))).replace('FAST_DIV_MIN_BITS', hex(_bf16_bits(FAST_DIV_MIN))).replace(
+    'FAST_DIV_MIN', FAST_DIV_MIN.hex())
+
+
 def _clamped_swiglu(l, r, c):
     """_swiglu with the clamp always on, against c (+inf for no clamp: the same results), in three FMNMX.NAN.
 
@@ -151,6 +208,7 @@ def check_forward(in_dtype: str, sf_format: str, per_row: bool) -> None:
 
 def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> KernelProgram:
     epv = 16 // IN_DTYPES[in_dtype]  # elements per 16-byte vector
+    words = in_dtype == 'bfloat16'  # flat kernel: bf16 handled as 32-bit words (_BF16_WORDS_PRELUDE)
     packed = sf_format == 'ue8m0'
     num_vectors = ROW_VECTORS if per_row else FWD_ELEMENTS // epv
     # Flat kernel: a 128-wide block is `lanes` (8) adjacent lanes, lane i holding its vectors i, i + lanes, ...
@@ -269,7 +327,8 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> K
         clamp_value: T.float32,
         sf_floor: T.float32,
     ):
-        with T.Kernel(num_ctas, threads=FWD_THREADS, prelude=None if per_row else _NAN_MIN_MAX_PRELUDE + _FAST_DIV_PRELUDE) as pid:
+        prelude = None if per_row else _NAN_MIN_MAX_PRELUDE + _FAST_DIV_PRELUDE + (_BF16_WORDS_PRELUDE if words else '')
+        with T.Kernel(num_ctas, threads=FWD_THREADS, prelude=prelude) as pid:
             T.annotate_min_blocks_per_sm(ROW_MIN_BLOCKS[in_dtype] if per_row else FWD_MIN_BLOCKS[in_dtype])
             T.assume(hidden % BLOCK == 0)
             T.assume(width % 64 == 0)
@@ -353,6 +412,8 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> K
                 step_weight = T.alloc_local((1,), T.float32)
                 reach = T.alloc_local((2,), T.float32)
                 div_range = T.alloc_local((2,), T.float32)  # largest and smallest |clamped gate| of the step
+                # bf16: the largest and smallest gate magnitude bits and the clamp-count reach, as 16x2 words.
+                gate_bits = T.alloc_local((3,), T.uint32)
                 gate_clamped = T.alloc_local((1,), T.float32)
                 # One vector of each half widened to float32 by a vectorised cast.
                 gate_wide = T.alloc_local((epv,), T.float32)
@@ -362,6 +423,8 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> K
                 # element loop does not test use_clamp.
                 clamp_c = T.alloc_var(T.float32)
                 clamp_c = T.if_then_else(use_clamp != 0, clamp_value, T.float32(float('inf')))
+                clamp_allows_fast = T.alloc_var(T.int32)
+                clamp_allows_fast = T.call_extern('int32', 'tk_clamp_allows_fast_div', clamp_c) if words else 1
                 row = T.alloc_var(T.int32)
                 block = T.alloc_var(T.int32)
                 live = T.alloc_var(T.int32)
@@ -409,23 +472,43 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> K
                         # and the largest and smallest |clamped gate| for the step's one range test.
                         div_range[0] = T.float32(0)
                         div_range[1] = T.float32(float('inf'))
+                        if words:
+                            gate_bits[0] = T.uint32(0)
+                            gate_bits[1] = T.uint32(0xFFFFFFFF)
+                            gate_bits[2] = T.uint32(0x80008000)  # -0.0 in both halves: the signed 16-bit minimum
                         for j in T.unroll(num_vectors):
-                            for e in T.vectorized(epv):
-                                gate_wide[e] = T.Cast(T.float32, gate[j, e])
-                            for e in T.vectorized(epv):
-                                up_wide[e] = T.Cast(T.float32, up[j, e])
+                            if words:
+                                T.evaluate(T.call_extern('void', 'tk_widen_bf16x8', T.address_of(gate[j, 0]), T.address_of(gate_wide[0])))
+                                T.evaluate(T.call_extern('void', 'tk_widen_bf16x8', T.address_of(up[j, 0]), T.address_of(up_wide[0])))
+                                T.evaluate(T.call_extern('void', 'tk_track_gate_bits_bf16x8', T.address_of(gate[j, 0]),
+                                                         T.address_of(gate_bits[0]), T.address_of(gate_bits[1])))
+                                if count_clamp != 0:
+                                    T.evaluate(T.call_extern('void', 'tk_track_reach_bf16x8', T.address_of(gate[j, 0]),
+                                                             T.address_of(up[j, 0]), T.address_of(gate_bits[2])))
+                            else:
+                                for e in T.vectorized(epv):
+                                    gate_wide[e] = T.Cast(T.float32, gate[j, e])
+                                for e in T.vectorized(epv):
+                                    up_wide[e] = T.Cast(T.float32, up[j, e])
                             for e in T.unroll(epv):
                                 l = gate_wide[e]
                                 r = up_wide[e]
-                                if count_clamp != 0:
-                                    reach[0] = T.max(reach[0], l)
-                                    reach[1] = T.max(reach[1], T.abs(r))
+                                if not words:
+                                    if count_clamp != 0:
+                                        reach[0] = T.max(reach[0], l)
+                                        reach[1] = T.max(reach[1], T.abs(r))
                                 gate_clamped[0] = T.call_extern('float32', 'tk_min_nan', l, clamp_c)
-                                track_division_range(div_range, gate_clamped[0])
+                                if not words:
+                                    track_division_range(div_range, gate_clamped[0])
                                 act[j, e] = _clamped_swiglu_fast(gate_clamped[0], r, clamp_c) * step_weight[0]
                         # Outside the range (a zero, tiny or large gate, inf, NaN: rare), the step again with
                         # IEEE division, from x read again (in cache) rather than loaded vectors kept live.
-                        if T.call_extern('int32', 'tk_div_fast_in_range', div_range[0], div_range[1]) == 0:
+                        if words:
+                            fast_ok = T.And(clamp_allows_fast != 0,
+                                            T.call_extern('int32', 'tk_gate_bits_in_range', gate_bits[0], gate_bits[1]) != 0)
+                        else:
+                            fast_ok = T.call_extern('int32', 'tk_div_fast_in_range', div_range[0], div_range[1]) != 0
+                        if not fast_ok:
                             load_step(x, gate, up, row, block, lane)
                             for j in T.unroll(num_vectors):
                                 for e in T.unroll(epv):
@@ -438,7 +521,11 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> K
                         # in cache): keeping the loaded vectors for this rare case would hold 32 registers
                         # through the element loop.
                         if count_clamp != 0:
-                            if T.Or(reach[0] > clamp_c, reach[1] > clamp_c):
+                            if words:
+                                reach_exceeds = T.call_extern('int32', 'tk_reach_exceeds', gate_bits[2], clamp_c) != 0
+                            else:
+                                reach_exceeds = T.Or(reach[0] > clamp_c, reach[1] > clamp_c)
+                            if reach_exceeds:
                                 load_step(x, gate, up, row, block, lane)
                                 for j in T.unroll(num_vectors):
                                     for e in T.unroll(epv):
