@@ -1,8 +1,11 @@
-"""The flat SwiGLU forward's bf16 word tests (kernel_src.quant.swiglu _BF16_WORDS_PRELUDE), over every bf16 value.
+"""The flat SwiGLU forward's bf16 word tests (kernel_src.quant.swiglu _BF16_WORDS_PRELUDE, _SILU_TABLE_PRELUDE), over
+every bf16 value.
 
-* The step's division range test on the loaded gate's magnitude bits, with the launch's test of the clamp, passes only
-  where the old test on the clamped gate a = min.NaN(l, c) passed (FAST_DIV_MIN <= |a| <= FAST_DIV_MAX), so the
-  branch-free division is used only where it is exact.
+* The step's window test of the silu table on the loaded gate's magnitude bits passes exactly for the gates with
+  2^TABLE_LOW_EXP <= |g| < 2^TABLE_HIGH_EXP (no zero, subnormal, inf or NaN), and for those the lookup's byte
+  offsets (one multiply-add and one LOP3 a word of two gates) are the slots the table build writes for the same
+  gate, in both halves of a word whatever the other half holds, inside the table; the build writes each window
+  gate's slot exactly once.
 * The clamp-count reach (signed 16-bit max over gate words and |up| words, then !(half <= c)) fires whenever some
   gate l > c or some |up| > c: a missed step would lose clamp counts.
 """
@@ -15,20 +18,53 @@ swiglu = pytest.importorskip('kernel_src.quant.swiglu')
 ALL_BITS = np.arange(1 << 16, dtype=np.uint32)
 VALUES = (ALL_BITS << 16).view(np.float32)  # every bf16, widened exactly
 CLAMPS = [np.float32(v) for v in (10.0, 7.0, 7.3, 80.0, 100.0, 1e-3, 2.0**-64, 2.0**-70, 0.0, -1.0, float('inf'))]
-MAX_BITS = swiglu._bf16_bits(swiglu.FAST_DIV_MAX)
-MIN_BITS = swiglu._bf16_bits(swiglu.FAST_DIV_MIN)
+LOW, HIGH = swiglu.TABLE_LOW_BITS, swiglu.TABLE_HIGH_BITS
 
 
-@pytest.mark.parametrize('c', CLAMPS, ids=str)
-def test_gate_bits_range_implies_clamped_gate_range(c):
+def _lookup_offsets(words):
+    """tk_silu_lookup_bf16x8's byte offsets of the two gates of each 32-bit word (low half, high half)."""
+    import re
+    constant = int(re.search(r'"r"\((0x[0-9a-f]+)u\)', swiglu._SILU_TABLE_PRELUDE).group(1), 16)
+    scaled = ((words & 0x7FFF7FFF) * 4 + constant) & 0xFFFFFFFF  # mad.lo.u32
+    offsets = scaled | (words & 0x80008000)
+    return offsets & 0xFFFF, offsets >> 16
+
+
+def _slot(bits):
+    """The float index the table build writes the silu of gate `bits` to."""
+    negative = bits >> 15
+    return negative * swiglu.TABLE_SIGN_WORDS + (bits & 0x7FFF) - LOW
+
+
+def test_window_test_is_the_value_window():
     magnitude = ALL_BITS & 0x7FFF
-    new_pass = (magnitude <= MAX_BITS) & (magnitude >= MIN_BITS) & bool(c >= np.float32(swiglu.FAST_DIV_MIN))
-    a = np.where(np.isnan(VALUES), VALUES, np.minimum(VALUES, c))  # min.NaN(l, c)
+    passes = (magnitude < HIGH) & (magnitude >= LOW)  # tk_gate_bits_in_table on a step holding this gate
     with np.errstate(invalid='ignore'):
-        old_pass = (np.abs(a) <= np.float32(swiglu.FAST_DIV_MAX)) & (np.abs(a) >= np.float32(swiglu.FAST_DIV_MIN))
-    assert not np.any(new_pass & ~old_pass)
-    if c == np.float32(10.0):  # the benchmarks' clamp: every gate the old test took, but those above 80, still passes
-        assert np.array_equal(new_pass, old_pass & ~(VALUES > 80))
+        window = (np.abs(VALUES) >= np.float32(2.0**swiglu.TABLE_LOW_EXP)) & (np.abs(VALUES) < np.float32(2.0**swiglu.TABLE_HIGH_EXP))
+    assert np.array_equal(passes, window)
+    assert passes.sum() == 2 * swiglu.TABLE_PER_SIGN
+
+
+def test_build_writes_each_window_gate_once():
+    entry = np.arange(2 * swiglu.TABLE_PER_SIGN)  # build_silu_table: entry k * threads + tid
+    negative = (entry >= swiglu.TABLE_PER_SIGN).astype(np.int64)
+    bits = negative * 0x8000 + LOW + entry - negative * swiglu.TABLE_PER_SIGN
+    slot = negative * swiglu.TABLE_SIGN_WORDS + entry - negative * swiglu.TABLE_PER_SIGN
+    magnitude = ALL_BITS & 0x7FFF
+    assert np.array_equal(np.sort(bits), ALL_BITS[(magnitude >= LOW) & (magnitude < HIGH)])
+    assert np.array_equal(slot, _slot(bits))
+    assert len(set(slot.tolist())) == len(slot) and slot.min() >= 0 and slot.max() < swiglu.TABLE_WORDS
+
+
+def test_lookup_offsets_are_the_build_slots():
+    magnitude = ALL_BITS & 0x7FFF
+    window = ALL_BITS[(magnitude >= LOW) & (magnitude < HIGH)].astype(np.uint64)
+    # every pair of window gates in one word (26 million words), both orders
+    words = (window[:, None] << 16 | window[None, :]).ravel()
+    low, high = _lookup_offsets(words)
+    assert np.array_equal(low, 4 * _slot(words & 0xFFFF))
+    assert np.array_equal(high, 4 * _slot(words >> 16))
+    assert high.max() < 4 * swiglu.TABLE_WORDS and low.max() < 4 * swiglu.TABLE_WORDS
 
 
 @pytest.mark.parametrize('c', CLAMPS, ids=str)
