@@ -206,6 +206,14 @@ __device__ __forceinline__ void tk_silu_lookup_bf16x8(const void* gate, const fl
   }
 }
 __device__ __forceinline__ float tk_bf16_bits_to_float(int bits) { return __uint_as_float((unsigned)bits << 16); }
+template <typename T> __device__ __forceinline__ void tk_prefetch_l2(const T* p, int index = 0) {
+  asm volatile("prefetch.global.L2 [%0];" :: "l"(p + index));
+}
+// One flat step of a lane into L2: its 2 gate and 2 up vectors (vector j at column col + 64 j, up `hidden` further).
+template <typename T> __device__ __forceinline__ void tk_prefetch_step_bf16(const T* x, int row, int width, int hidden, int col) {
+  const T* gate = x + (long long)row * width + col;
+  tk_prefetch_l2(gate); tk_prefetch_l2(gate + 64); tk_prefetch_l2(gate + hidden); tk_prefetch_l2(gate + hidden + 64);
+}
 """.replace('TABLE_MINUS_LOW_OFFSETS', hex(-4 * TABLE_LOW_BITS * 0x10001 % 2**32))
 
 
@@ -498,6 +506,18 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> K
                     table_gates = T.alloc_local((2 * TABLE_PER_SIGN // threads,), T.float32)
                     table_silu = T.alloc_local((2 * TABLE_PER_SIGN // threads,), T.float32)
                     div_range_build = T.alloc_local((2,), T.float32)
+                    # The build (about 150 instructions a thread) would leave the memory system idle: step 0's x
+                    # (and its row lookups) are fetched into L2 meanwhile, so that its loads hit L2.
+                    first_blk = pid * blocks_per_step + (tid >> lanes_log2)
+                    first_row = T.Cast(T.int32, (T.Cast(T.int64, first_blk) * row_magic) >> T.Cast(T.int64, row_shift))
+                    if T.And(num_iters > 0, first_row < num_rows):
+                        first_block = first_blk - first_row * blocks_per_row
+                        T.evaluate(T.call_extern('void', 'tk_prefetch_step_bf16', x.data, first_row, width, hidden,
+                                                 first_block * BLOCK + (tid & (lanes - 1)) * epv))
+                        if with_pos_to_expert != 0:
+                            T.evaluate(T.call_extern('void', 'tk_prefetch_l2', pos_to_expert.data, first_row))
+                        if with_weight != 0:
+                            T.evaluate(T.call_extern('void', 'tk_prefetch_l2', pos_to_token_topk.data, first_row))
                     build_silu_table(silu_table, table_gates, table_silu, div_range_build, clamp_c, tid)
                     T.sync_threads()
                 row = T.alloc_var(T.int32)
