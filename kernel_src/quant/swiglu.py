@@ -53,6 +53,17 @@ BLOCK = 128  # channels per scale factor of the flat forward
 # persistent grid that many per SM): bf16 fits 64 registers (8 warps a scheduler); fp32 holds twice the loaded
 # bytes and spilled at 64 (one spill stored a row lookup as it arrived, a wait each step), none at 80.
 FWD_MIN_BLOCKS = {'bfloat16': 4, 'float32': 3}
+# Flat bf16 kernel: silu of the (clamped) gate from a shared-memory table instead of an exponential and a division
+# per element (_SILU_TABLE_PRELUDE). Every CTA builds the table once, so the flat bf16 kernel runs one CTA of 1024
+# threads an SM (the same 64 registers and 8 warps a scheduler as 4 CTAs of 256) and each thread builds 5 entries.
+TABLE_THREADS = 1024
+TABLE_LOW_EXP, TABLE_HIGH_EXP = -16, 4  # the window of gate magnitudes the table holds: [2^-16, 2^4)
+TABLE_LOW_BITS = (127 + TABLE_LOW_EXP) << 7
+TABLE_HIGH_BITS = (127 + TABLE_HIGH_EXP) << 7
+TABLE_PER_SIGN = TABLE_HIGH_BITS - TABLE_LOW_BITS  # 2560 gates of each sign
+TABLE_SIGN_WORDS = 1 << 13  # bit 15 of a byte offset
+TABLE_WORDS = TABLE_SIGN_WORDS + TABLE_PER_SIGN  # 42 KB of shared memory (the 22 KB between the signs unused)
+assert 4 * TABLE_PER_SIGN <= 1 << 14 and 2 * TABLE_PER_SIGN % TABLE_THREADS == 0  # offsets below bit 14; 5 entries a thread
 
 CH_THREADS = 256
 CH_TOKENS = 128  # tokens per CTA (one block of 128 or four of 32)
@@ -150,6 +161,97 @@ __device__ __forceinline__ int tk_opaque_zero() { int z; asm volatile("mov.u32 %
 """.replace('FAST_DIV_MAX', FAST_DIV_MAX.hex()).replace('FAST_DIV_MIN_BELOW', FAST_DIV_MIN_BELOW.hex())
 
 
+def _bf16_bits(value: float) -> int:
+    """The bf16 bit pattern of a float32 that bf16 holds exactly."""
+    import struct
+    bits = struct.unpack('<I', struct.pack('<f', value))[0]
+    assert bits & 0xFFFF == 0, value
+    return bits >> 16
+
+
+# The flat forward's bf16 input, handled as the 32-bit words that hold two elements each:
+# * widening: a bf16 is the upper half of its float32, so the element in the high half is the word with its low half
+#   cleared (one LOP3) and the one in the low half the word shifted up (one SHF), where the vectorised cast spent a
+#   PRMT and a shift on each high half;
+# * the step's window test of the silu table (_SILU_TABLE_PRELUDE) on the gate's magnitude bits (word & 0x7fff7fff,
+#   one LOP3 a word), folded four elements at a time by Hopper's three-input 16x2 integer max and min
+#   (VIMNMX3.U16x2): for bf16 magnitudes, integer order is value order, and zero, subnormals, inf and NaN (above inf)
+#   all lie outside the window;
+# * the clamp-count reach: the signed 16x2 max over gate words and |up| words (VIMNMX3.S16x2, one for 4 elements):
+#   positive bf16 are ordered as their signed 16-bit patterns and every negative one is below every positive one,
+#   so some l > c >= 0 or |r| > c makes the max exceed c; a NaN max (or c < 0) sends the step to the exact recount
+#   as well, which counts with the float compares (counts never depend on this test, only the cost does).
+_BF16_WORDS_PRELUDE = """
+__device__ __forceinline__ void tk_widen_bf16x8(const void* src, float* dst) {
+  const unsigned* w = (const unsigned*)src;
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    dst[2 * i] = __uint_as_float(w[i] << 16);
+    dst[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+  }
+}
+__device__ __forceinline__ void tk_track_gate_bits_bf16x8(const void* gate, unsigned* largest, unsigned* smallest) {
+  const unsigned* g = (const unsigned*)gate;
+  const unsigned m0 = g[0] & 0x7fff7fffu, m1 = g[1] & 0x7fff7fffu, m2 = g[2] & 0x7fff7fffu, m3 = g[3] & 0x7fff7fffu;
+  largest[0] = __vimax3_u16x2(__vimax3_u16x2(largest[0], m0, m1), m2, m3);
+  smallest[0] = __vimin3_u16x2(__vimin3_u16x2(smallest[0], m0, m1), m2, m3);
+}
+__device__ __forceinline__ void tk_track_reach_bf16x8(const void* gate, const void* up, unsigned* reach) {
+  const unsigned* g = (const unsigned*)gate;
+  const unsigned* u = (const unsigned*)up;
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) reach[0] = __vimax3_s16x2(reach[0], g[i], u[i] & 0x7fff7fffu);
+}
+__device__ __forceinline__ int tk_gate_bits_in_table(unsigned largest, unsigned smallest) {
+  return max(largest & 0xffffu, largest >> 16) < TABLE_HIGH_BITSu && min(smallest & 0xffffu, smallest >> 16) >= TABLE_LOW_BITSu;
+}
+__device__ __forceinline__ int tk_reach_exceeds(unsigned reach, float c) {
+  const float high = __uint_as_float(reach & 0xffff0000u);
+  const float low = __uint_as_float(reach << 16);
+  return !(high <= c && low <= c);
+}
+""".replace('TABLE_HIGH_BITS', hex(TABLE_HIGH_BITS)).replace('TABLE_LOW_BITS', hex(TABLE_LOW_BITS))
+
+
+# The flat bf16 forward's silu table: silu(min.NaN(g, c)) for every bf16 gate g whose magnitude lies in
+# [2^TABLE_LOW_EXP, 2^TABLE_HIGH_EXP), built by each CTA at its start (build_silu_table) with the exact path's
+# expression (_silu: the same expf; the division by tk_div_rn_fast where its range test passes, where it is
+# correctly rounded, else `/`), so a lookup returns the bits that path computes; a step whose 16 gates all
+# lie in the window (tk_gate_bits_in_table; else the step takes the exact path) then spends two integer
+# instructions and one LDS on each gate's silu instead of the clamp, the exponential (8 instructions) and the
+# division (6). act = silu * clamped up * weight, in the exact path's order, so results do not change.
+# Layout: positive gates at float index (bits - TABLE_LOW_BITS), negative ones TABLE_SIGN_WORDS further on. Then a
+# word of two gates gives both byte offsets at once: 4 * (magnitude - low) in each 16-bit half (one LEA or IMAD:
+# the two halves' products do not interfere, as 4 * (m - low) < 2^14 in the window) and the gate's own sign bit
+# (bit 15 of each half) kept in place (one LOP3), i.e. 2^15 bytes = TABLE_SIGN_WORDS floats further on.
+# tests/cpu/test_swiglu_bf16_words.py checks the mapping over every bf16 pattern.
+_SILU_TABLE_PRELUDE = """
+__device__ __forceinline__ void tk_silu_lookup_bf16x8(const void* gate, const float* table, float* dst) {
+  const unsigned* g = (const unsigned*)gate;
+  const char* base = (const char*)table;
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    // 4 * magnitude - 4 * low in each half as one multiply-add (written in PTX: nvcc turned the C form into a
+    // shift, a mask and an add).
+    unsigned scaled;
+    asm("mad.lo.u32 %0, %1, 4, %2;" : "=r"(scaled) : "r"(g[i] & 0x7fff7fffu), "r"(TABLE_MINUS_LOW_OFFSETSu));
+    const unsigned offsets = scaled | (g[i] & 0x80008000u);
+    dst[2 * i] = *(const float*)(base + (offsets & 0xffffu));
+    dst[2 * i + 1] = *(const float*)(base + (offsets >> 16));
+  }
+}
+__device__ __forceinline__ float tk_bf16_bits_to_float(int bits) { return __uint_as_float((unsigned)bits << 16); }
+template <typename T> __device__ __forceinline__ void tk_prefetch_l2(const T* p, int index = 0) {
+  asm volatile("prefetch.global.L2 [%0];" :: "l"(p + index));
+}
+// One flat step of a lane into L2: its 2 gate and 2 up vectors (vector j at column col + 64 j, up `hidden` further).
+template <typename T> __device__ __forceinline__ void tk_prefetch_step_bf16(const T* x, int row, int width, int hidden, int col) {
+  const T* gate = x + (long long)row * width + col;
+  tk_prefetch_l2(gate); tk_prefetch_l2(gate + 64); tk_prefetch_l2(gate + hidden); tk_prefetch_l2(gate + hidden + 64);
+}
+""".replace('TABLE_MINUS_LOW_OFFSETS', hex(-4 * TABLE_LOW_BITS * 0x10001 % 2**32))
+
+
 def _clamped_swiglu(l, r, c):
     """_swiglu with the clamp always on, against c (+inf for no clamp: the same results), in three FMNMX.NAN.
 
@@ -158,7 +260,12 @@ def _clamped_swiglu(l, r, c):
     could a signed zero differ, and there min/max are the instructions of torch's own clamp."""
     l = T.call_extern('float32', 'tk_min_nan', l, c)
     r = T.call_extern('float32', 'tk_min_nan', T.call_extern('float32', 'tk_max_nan', r, -c), c)
-    return l / (T.float32(1) + T.exp(-l)) * r
+    return _silu(l) * r
+
+
+def _silu(l):
+    """silu of the clamped gate, as the exact path computes it (IEEE division, expf); the silu table holds these."""
+    return l / (T.float32(1) + T.exp(-l))
 
 
 def _clamped_swiglu_fast(a, r, c):
@@ -186,14 +293,17 @@ def check_forward(in_dtype: str, sf_format: str, per_row: bool) -> None:
 
 def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> KernelProgram:
     epv = 16 // IN_DTYPES[in_dtype]  # elements per 16-byte vector
+    words = in_dtype == 'bfloat16'  # flat kernel: bf16 handled as 32-bit words (_BF16_WORDS_PRELUDE)
     packed = sf_format == 'ue8m0'
     num_vectors = ROW_VECTORS if per_row else FWD_ELEMENTS // epv
     # Flat kernel: a 128-wide block is `lanes` (8) adjacent lanes, lane i holding its vectors i, i + lanes, ...
     # so that each load instruction reads whole 128-byte runs.
     lanes = BLOCK // FWD_ELEMENTS
     lanes_log2 = lanes.bit_length() - 1
-    blocks_per_step = FWD_THREADS // lanes
-    num_warps = FWD_THREADS // 32
+    table = words and not per_row  # flat bf16: silu from the shared table (_SILU_TABLE_PRELUDE)
+    threads = TABLE_THREADS if table else FWD_THREADS
+    blocks_per_step = threads // lanes
+    num_warps = threads // 32
 
     num_rows = T.dynamic('num_rows')
     width = T.dynamic('width')
@@ -281,6 +391,28 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> K
         for e in T.vectorized(epv):
             out[row, col + e] = quantized[e]
 
+    @T.macro
+    def build_silu_table(silu_table, table_gates, table_silu, div_range_build, clamp_c, tid):
+        """The silu table (_SILU_TABLE_PRELUDE): 5 entries a thread, with the branch-free division where all of the
+        thread's clamped gates pass its range test (the exact path's results there; with c >= 2^-64, always), else
+        with `/`, the exact path's own expression."""
+        div_range_build[0] = T.float32(0)
+        div_range_build[1] = T.float32(float('inf'))
+        for k in T.unroll(2 * TABLE_PER_SIGN // threads):
+            entry = k * threads + tid
+            negative = T.Cast(T.int32, entry >= TABLE_PER_SIGN)
+            table_gates[k] = T.call_extern('float32', 'tk_min_nan', T.call_extern(
+                'float32', 'tk_bf16_bits_to_float', negative * 0x8000 + TABLE_LOW_BITS + entry - negative * TABLE_PER_SIGN), clamp_c)
+            track_division_range(div_range_build, table_gates[k])
+            table_silu[k] = T.call_extern('float32', 'tk_div_rn_fast', table_gates[k], T.float32(1) + T.exp(-table_gates[k]))
+        if T.call_extern('int32', 'tk_div_fast_in_range', div_range_build[0], div_range_build[1]) == 0:
+            for k in T.unroll(2 * TABLE_PER_SIGN // threads):
+                table_silu[k] = _silu(table_gates[k])
+        for k in T.unroll(2 * TABLE_PER_SIGN // threads):
+            entry = k * threads + tid
+            negative = T.Cast(T.int32, entry >= TABLE_PER_SIGN)
+            silu_table[negative * TABLE_SIGN_WORDS + entry - negative * TABLE_PER_SIGN] = table_silu[k]
+
     @T.prim_func
     def swiglu_forward(
         x: T.Tensor[(num_rows, width), in_dtype],
@@ -304,8 +436,10 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> K
         clamp_value: T.float32,
         sf_floor: T.float32,
     ):
-        with T.Kernel(num_ctas, threads=FWD_THREADS, prelude=None if per_row else _NAN_MIN_MAX_PRELUDE + _FAST_DIV_PRELUDE) as pid:
-            T.annotate_min_blocks_per_sm(ROW_MIN_BLOCKS[in_dtype] if per_row else FWD_MIN_BLOCKS[in_dtype])
+        prelude = None if per_row else _NAN_MIN_MAX_PRELUDE + _FAST_DIV_PRELUDE + (_BF16_WORDS_PRELUDE + _SILU_TABLE_PRELUDE if words else '')
+        with T.Kernel(num_ctas, threads=threads, prelude=prelude) as pid:
+            # The table kernel: one CTA an SM of 4x the threads, the same 64-register budget.
+            T.annotate_min_blocks_per_sm(ROW_MIN_BLOCKS[in_dtype] if per_row else FWD_MIN_BLOCKS[in_dtype] * FWD_THREADS // threads)
             T.assume(hidden % BLOCK == 0)
             T.assume(width % 64 == 0)
             tid = T.get_thread_binding()
@@ -375,7 +509,8 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> K
                 # division's slow-path branch, ~100 cycles for ~28 instructions), so a warp issues about one
                 # instruction in three cycles by itself and the scheduler needs several warps computing at
                 # once. Two steps in flight per thread took 128 registers (2 CTAs, 4 warps a scheduler);
-                # one step of 16 elements fits 64 for bf16 (4 CTAs, 8 warps a scheduler; fp32: 80, 6 warps),
+                # one step of 16 elements fits 64 for bf16 (4 CTAs of 256, or 1 of 1024 with the silu table: 8 warps a
+                # scheduler; fp32: 80, 6 warps),
                 # and the warps waiting for their loads keep the memory system busy while the others compute.
                 # Only the row lookups run a step ahead (their values are used one step later, so the
                 # dependent x loads never wait for them): iteration t looks up step t and loads and
@@ -388,6 +523,8 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> K
                 step_weight = T.alloc_local((1,), T.float32)
                 reach = T.alloc_local((2,), T.float32)
                 div_range = T.alloc_local((2,), T.float32)  # largest and smallest |clamped gate| of the step
+                # bf16: the largest and smallest gate magnitude bits and the clamp-count reach, as 16x2 words.
+                gate_bits = T.alloc_local((3,), T.uint32)
                 gate_clamped = T.alloc_local((1,), T.float32)
                 # One vector of each half widened to float32 by a vectorised cast.
                 gate_wide = T.alloc_local((epv,), T.float32)
@@ -397,6 +534,27 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> K
                 # element loop does not test use_clamp.
                 clamp_c = T.alloc_var(T.float32)
                 clamp_c = T.if_then_else(use_clamp != 0, clamp_value, T.float32(float('inf')))
+                if table:
+                    # The silu table (_SILU_TABLE_PRELUDE), built before the loop: built inside it at t = 1, so as
+                    # to overlap step 0's loads, tilelang put a barrier before the table stores of every iteration.
+                    silu_table = T.alloc_shared((TABLE_WORDS,), T.float32)
+                    table_gates = T.alloc_local((2 * TABLE_PER_SIGN // threads,), T.float32)
+                    table_silu = T.alloc_local((2 * TABLE_PER_SIGN // threads,), T.float32)
+                    div_range_build = T.alloc_local((2,), T.float32)
+                    # The build (about 150 instructions a thread) would leave the memory system idle: step 0's x
+                    # (and its row lookups) are fetched into L2 meanwhile, so that its loads hit L2.
+                    first_blk = pid * blocks_per_step + (tid >> lanes_log2)
+                    first_row = T.Cast(T.int32, (T.Cast(T.int64, first_blk) * row_magic) >> T.Cast(T.int64, row_shift))
+                    if T.And(num_iters > 0, first_row < num_rows):
+                        first_block = first_blk - first_row * blocks_per_row
+                        T.evaluate(T.call_extern('void', 'tk_prefetch_step_bf16', x.data, first_row, width, hidden,
+                                                 first_block * BLOCK + (tid & (lanes - 1)) * epv))
+                        if with_pos_to_expert != 0:
+                            T.evaluate(T.call_extern('void', 'tk_prefetch_l2', pos_to_expert.data, first_row))
+                        if with_weight != 0:
+                            T.evaluate(T.call_extern('void', 'tk_prefetch_l2', pos_to_token_topk.data, first_row))
+                    build_silu_table(silu_table, table_gates, table_silu, div_range_build, clamp_c, tid)
+                    T.sync_threads()
                 row = T.alloc_var(T.int32)
                 block = T.alloc_var(T.int32)
                 live = T.alloc_var(T.int32)
@@ -444,28 +602,58 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> K
                         # and the largest and smallest |clamped gate| for the step's one range test.
                         div_range[0] = T.float32(0)
                         div_range[1] = T.float32(float('inf'))
-                        for j in T.unroll(num_vectors):
-                            for e in T.vectorized(epv):
-                                gate_wide[e] = T.Cast(T.float32, gate[j, e])
-                            for e in T.vectorized(epv):
-                                up_wide[e] = T.Cast(T.float32, up[j, e])
-                            for e in T.unroll(epv):
-                                l = gate_wide[e]
-                                r = up_wide[e]
-                                if count_clamp != 0:
-                                    reach[0] = T.max(reach[0], l)
-                                    reach[1] = T.max(reach[1], T.abs(r))
-                                gate_clamped[0] = T.call_extern('float32', 'tk_min_nan', l, clamp_c)
-                                track_division_range(div_range, gate_clamped[0])
-                                act[j, e] = _clamped_swiglu_fast(gate_clamped[0], r, clamp_c) * step_weight[0]
-                        # Outside the range (a zero, tiny or large gate, inf, NaN: rare), the step again with
-                        # IEEE division, from x read again (in cache) rather than loaded vectors kept live.
-                        if T.call_extern('int32', 'tk_div_fast_in_range', div_range[0], div_range[1]) == 0:
-                            load_step(x, gate, up, row, block, lane)
+                        if words:
+                            # The gate's magnitude bits for the table's window test, and the clamp-count reach.
+                            gate_bits[0] = T.uint32(0)
+                            gate_bits[1] = T.uint32(0xFFFFFFFF)
+                            gate_bits[2] = T.uint32(0x80008000)  # -0.0 in both halves: the signed 16-bit minimum
                             for j in T.unroll(num_vectors):
+                                T.evaluate(T.call_extern('void', 'tk_track_gate_bits_bf16x8', T.address_of(gate[j, 0]),
+                                                         T.address_of(gate_bits[0]), T.address_of(gate_bits[1])))
+                                if count_clamp != 0:
+                                    T.evaluate(T.call_extern('void', 'tk_track_reach_bf16x8', T.address_of(gate[j, 0]),
+                                                             T.address_of(up[j, 0]), T.address_of(gate_bits[2])))
+                            if T.call_extern('int32', 'tk_gate_bits_in_table', gate_bits[0], gate_bits[1]) != 0:
+                                # silu(min(g, c)) of every gate from the table (the test above keeps every offset
+                                # inside it), then the exact path's products: silu * clamped up * weight.
+                                for j in T.unroll(num_vectors):
+                                    T.evaluate(T.call_extern('void', 'tk_silu_lookup_bf16x8', T.address_of(gate[j, 0]),
+                                                             T.address_of(silu_table[0]), T.address_of(act[j, 0])))
+                                    T.evaluate(T.call_extern('void', 'tk_widen_bf16x8', T.address_of(up[j, 0]), T.address_of(up_wide[0])))
+                                    for e in T.unroll(epv):
+                                        r = T.call_extern('float32', 'tk_min_nan', T.call_extern('float32', 'tk_max_nan', up_wide[e], -clamp_c),
+                                                          clamp_c)
+                                        act[j, e] = act[j, e] * r * step_weight[0]
+                            else:
+                                # A gate outside the window (zero, tiny, large, inf, NaN: rare): the exact path.
+                                for j in T.unroll(num_vectors):
+                                    for e in T.unroll(epv):
+                                        act[j, e] = _clamped_swiglu(T.Cast(T.float32, gate[j, e]), T.Cast(T.float32, up[j, e]),
+                                                                    clamp_c) * step_weight[0]
+                        else:
+                            for j in T.unroll(num_vectors):
+                                for e in T.vectorized(epv):
+                                    gate_wide[e] = T.Cast(T.float32, gate[j, e])
+                                for e in T.vectorized(epv):
+                                    up_wide[e] = T.Cast(T.float32, up[j, e])
                                 for e in T.unroll(epv):
-                                    act[j, e] = _clamped_swiglu(T.Cast(T.float32, gate[j, e]), T.Cast(T.float32, up[j, e]),
-                                                                clamp_c) * step_weight[0]
+                                    l = gate_wide[e]
+                                    r = up_wide[e]
+                                    if count_clamp != 0:
+                                        reach[0] = T.max(reach[0], l)
+                                        reach[1] = T.max(reach[1], T.abs(r))
+                                    gate_clamped[0] = T.call_extern('float32', 'tk_min_nan', l, clamp_c)
+                                    track_division_range(div_range, gate_clamped[0])
+                                    act[j, e] = _clamped_swiglu_fast(gate_clamped[0], r, clamp_c) * step_weight[0]
+                            # Outside the range (a zero, tiny or large gate, inf, NaN: rare), the step again with
+                            # IEEE division, from x read again (in cache) rather than loaded vectors kept live.
+                            fast_ok = T.call_extern('int32', 'tk_div_fast_in_range', div_range[0], div_range[1]) != 0
+                            if not fast_ok:
+                                load_step(x, gate, up, row, block, lane)
+                                for j in T.unroll(num_vectors):
+                                    for e in T.unroll(epv):
+                                        act[j, e] = _clamped_swiglu(T.Cast(T.float32, gate[j, e]), T.Cast(T.float32, up[j, e]),
+                                                                    clamp_c) * step_weight[0]
                         for j in T.unroll(num_vectors):
                             for e in T.unroll(epv):
                                 amax[0] = T.max(amax[0], T.abs(act[j, e]))
@@ -473,7 +661,11 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> K
                         # in cache): keeping the loaded vectors for this rare case would hold 32 registers
                         # through the element loop.
                         if count_clamp != 0:
-                            if T.Or(reach[0] > clamp_c, reach[1] > clamp_c):
+                            if words:
+                                reach_exceeds = T.call_extern('int32', 'tk_reach_exceeds', gate_bits[2], clamp_c) != 0
+                            else:
+                                reach_exceeds = T.Or(reach[0] > clamp_c, reach[1] > clamp_c)
+                            if reach_exceeds:
                                 load_step(x, gate, up, row, block, lane)
                                 for j in T.unroll(num_vectors):
                                     for e in T.unroll(epv):

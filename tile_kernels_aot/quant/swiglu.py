@@ -185,10 +185,12 @@ def swiglu_forward_and_per_token_cast(
             num_ctas = min(groups, num_sms * _CTAS_PER_SM)
             num_iters = -(-groups // num_ctas)
         else:
-            # 128-wide blocks per CTA and step: a block is 128 / _FWD_ELEMENTS adjacent threads. The grid is
-            # as many CTAs per SM as fit at once (the kernel's register budget sets it), so none waits for a
-            # second wave.
-            blocks_per_step = _FWD_THREADS * _FWD_ELEMENTS // 128
+            # 128-wide blocks per CTA and step: a block is 128 / _FWD_ELEMENTS adjacent threads, and the CTA size is
+            # the kernel's own (the bf16 kernel's CTAs are larger, see kernel_src/quant/swiglu.py). The grid is as
+            # many CTAs per SM as fit at once (the kernel's register and shared-memory budget sets it), so none
+            # waits for a second wave.
+            block = kernel.entry.launches[0].block
+            blocks_per_step = block[0] * block[1] * block[2] * _FWD_ELEMENTS // 128
             total = num_rows * blocks_per_row
             num_ctas = min(-(-total // blocks_per_step), num_sms * kernel.blocks_per_sm(device))
             num_iters = -(-total // (num_ctas * blocks_per_step))

@@ -1,0 +1,89 @@
+"""The flat SwiGLU forward's bf16 word tests (kernel_src.quant.swiglu _BF16_WORDS_PRELUDE, _SILU_TABLE_PRELUDE), over
+every bf16 value.
+
+* The step's window test of the silu table on the loaded gate's magnitude bits passes exactly for the gates with
+  2^TABLE_LOW_EXP <= |g| < 2^TABLE_HIGH_EXP (no zero, subnormal, inf or NaN), and for those the lookup's byte
+  offsets (one multiply-add and one LOP3 a word of two gates) are the slots the table build writes for the same
+  gate, in both halves of a word whatever the other half holds, inside the table; the build writes each window
+  gate's slot exactly once.
+* The clamp-count reach (signed 16-bit max over gate words and |up| words, then !(half <= c)) fires whenever some
+  gate l > c or some |up| > c: a missed step would lose clamp counts.
+"""
+
+import numpy as np
+import pytest
+
+swiglu = pytest.importorskip('kernel_src.quant.swiglu')
+
+ALL_BITS = np.arange(1 << 16, dtype=np.uint32)
+VALUES = (ALL_BITS << 16).view(np.float32)  # every bf16, widened exactly
+CLAMPS = [np.float32(v) for v in (10.0, 7.0, 7.3, 80.0, 100.0, 1e-3, 2.0**-64, 2.0**-70, 0.0, -1.0, float('inf'))]
+LOW, HIGH = swiglu.TABLE_LOW_BITS, swiglu.TABLE_HIGH_BITS
+
+
+def _lookup_offsets(words):
+    """tk_silu_lookup_bf16x8's byte offsets of the two gates of each 32-bit word (low half, high half)."""
+    import re
+    constant = int(re.search(r'"r"\((0x[0-9a-f]+)u\)', swiglu._SILU_TABLE_PRELUDE).group(1), 16)
+    scaled = ((words & 0x7FFF7FFF) * 4 + constant) & 0xFFFFFFFF  # mad.lo.u32
+    offsets = scaled | (words & 0x80008000)
+    return offsets & 0xFFFF, offsets >> 16
+
+
+def _slot(bits):
+    """The float index the table build writes the silu of gate `bits` to."""
+    negative = bits >> 15
+    return negative * swiglu.TABLE_SIGN_WORDS + (bits & 0x7FFF) - LOW
+
+
+def test_window_test_is_the_value_window():
+    magnitude = ALL_BITS & 0x7FFF
+    passes = (magnitude < HIGH) & (magnitude >= LOW)  # tk_gate_bits_in_table on a step holding this gate
+    with np.errstate(invalid='ignore'):
+        window = (np.abs(VALUES) >= np.float32(2.0**swiglu.TABLE_LOW_EXP)) & (np.abs(VALUES) < np.float32(2.0**swiglu.TABLE_HIGH_EXP))
+    assert np.array_equal(passes, window)
+    assert passes.sum() == 2 * swiglu.TABLE_PER_SIGN
+
+
+def test_build_writes_each_window_gate_once():
+    entry = np.arange(2 * swiglu.TABLE_PER_SIGN)  # build_silu_table: entry k * threads + tid
+    negative = (entry >= swiglu.TABLE_PER_SIGN).astype(np.int64)
+    bits = negative * 0x8000 + LOW + entry - negative * swiglu.TABLE_PER_SIGN
+    slot = negative * swiglu.TABLE_SIGN_WORDS + entry - negative * swiglu.TABLE_PER_SIGN
+    magnitude = ALL_BITS & 0x7FFF
+    assert np.array_equal(np.sort(bits), ALL_BITS[(magnitude >= LOW) & (magnitude < HIGH)])
+    assert np.array_equal(slot, _slot(bits))
+    assert len(set(slot.tolist())) == len(slot) and slot.min() >= 0 and slot.max() < swiglu.TABLE_WORDS
+
+
+def test_lookup_offsets_are_the_build_slots():
+    magnitude = ALL_BITS & 0x7FFF
+    window = ALL_BITS[(magnitude >= LOW) & (magnitude < HIGH)].astype(np.uint64)
+    # every pair of window gates in one word (26 million words), both orders
+    words = (window[:, None] << 16 | window[None, :]).ravel()
+    low, high = _lookup_offsets(words)
+    assert np.array_equal(low, 4 * _slot(words & 0xFFFF))
+    assert np.array_equal(high, 4 * _slot(words >> 16))
+    assert high.max() < 4 * swiglu.TABLE_WORDS and low.max() < 4 * swiglu.TABLE_WORDS
+
+
+@pytest.mark.parametrize('c', CLAMPS, ids=str)
+def test_reach_fires_for_every_clamped_element(c):
+    signed = ALL_BITS.astype(np.uint16).view(np.int16).astype(np.int32)
+    with np.errstate(invalid='ignore'):
+        fires = ~(VALUES <= c)  # tk_reach_exceeds on one half holding these bits
+        exceeds = VALUES > c
+    # The max M of a step's halves is >= (signed 16-bit) every gate word half and every |up| half; so it suffices
+    # that every M at or above an exceeding value fires, and (c < 0) that every M >= +0 fires (|up| halves are >= +0).
+    order = np.argsort(signed, kind='stable')
+    fires_sorted, exceeds_sorted = fires[order], exceeds[order]
+    first_exceeding = np.argmax(exceeds_sorted) if exceeds_sorted.any() else len(order)
+    if c >= 0:
+        assert fires_sorted[first_exceeding:].all()
+    else:  # negative values are not ordered by their signed bits, but the |up| halves put M at +0 or above
+        assert fires[signed >= 0].all()
+    # |up| as magnitude bits: r > c or r < -c is |r| > c, for every up value
+    up_magnitude = (ALL_BITS & 0x7FFF) << 16
+    with np.errstate(invalid='ignore'):
+        clamped_up = (VALUES > c) | (VALUES < -c)
+        assert np.array_equal(clamped_up, up_magnitude.view(np.float32) > c)
