@@ -51,9 +51,6 @@ GROUPS_PER_THREAD = 8  # the cast: rows of up to 128 * 8 groups (8192 channels) 
 ROW_CAPACITY = NUM_THREADS * 8 * GROUPS_PER_THREAD  # wider rows take the two-pass path
 E5M6_MAX, AMAX_FLOOR = 65024.0, 1e-4
 MIN_BLOCKS = {'bfloat16': 8, 'float32': 4}  # the cast: CTAs (rows) per SM the register allocation must allow
-# The unaligned bf16 cast holds a row's channels one per register until its loads arrive (56 at 7168), which
-# spilled at 64 registers: 80 (6 rows an SM).
-UNALIGNED_MIN_BLOCKS = {'bfloat16': 6, 'float32': 4}
 BACK_UNITS = 8  # the cast back: 16-byte output vectors a thread (24 or 16 words of loads in flight)
 
 
@@ -173,7 +170,7 @@ def build_cast(arch: Arch, in_dtype: str, sf_format: str, aligned: bool) -> Kern
         with T.Kernel(num_tokens, threads=NUM_THREADS) as row:
             # A CTA loads its row, then reduces and encodes with nothing in flight, so rows in flight per SM
             # are what hides the load latency: at most 64 registers (bf16: 8 rows an SM) or 128 (float32: 4).
-            T.annotate_min_blocks_per_sm(MIN_BLOCKS[in_dtype] if aligned else UNALIGNED_MIN_BLOCKS[in_dtype])
+            T.annotate_min_blocks_per_sm(MIN_BLOCKS[in_dtype])
             T.assume(hidden % 8 == 0)
             if aligned:
                 T.assume(hidden % CHUNK == 0)
@@ -193,19 +190,11 @@ def build_cast(arch: Arch, in_dtype: str, sf_format: str, aligned: bool) -> Kern
                 # bytes a lane, as three words) of a warp is one contiguous span.
                 for i in T.unroll(groups):
                     group = i * NUM_THREADS + tid
-                    if aligned:
-                        if group * 8 < hidden:
-                            load_group(x, row, group, values, i)
-                        else:
-                            for e in T.vectorized(8):
-                                values[i, e] = T.cast(0, in_dtype)  # zeros cannot raise the amax
+                    if group * 8 < hidden:
+                        load_group(x, row, group, values, i)
                     else:
-                        # Element by element and unconditionally, a group past the row's end reading the
-                        # row's last group again (already in the amax, and never encoded): under the bounds
-                        # `if`, nvcc merged each group's halves inside the branch, so each group waited for
-                        # its loads before the next group's were issued (one round trip per group, as
-                        # per_token_cast's unaligned kernel had).
-                        load_group(x, row, T.min(group, hidden // 8 - 1), values, i)
+                        for e in T.vectorized(8):
+                            values[i, e] = T.cast(0, in_dtype)  # zeros cannot raise the amax
 
                 amax[0] = T.float32(0)
                 if in_dtype == 'bfloat16':
