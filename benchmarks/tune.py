@@ -69,7 +69,36 @@ def reduce_inputs(p):
     return tensors, dict(with_weights=1, with_x_sf=0, with_sf=0), ok, nbytes(weights, t2p, out) + TOKENS * 8 * 7168 * 2
 
 
-INPUTS = {'tune.transpose': transpose_inputs, 'tune.per_token_cast': cast_inputs, 'tune.topk_gate': topk_inputs, 'tune.reduce_fused': reduce_inputs}
+def cast_back_inputs(p):
+    """upstream's case: e4m3 with 128 channels per packed UE8M0 scale factor, back to bf16, H 7168."""
+    import tile_kernels_aot
+    from tile_kernels_aot.quant._common import magic as _magic, packed_sf_bytes
+
+    data, sf = tile_kernels_aot.quant.per_token_cast(torch.randn(TOKENS, 7168, device='cuda').bfloat16(), 'e4m3', 128,
+                                                     use_tma_aligned_col_major_sf=True, round_sf=True, use_packed_ue8m0=True)
+    out = torch.empty(TOKENS, 7168, dtype=torch.bfloat16, device='cuda')
+    row_magic, row_shift = _magic(7168 // 16)
+    block_magic, block_shift = _magic(128 // 16)
+    scalars = dict(vectors_per_row=7168 // 16, row_magic=row_magic, row_shift=row_shift, block_magic=block_magic, block_shift=block_shift,
+                   sf_row_shift=0)
+    ok = lambda: torch.equal(out, tile_kernels_aot.quant.cast_back((data, sf), 'bf16', (1, 128)))  # noqa: E731
+    return {'x': data, 'x_sf': packed_sf_bytes(sf), 'out': out}, scalars, ok, nbytes(data, sf, out)
+
+
+def per_channel_inputs(p):
+    """upstream's case: bf16, 128 tokens per scale factor, H 7168, no gather."""
+    x = torch.randn(TOKENS, 7168, device='cuda').bfloat16()
+    out = torch.empty(TOKENS, 7168, dtype=torch.float8_e4m3fn, device='cuda')
+    out_sf = torch.empty(TOKENS // 128, 7168, device='cuda')
+
+    def ok():
+        ref, ref_sf = reference.per_channel_cast(x, 128)
+        return torch.equal(out.view(torch.uint8), ref.view(torch.uint8)) and torch.equal(out_sf, ref_sf)
+    return {'x': x, 'out': out, 'out_sf': out_sf}, dict(round_sf=0), ok, nbytes(x, out, out_sf)
+
+
+INPUTS = {'tune.transpose': transpose_inputs, 'tune.per_token_cast': cast_inputs, 'tune.topk_gate': topk_inputs, 'tune.reduce_fused': reduce_inputs,
+          'tune.cast_back': cast_back_inputs, 'tune.per_channel_cast_fused': per_channel_inputs}
 
 
 def main() -> int:

@@ -7,7 +7,7 @@ Build them into their own folder and time them with benchmarks/tune.py; they nev
 
 from kernel_src.decl import KernelDecl, param
 from kernel_src.moe import reduce_fused, topk_gate
-from kernel_src.quant import per_token_cast
+from kernel_src.quant import cast_back, per_channel_cast, per_token_cast
 from kernel_src.transpose import batched_transpose
 
 TRANSPOSE = KernelDecl(
@@ -58,4 +58,27 @@ REDUCE_FUSED = KernelDecl(
     pass_configs=reduce_fused.DECL.pass_configs,
 )
 
-DECLS = {d.name: d for d in (TRANSPOSE, PER_TOKEN_CAST, TOPK_GATE, REDUCE_FUSED)}
+# The two quant kernels still 1% behind upstream's (run 2 of docs/gpu-runs/2026-11-30-h200-e.md): loads in flight
+# per SM against registers. cast_back: e4m3 -> bf16 with packed UE8M0 scale factors (upstream's case).
+CAST_BACK = KernelDecl(
+    name='tune.cast_back',
+    params=cast_back.DECL.params + (param('num_units', 'int', 'u'), param('min_blocks', 'int', 'mb')),
+    factory=cast_back.build,
+    prebuilt=lambda: [
+        dict(fmt='e4m3', out_dtype='bfloat16', sf_format='ue8m0', num_units=u, min_blocks=mb)
+        for u, mb in ((8, 8), (8, 10), (12, 8), (12, 6), (16, 6), (16, 4), (4, 16))
+    ],
+    check=lambda num_units, min_blocks, **spec: cast_back.check(**spec),
+    pass_configs=cast_back.DECL.pass_configs,
+)
+
+PER_CHANNEL_CAST = KernelDecl(
+    name='tune.per_channel_cast_fused',
+    params=per_channel_cast.FUSED.params + (param('min_blocks', 'int', 'mb'),),
+    factory=per_channel_cast.build,
+    prebuilt=lambda: [dict(in_dtype='bfloat16', gather=False, transpose=False, num_per_tokens=128, min_blocks=mb) for mb in (3, 4, 5, 6)],
+    check=lambda min_blocks, **spec: per_channel_cast.check(**spec),
+    pass_configs=per_channel_cast.FUSED.pass_configs,
+)
+
+DECLS = {d.name: d for d in (TRANSPOSE, PER_TOKEN_CAST, TOPK_GATE, REDUCE_FUSED, CAST_BACK, PER_CHANNEL_CAST)}
