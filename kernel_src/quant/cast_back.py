@@ -67,6 +67,8 @@ def check(fmt: str, out_dtype: str, sf_format: str) -> None:
 def build(arch: Arch, fmt: str, out_dtype: str, sf_format: str, num_threads: int = NUM_THREADS, num_units: int = NUM_UNITS,
           min_blocks: int = 0) -> KernelProgram:
     """num_threads, num_units and min_blocks (0: MIN_BLOCKS) are tuning knobs (benchmarks/tuning.py)."""
+    # Evaluated here, not in the kernel body, where the eager builder would turn `or` into a TIR expression.
+    ctas_per_sm = min_blocks or MIN_BLOCKS[out_dtype]
     fp4 = fmt == 'e2m1'
     packed = sf_format == 'ue8m0'
     unit_elems = 16 // OUT_BYTES[out_dtype]  # logical elements of one 16-byte output vector: 8 or 4
@@ -178,7 +180,7 @@ def build(arch: Arch, fmt: str, out_dtype: str, sf_format: str, num_threads: int
                 T.assume(packed_hidden % (VECTOR_ELEMS // 2) == 0)
             else:
                 T.assume(hidden % VECTOR_ELEMS == 0)
-            T.annotate_min_blocks_per_sm(min_blocks or MIN_BLOCKS[out_dtype])
+            T.annotate_min_blocks_per_sm(ctas_per_sm)
             tid = T.get_thread_binding()
             x_flat = T.reshape(x, (num_tokens * (packed_hidden if fp4 else hidden),))
             out_flat = T.reshape(out, (num_tokens * hidden,))

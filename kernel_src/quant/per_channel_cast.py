@@ -61,6 +61,8 @@ def check(in_dtype: str, gather: bool, transpose: bool, num_per_tokens: int) -> 
 
 def build(arch: Arch, in_dtype: str, gather: bool, transpose: bool, num_per_tokens: int, min_blocks: int = 0) -> KernelProgram:
     """min_blocks (0: MIN_BLOCKS) is a tuning knob (benchmarks/tuning.py)."""
+    # Evaluated here, not in the kernel body, where the eager builder would turn `or` into a TIR expression.
+    ctas_per_sm = min_blocks or MIN_BLOCKS[in_dtype]
     epv = 16 // IN_DTYPES[in_dtype]  # channels per 16-byte vector
     tile_k = epv * LANES_K * WARPS_K
     dequant = in_dtype == 'float8_e4m3fn'
@@ -115,7 +117,7 @@ def build(arch: Arch, in_dtype: str, gather: bool, transpose: bool, num_per_toke
     def body(x, x_sf, pos_to_token, out, out_sf, round_sf):
         with T.Kernel(T.ceildiv(hidden, tile_k), T.ceildiv(num_tokens_out, TILE_M), threads=NUM_THREADS) as (pid_k, pid_m):
             # Register cap for more CTAs (hence more loads in flight) per SM; see MIN_BLOCKS.
-            T.annotate_min_blocks_per_sm(min_blocks or MIN_BLOCKS[in_dtype])
+            T.annotate_min_blocks_per_sm(ctas_per_sm)
             T.assume(hidden % epv == 0)
             T.assume(row_stride % epv == 0)
             if transpose:
