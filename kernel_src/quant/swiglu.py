@@ -22,7 +22,8 @@ q = e4m3_satfinite(v * multiplier).
 * swiglu_forward_and_per_channel_cast: bf16 input only; act is rounded to bf16 (the rounding point of
   upstream), then cast in blocks of (num_per_tokens, 1) (32 or 128 tokens, a run-time choice). A CTA
   takes 128 tokens x 64 channels: a thread issues all of its loads (4 vectors of each half) before the
-  SwiGLU, act goes through shared memory, a thread then owns 32 tokens of one channel, and writes them
+  SwiGLU, then tests its gates' and ups' bf16 bits once (fast division in range; clamps without effect, so
+  skipped) and takes one of three straight paths; act goes through shared memory, a thread then owns 32 tokens of one channel, and writes them
   (cast in pairs) as 32 contiguous bytes of the transposed output or as bytes of 32 rows.
 * swiglu_backward: one CTA of 64 threads per row of the fused layout, 16 elements per thread-step;
   see the module docstring of tile_kernels_aot.quant.swiglu for the formulas. The (1, 32) or (1, 128) block
@@ -182,6 +183,16 @@ def _bf16_bits(value: float) -> int:
 #   positive bf16 are ordered as their signed 16-bit patterns and every negative one is below every positive one,
 #   so some l > c >= 0 or |r| > c makes the max exceed c; a NaN max (or c < 0) sends the step to the exact recount
 #   as well, which counts with the float compares (counts never depend on this test, only the cost does).
+# * the per-channel kernel's division range test on the raw gates' magnitude bits (the same VIMNMX3 folds):
+#   tk_div_rn_fast needs every clamped gate a = min.NaN(g, c) in [FAST_DIV_MIN, FAST_DIV_MAX]. If every |g| is
+#   (bf16 bits in [0x1f80, 0x42a0]: integer order is value order; zero, subnormals, inf and NaN fall outside) and
+#   c >= FAST_DIV_MIN (+inf without a clamp; NaN fails), then a = g, or a = c with FAST_DIV_MIN <= c < g <= FAST_DIV_MAX.
+#   A vector that fails only because of its raw gates (a gate far above a small clamp) takes the exact path, which
+#   gives the same bits (both paths are correctly rounded), only slower.
+# * the per-channel kernel's clamp skip: with every |gate| and every |up| at most c (their largest magnitude bits,
+#   folded by VIMNMX3.U16x2, read as floats: NaN fails) and c > 0, min.NaN(g, c) = g and min.NaN(max.NaN(r, -c), c) = r
+#   for every element, signed zeros included (c > 0 rules out c = -0, where min.NaN(+0, -0) = -0), so the three
+#   FMNMX.NAN of each element can go; 6 instructions a vector decide it. A thread with some value beyond c keeps them.
 _BF16_WORDS_PRELUDE = """
 __device__ __forceinline__ void tk_widen_bf16x8(const void* src, float* dst) {
   const unsigned* w = (const unsigned*)src;
@@ -206,12 +217,27 @@ __device__ __forceinline__ void tk_track_reach_bf16x8(const void* gate, const vo
 __device__ __forceinline__ int tk_gate_bits_in_table(unsigned largest, unsigned smallest) {
   return max(largest & 0xffffu, largest >> 16) < TABLE_HIGH_BITSu && min(smallest & 0xffffu, smallest >> 16) >= TABLE_LOW_BITSu;
 }
+__device__ __forceinline__ int tk_gate_bits_in_div_range(unsigned largest, unsigned smallest, float c) {
+  return max(largest & 0xffffu, largest >> 16) <= DIV_MAX_BITSu && min(smallest & 0xffffu, smallest >> 16) >= DIV_MIN_BITSu
+      && c >= FAST_DIV_MINf;
+}
+__device__ __forceinline__ void tk_track_magnitude_bf16x8(const void* src, unsigned* largest) {
+  const unsigned* w = (const unsigned*)src;
+  largest[0] = __vimax3_u16x2(__vimax3_u16x2(largest[0], w[0] & 0x7fff7fffu, w[1] & 0x7fff7fffu), w[2] & 0x7fff7fffu,
+                              w[3] & 0x7fff7fffu);
+}
+__device__ __forceinline__ int tk_clamps_are_identity(unsigned gate_largest, unsigned up_largest, float c) {
+  const unsigned m = __vmaxu2(gate_largest, up_largest);
+  return __uint_as_float(m & 0xffff0000u) <= c && __uint_as_float(m << 16) <= c && c > 0.0f;
+}
 __device__ __forceinline__ int tk_reach_exceeds(unsigned reach, float c) {
   const float high = __uint_as_float(reach & 0xffff0000u);
   const float low = __uint_as_float(reach << 16);
   return !(high <= c && low <= c);
 }
-""".replace('TABLE_HIGH_BITS', hex(TABLE_HIGH_BITS)).replace('TABLE_LOW_BITS', hex(TABLE_LOW_BITS))
+""".replace('TABLE_HIGH_BITS', hex(TABLE_HIGH_BITS)).replace('TABLE_LOW_BITS', hex(TABLE_LOW_BITS)).replace(
+    'DIV_MAX_BITS', hex(_bf16_bits(FAST_DIV_MAX))).replace('DIV_MIN_BITS', hex(_bf16_bits(FAST_DIV_MIN))).replace(
+    'FAST_DIV_MIN', FAST_DIV_MIN.hex())
 
 
 # The flat bf16 forward's silu table: silu(min.NaN(g, c)) for every bf16 gate g whose magnitude lies in
@@ -746,6 +772,26 @@ def build_channel(arch: Arch, transpose: bool) -> KernelProgram:
     num_segments = CH_TOKENS // CH_SEGMENT
     loads = CH_TOKENS * CH_CHANNELS // 8 // CH_THREADS  # 16-byte vectors of each half per thread
 
+    @T.macro
+    def swiglu_vector(gate, up, gate_f32, up_f32, act_f32, act, act_shared, clamp_c, idx, i, fast, clamp):
+        """act of the thread's vector i (8 channels of token idx // 8), rounded to bf16, into act_shared; fast: with
+        tk_div_rn_fast (exact only if tk_gate_bits_in_div_range passed), else IEEE division; clamp: False only
+        where tk_clamps_are_identity passed (and with fast)."""
+        T.evaluate(T.call_extern('void', 'tk_widen_bf16x8', T.address_of(gate[i, 0]), T.address_of(gate_f32[0])))
+        T.evaluate(T.call_extern('void', 'tk_widen_bf16x8', T.address_of(up[i, 0]), T.address_of(up_f32[0])))
+        for e in T.unroll(8):
+            if fast and not clamp:
+                act_f32[e] = T.call_extern('float32', 'tk_div_rn_fast', gate_f32[e], T.float32(1) + T.exp(-gate_f32[e])) * up_f32[e]
+            elif fast:
+                act_f32[e] = _clamped_swiglu_fast(T.call_extern('float32', 'tk_min_nan', gate_f32[e], clamp_c), up_f32[e], clamp_c)
+            else:
+                act_f32[e] = _clamped_swiglu(gate_f32[e], up_f32[e], clamp_c)
+        # A vectorised cast: one conversion instruction per pair, not one per element plus a merge.
+        for e in T.vectorized(8):
+            act[e] = T.Cast(T.bfloat16, act_f32[e])
+        for e in T.vectorized(8):
+            act_shared[idx // 8, (idx % 8) * 8 + e] = act[e]
+
     @T.prim_func
     def swiglu_forward_and_per_channel_cast(
         x: T.Tensor[(num_tokens, width), T.bfloat16],
@@ -756,7 +802,8 @@ def build_channel(arch: Arch, transpose: bool) -> KernelProgram:
         use_clamp: T.int32,
         clamp_value: T.float32,
     ):
-        with T.Kernel(hidden // CH_CHANNELS, num_tokens // CH_TOKENS, threads=CH_THREADS, prelude=_NAN_MIN_MAX_PRELUDE + _FAST_DIV_PRELUDE) as (pid_h, pid_t):
+        with T.Kernel(hidden // CH_CHANNELS, num_tokens // CH_TOKENS, threads=CH_THREADS,
+                      prelude=_NAN_MIN_MAX_PRELUDE + _FAST_DIV_PRELUDE + _BF16_WORDS_PRELUDE) as (pid_h, pid_t):
             T.assume(num_tokens % CH_TOKENS == 0)
             T.assume(hidden % CH_CHANNELS == 0)
             T.assume(width % 64 == 0)
@@ -792,27 +839,37 @@ def build_channel(arch: Arch, transpose: bool) -> KernelProgram:
             # then has no use_clamp test, which nvcc compiled to a branch around the up clamp of every element.
             clamp_c = T.alloc_var(T.float32)
             clamp_c = T.if_then_else(use_clamp != 0, clamp_value, T.float32(float('inf')))
-            # The divisions without branches (tk_div_rn_fast), so that a vector's 8 elements overlap, and one
-            # range test per vector; outside the range (rare) the vector again with IEEE division, from the
-            # loaded values, still held.
-            div_range = T.alloc_local((2,), T.float32)
-            gate_clamped = T.alloc_local((1,), T.float32)
+            # The divisions without branches (tk_div_rn_fast), so that the elements overlap, under ONE range test
+            # of all of the thread's gates, made before any arithmetic on their bf16 bits
+            # (tk_track_gate_bits_bf16x8, tk_gate_bits_in_div_range: 4 LOP3 and 4 VIMNMX3 a vector where float max
+            # and min of each clamped |gate| took 16 FMNMX, plus one test a thread instead of one a vector); a
+            # thread with any gate outside the range (rare) computes all of its vectors with IEEE division. The
+            # halves are widened as words (tk_widen_bf16x8: one SHF or LOP3 an element, where the casts spent a
+            # PRMT, often a MOV, and a shift on each high half).
+            gate_bits = T.alloc_local((3,), T.uint32)  # largest and smallest |gate| bits, largest |up| bits
+            gate_f32 = T.alloc_local((8,), T.float32)
+            up_f32 = T.alloc_local((8,), T.float32)
+            gate_bits[0] = T.uint32(0)
+            gate_bits[1] = T.uint32(0xFFFFFFFF)
+            gate_bits[2] = T.uint32(0)
             for i in T.unroll(loads):
-                idx = i * CH_THREADS + tid
-                div_range[0] = T.float32(0)
-                div_range[1] = T.float32(float('inf'))
-                for e in T.unroll(8):
-                    gate_clamped[0] = T.call_extern('float32', 'tk_min_nan', T.Cast(T.float32, gate[i, e]), clamp_c)
-                    track_division_range(div_range, gate_clamped[0])
-                    act_f32[e] = _clamped_swiglu_fast(gate_clamped[0], T.Cast(T.float32, up[i, e]), clamp_c)
-                if T.call_extern('int32', 'tk_div_fast_in_range', div_range[0], div_range[1]) == 0:
-                    for e in T.unroll(8):
-                        act_f32[e] = _clamped_swiglu(T.Cast(T.float32, gate[i, e]), T.Cast(T.float32, up[i, e]), clamp_c)
-                # A vectorised cast: one conversion instruction per pair, not one per element plus a merge.
-                for e in T.vectorized(8):
-                    act[e] = T.Cast(T.bfloat16, act_f32[e])
-                for e in T.vectorized(8):
-                    act_shared[idx // 8, (idx % 8) * 8 + e] = act[e]
+                T.evaluate(T.call_extern('void', 'tk_track_gate_bits_bf16x8', T.address_of(gate[i, 0]),
+                                         T.address_of(gate_bits[0]), T.address_of(gate_bits[1])))
+                T.evaluate(T.call_extern('void', 'tk_track_magnitude_bf16x8', T.address_of(up[i, 0]), T.address_of(gate_bits[2])))
+            if T.call_extern('int32', 'tk_gate_bits_in_div_range', gate_bits[0], gate_bits[1], clamp_c) != 0:
+                # No value beyond the clamp (the usual case, and always without one): the clamps are identities.
+                if T.call_extern('int32', 'tk_clamps_are_identity', gate_bits[0], gate_bits[2], clamp_c) != 0:
+                    for i in T.unroll(loads):
+                        swiglu_vector(gate, up, gate_f32, up_f32, act_f32, act, act_shared, clamp_c, i * CH_THREADS + tid, i, True,
+                                      False)
+                else:
+                    for i in T.unroll(loads):
+                        swiglu_vector(gate, up, gate_f32, up_f32, act_f32, act, act_shared, clamp_c, i * CH_THREADS + tid, i, True,
+                                      True)
+            else:
+                for i in T.unroll(loads):
+                    swiglu_vector(gate, up, gate_f32, up_f32, act_f32, act, act_shared, clamp_c, i * CH_THREADS + tid, i, False,
+                                  True)
             T.sync_threads()
 
             # Phase 2: thread (channel c, segment s) owns tokens s * 32 .. s * 32 + 31 of channel c.

@@ -8,6 +8,8 @@ every bf16 value.
   gate's slot exactly once.
 * The clamp-count reach (signed 16-bit max over gate words and |up| words, then !(half <= c)) fires whenever some
   gate l > c or some |up| > c: a missed step would lose clamp counts.
+* The per-channel forward's tests on bf16 bits: the fast division's range test on the raw gates' magnitudes implies
+  the float test on the clamped gates, and the clamp skip only passes where both clamps return every value unchanged.
 """
 
 import numpy as np
@@ -87,3 +89,60 @@ def test_reach_fires_for_every_clamped_element(c):
     with np.errstate(invalid='ignore'):
         clamped_up = (VALUES > c) | (VALUES < -c)
         assert np.array_equal(clamped_up, up_magnitude.view(np.float32) > c)
+
+
+def _min_nan(a, b):
+    """PTX min.NaN.f32 (NaN if either is NaN), elementwise."""
+    return np.where(np.isnan(a) | np.isnan(b), np.float32('nan'), np.minimum(a, b)).astype(np.float32)
+
+
+def _max_nan(a, b):
+    return np.where(np.isnan(a) | np.isnan(b), np.float32('nan'), np.maximum(a, b)).astype(np.float32)
+
+
+def _passing_magnitudes_form_a_prefix(passes):
+    """A per-magnitude test over the 0x8000 magnitude bit patterns that holds for a prefix of them: then the test of a
+    thread's largest magnitude (an unsigned max over its halves) holds exactly when it holds for every half."""
+    return not passes[np.argmin(passes):].any() if not passes.all() else True
+
+
+@pytest.mark.parametrize('c', CLAMPS + [np.float32(-0.0), np.float32('nan')], ids=str)
+def test_division_range_on_gate_bits(c):
+    """tk_gate_bits_in_div_range (the per-channel forward's one test a thread): when it passes on a gate's magnitude bits,
+    the clamped gate min.NaN(g, c) lies where tk_div_rn_fast is correctly rounded (tk_div_fast_in_range's float test)."""
+    prelude = swiglu._BF16_WORDS_PRELUDE
+    body = prelude[prelude.index('tk_gate_bits_in_div_range'):]
+    body = body[:body.index('}')]
+    import re
+    high_bits = int(re.search(r'<= (0x[0-9a-f]+)u', body).group(1), 16)
+    low_bits = int(re.search(r'>= (0x[0-9a-f]+)u', body).group(1), 16)
+    assert high_bits == swiglu._bf16_bits(swiglu.FAST_DIV_MAX) and low_bits == swiglu._bf16_bits(swiglu.FAST_DIV_MIN)
+    assert swiglu.FAST_DIV_MIN.hex() + 'f' in body
+    magnitude = ALL_BITS & 0x7FFF
+    passes = (magnitude <= high_bits) & (magnitude >= low_bits) & bool(c >= np.float32(swiglu.FAST_DIV_MIN))
+    clamped = _min_nan(VALUES, np.full_like(VALUES, c))
+    with np.errstate(invalid='ignore'):
+        in_range = (np.abs(clamped) <= np.float32(swiglu.FAST_DIV_MAX)) & (np.abs(clamped) >= np.float32(swiglu.FAST_DIV_MIN))
+    assert in_range[passes].all()
+    # and the same gates as the float test on raw gates (nothing in range lost without a clamp)
+    if c == np.inf:
+        assert np.array_equal(passes, in_range)
+
+
+@pytest.mark.parametrize('c', CLAMPS + [np.float32(-0.0), np.float32('nan')], ids=str)
+def test_clamps_are_identity_when_no_magnitude_exceeds_c(c):
+    """tk_clamps_are_identity: with every gate and up magnitude (bits read as a float) <= c and c > 0, the clamps
+    min.NaN(g, c) and min.NaN(max.NaN(r, -c), c) return every such value bit for bit (signed zeros, no NaN)."""
+    magnitude_values = ((ALL_BITS & 0x7FFF) << 16).view(np.float32)
+    with np.errstate(invalid='ignore'):
+        passes = (magnitude_values <= c) & bool(c > 0)
+    assert _passing_magnitudes_form_a_prefix(passes[:0x8000])
+    v = VALUES[passes]
+    cc = np.full_like(v, c)
+    gate = _min_nan(v, cc)
+    up = _min_nan(_max_nan(v, -cc), cc)
+    assert np.array_equal(gate.view(np.uint32), v.view(np.uint32))
+    assert np.array_equal(up.view(np.uint32), v.view(np.uint32))
+    if c > 0:  # every value within c passes (the skip is not lost on ordinary data)
+        with np.errstate(invalid='ignore'):
+            assert passes.sum() == (np.abs(VALUES) <= c).sum()
