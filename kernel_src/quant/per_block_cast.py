@@ -17,10 +17,10 @@ per row), and thread (warp w, lane l) holds vector l % lanes of rows j * 8 * (32
 + l // lanes, j < vectors. So all of a thread's vectors lie in one scale-factor block, and the block amax
 is: the thread's own maximum, a butterfly over the lanes of the block (and over the two rows of a warp when
 a warp covers two), then the eight warps' partials through shared memory. All loads are issued before any
-arithmetic. Rows past num_tokens and vectors past hidden read as zero, which cannot raise an amax, and
-every store is masked against the buffer dims, so no run-time argument can make the kernel write out of
-bounds. Unlike upstream (whose kernel leaves them unset), the bytes of a packed UE8M0 word past the last
-block are written as zero.
+arithmetic. Rows past num_tokens and vectors past hidden read as zero (e4m3) or re-read the last row or the
+row's last vector in the same block (e2m1), which cannot raise an amax, and every store is masked against
+the buffer dims, so no run-time argument can make the kernel write out of bounds. Unlike upstream (whose
+kernel leaves them unset), the bytes of a packed UE8M0 word past the last block are written as zero.
 """
 
 import dataclasses
@@ -32,6 +32,7 @@ from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
 from kernel_src.quant.common import (
     FORMATS, IN_DTYPES, MODE_CAST, MODE_PRECOMPUTED, MODE_SF_ONLY, SF_FORMATS, ceil_pow2_exponent, e2m1_word, inverse_pow2, pow2,
 )
+from kernel_src.quant.per_token_cast import unsigned_wide_mad
 
 NUM_THREADS = 256
 NUM_WARPS = NUM_THREADS // 32
@@ -42,6 +43,10 @@ PREBUILT_BLOCKS = ((128, 128), (32, 32))  # the block shapes upstream tests; the
 # 3 CTAs, 96 KB of loads in flight per SM. Without the cap, the unmasked path of interior CTAs took 83-86
 # registers, 2 CTAs per SM.
 E4M3_MIN_BLOCKS = {128: 3}
+# CTAs per SM for e2m1, by block_m (256 threads: 4 CTAs at most 64 registers, 6 at most 40): with its loads
+# and stores free of branches, nvcc otherwise encodes every vector at once for ILP (167 registers for bf16
+# 128-row blocks, one CTA per SM; float32 32-row blocks 47, 5 CTAs where the masked loads had 6).
+E2M1_MIN_BLOCKS = {128: 4, 32: 6}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -209,10 +214,27 @@ def build(arch: Arch, in_dtype: str, fmt: str, block_m: int, block_k: int, sf_fo
                 for e in T.vectorized(epv):
                     values[j, e] = T.cast(0, in_dtype)
 
+    # e2m1: the thread's vectors with no branch, each from a row and column clamped into x. A row past
+    # num_tokens re-reads the last row, which lies in the same row block (the CTA's first row is inside x); a
+    # vector past hidden re-reads the row's last vector, which lies in the thread's own scale-factor block
+    # whenever that block has a column inside x (hidden and block starts are multiples of the vector), and
+    # otherwise the block is neither stored nor scale-factored. A re-read value is already in its block's
+    # amax, so the amax is that of the block's elements inside x. Addressed in whole vectors by one
+    # IMAD.WIDE.U32 each: under the per-vector bounds branch (load_masked) every load redid a signed 64-bit
+    # address in a branch of its own, some 32 instructions a load; splitting off an unmasked path instead
+    # (as e4m3 does) doubled the e2m1 registers.
+    @T.macro
+    def load_clamped(x_flat, values, bx, col, tid):
+        vector = T.min(col, hidden - epv) // epv
+        for j in T.unroll(tile.vectors):
+            row = T.min(bx * block_m + tile.row(tid, j), num_tokens - 1)
+            for e in T.vectorized(epv):
+                values[j, e] = x_flat[unsigned_wide_mad(row, row_stride // epv, vector) * epv + e]
+
     # The casts and stores of a thread's vectors; `masked` (a Python bool) checks each against the buffer
     # dims. `source` is the thread's bf16 pairs as words (bf16 e2m1) or its values widened to float32.
     @T.macro
-    def cast_and_store(out, source, multiplier, bx, col, tid, masked):
+    def cast_and_store(out, out_flat, source, multiplier, bx, col, tid, masked):
         for j in T.unroll(tile.vectors):
             row = bx * block_m + tile.row(tid, j)
             if fp4:
@@ -226,8 +248,9 @@ def build(arch: Arch, in_dtype: str, fmt: str, block_m: int, block_k: int, sf_fo
                 codes[0] = T.Cast(code_word, e2m1_word([v * multiplier for v in elements]))
                 code_bytes = T.view(codes, (epv // 2,), T.int8)
                 if T.And(row < num_tokens, col < hidden) if masked else T.bool(True):
+                    # In whole code words, unsigned (one IMAD.WIDE.U32), not signed 64-bit row * width + col.
                     for e in T.vectorized(epv // 2):
-                        out[row, col // 2 + e] = code_bytes[e]
+                        out_flat[unsigned_wide_mad(row, hidden // epv, col // epv) * (epv // 2) + e] = code_bytes[e]
             elif T.And(row < num_tokens, col < hidden) if masked else T.bool(True):
                 # Vectorised, so that tilelang converts pairs (one F2FP per two elements, packed in
                 # place) instead of one F2FP per element and a byte merge each.
@@ -252,12 +275,19 @@ def build(arch: Arch, in_dtype: str, fmt: str, block_m: int, block_k: int, sf_fo
             T.assume(row_stride % epv == 0)
             if not fp4 and block_m in E4M3_MIN_BLOCKS:
                 T.annotate_min_blocks_per_sm(E4M3_MIN_BLOCKS[block_m])
+            if fp4:
+                T.annotate_min_blocks_per_sm(E2M1_MIN_BLOCKS[block_m])
             tid = T.get_thread_binding()
             values = T.alloc_local((tile.vectors, epv), in_dtype)
             amax = T.alloc_local((1,), T.float32)
             sf = T.alloc_var(T.float32)
             multiplier = T.alloc_var(T.float32)
             red = T.alloc_shared((NUM_WARPS, tile.blocks_per_row), T.float32)
+            out_flat = None
+            if fp4:
+                # Flat views for the e2m1 loads and stores: x up to its last row's start plus hidden, out whole.
+                x_flat = T.Tensor(((num_tokens - 1) * row_stride + hidden,), in_dtype, x.data)
+                out_flat = T.reshape(out, (num_tokens * out_type[1],))
             col = by * cols + tile.lane_col(tid) * epv
             block = col // block_k  # the thread's scale-factor column
 
@@ -265,7 +295,7 @@ def build(arch: Arch, in_dtype: str, fmt: str, block_m: int, block_k: int, sf_fo
             # or column slice) loads and stores with no masks. Under a per-vector bounds check each load sat
             # in a branch of its own with its 64-bit address redone: some 30 instructions between loads, the
             # last of the eight issued at instruction 257 (upstream's kernel, which splits the same way: 68).
-            # (e2m1 keeps one masked path: the split doubled its registers, 64 to 128 for bf16.)
+            # (e2m1 loads clamped instead, see load_clamped: the split doubled its registers, 64 to 128 for bf16.)
             if not fp4:
                 interior = T.alloc_var(T.bool)
                 interior = T.And((bx + 1) * block_m <= num_tokens, by * cols + cols <= hidden)
@@ -276,7 +306,7 @@ def build(arch: Arch, in_dtype: str, fmt: str, block_m: int, block_k: int, sf_fo
                 else:
                     load_masked(x, values, bx, col, tid)
             else:
-                load_masked(x, values, bx, col, tid)
+                load_clamped(x_flat, values, bx, col, tid)
             if bf16_pairs:
                 # The amax of bf16 e2m1 on the pairs as loaded: a lane-wise max and min over the words (two
                 # three-input instructions per four words), widened once at the end, so that only the packed
@@ -330,12 +360,12 @@ def build(arch: Arch, in_dtype: str, fmt: str, block_m: int, block_k: int, sf_fo
 
             if mode != MODE_SF_ONLY:
                 if fp4:
-                    cast_and_store(out, words if bf16_pairs else wide, multiplier, bx, col, tid, True)
+                    cast_and_store(out, out_flat, words if bf16_pairs else wide, multiplier, bx, col, tid, True)
                 else:
                     if interior:
-                        cast_and_store(out, wide, multiplier, bx, col, tid, False)
+                        cast_and_store(out, out_flat, wide, multiplier, bx, col, tid, False)
                     else:
-                        cast_and_store(out, wide, multiplier, bx, col, tid, True)
+                        cast_and_store(out, out_flat, wide, multiplier, bx, col, tid, True)
 
     return KernelProgram(per_block_cast, alignment={'x': VECTOR_BYTES, 'out': 16, 'out_sf': 1 if packed else 4})
 
