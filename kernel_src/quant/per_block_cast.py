@@ -29,10 +29,10 @@ import tilelang  # noqa: F401  (tilelang before tvm)
 from tilelang import language as T
 
 from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
+from kernel_src.quant.addressing import unsigned_wide_mad
 from kernel_src.quant.common import (
     FORMATS, IN_DTYPES, MODE_CAST, MODE_PRECOMPUTED, MODE_SF_ONLY, SF_FORMATS, ceil_pow2_exponent, e2m1_word, inverse_pow2, pow2,
 )
-from kernel_src.quant.per_token_cast import unsigned_wide_mad
 
 NUM_THREADS = 256
 NUM_WARPS = NUM_THREADS // 32

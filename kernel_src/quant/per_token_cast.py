@@ -30,6 +30,7 @@ out of bounds.
 from tilelang import language as T
 
 from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
+from kernel_src.quant.addressing import unsigned_wide_mad
 from kernel_src.quant.common import (
     FORMATS, IN_DTYPES, MODE_CAST, MODE_PRECOMPUTED, MODE_SF_ONLY, SF_FORMATS, block_scale, e2m1_word,
 )
@@ -58,13 +59,6 @@ def pick(values, k):
     if len(values) == 1:
         return values[0]
     return T.Select((k & 1) != 0, pick(values[1::2], k >> 1), pick(values[0::2], k >> 1))
-
-
-def unsigned_wide_mad(a, b, c):
-    """a * b + c for int32 a, b, c >= 0, as int64 through unsigned 32 x 32 -> 64-bit arithmetic: one
-    IMAD.WIDE.U32, where signed int64 operands cost sign extensions and a multiply per half."""
-    u64 = lambda v: T.Cast('uint64', T.Cast('uint32', v))
-    return T.Cast('int64', u64(a) * u64(b) + u64(c))
 
 
 def check(in_dtype: str, fmt: str, sf_format: str, per_row: bool, aligned: bool) -> None:

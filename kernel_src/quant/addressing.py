@@ -1,0 +1,13 @@
+"""Index arithmetic the quant kernels share.
+
+Its own module (not common.py), so that a change here re-lowers only its users.
+"""
+
+from tilelang import language as T
+
+
+def unsigned_wide_mad(a, b, c):
+    """a * b + c for int32 a, b, c >= 0, as int64 through unsigned 32 x 32 -> 64-bit arithmetic: one
+    IMAD.WIDE.U32, where signed int64 operands cost sign extensions and a multiply per half."""
+    u64 = lambda v: T.Cast('uint64', T.Cast('uint32', v))
+    return T.Cast('int64', u64(a) * u64(b) + u64(c))
