@@ -80,14 +80,6 @@ BWD_ELEMS = 16  # elements per thread-step (16 bytes of e4m3)
 BWD_MIN_BLOCKS = 10
 
 
-def _swiglu(l, r, use_clamp, c):
-    """act of float32 gate l and up r, in the reference's order; NaN passes the clamp as torch.clamp."""
-    # T.And, not `and`: this runs as plain Python, where `and` would not build a TIR condition.
-    l = T.if_then_else(T.And(use_clamp != 0, l > c), c, l)
-    r = T.if_then_else(T.And(use_clamp != 0, r > c), c, T.if_then_else(T.And(use_clamp != 0, r < -c), -c, r))
-    return l / (T.float32(1) + T.exp(-l)) * r
-
-
 # NaN-propagating float32 min and max (PTX min.NaN / max.NaN, one FMNMX.NAN each on sm_80 and later): the
 # clamps of the flat forward and the per-channel cast as min(l, c) and min(max(r, -c), c), where `l > c ? c : l` against a run-time c
 # costs a compare and a select (nvcc cannot use FMNMX.NAN itself, as c might be NaN; the op never passes one).
@@ -289,7 +281,8 @@ __device__ __forceinline__ void tk_opaque_words4(void* v) {
 
 
 def _clamped_swiglu(l, r, c):
-    """_swiglu with the clamp always on, against c (+inf for no clamp: the same results), in three FMNMX.NAN.
+    """act = l / (1 + exp(-l)) * r of float32 gate l and up r, in the reference's order, with the clamp always on,
+    against c (+inf for no clamp: the same results), in three FMNMX.NAN.
 
     Bit-exact with the compare-and-select form for any non-NaN c > 0 and +inf: a NaN l or r stays NaN (as
     torch.clamp keeps it), a value past a bound becomes the bound, any other value is kept; only at c = 0
