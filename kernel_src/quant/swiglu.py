@@ -45,10 +45,11 @@ FWD_THREADS = 256
 FWD_ELEMENTS = 16  # flat kernel: elements of each half per thread and step (2 bf16 or 4 fp32 vectors), in one 128-wide block
 ROW_VECTORS = 8  # per_row: vectors per thread, so rows of up to 256 * 8 vectors (16384 bf16, 8192 fp32)
 ROW_THREADS_LOG2 = 8  # per_row: log2 of the CTA size
-# per_row: CTAs per SM the register allocation must allow (the op makes its persistent grid that many per SM).
-# With the two passes (act computed twice, not kept) bf16 takes 108 registers and no spills at this bound (was 189
-# unbounded: one CTA, 2 warps a scheduler, 0.37 issue), so 2 CTAs of 256 threads (and 2 silu tables of 42 KB) an SM.
-ROW_MIN_BLOCKS = {'bfloat16': 2, 'float32': 2}
+# per_row: CTAs per SM the register allocation must allow. Unbounded, fp32 took 142 registers (one CTA,
+# 8 warps an SM; Nsight on bf16: issue-latency bound, 0.37 issue, 2 warps a scheduler); at 128 it takes 2
+# CTAs without spilling. bf16 capped at 128 spilled its loaded vectors to local memory (STL right after
+# each LDG: one round trip per vector instead of one per row step), so it stays unbounded.
+ROW_MIN_BLOCKS = {'bfloat16': 1, 'float32': 2}
 BLOCK = 128  # channels per scale factor of the flat forward
 # Flat kernel: CTAs per SM the register allocation must allow (the op asks the driver how many fit and makes its
 # persistent grid that many per SM): bf16 fits 64 registers (8 warps a scheduler); fp32 holds twice the loaded
@@ -78,6 +79,14 @@ BWD_ELEMS = 16  # elements per thread-step (16 bytes of e4m3)
 # nvcc overlap a step's 16 elements, which takes more registers than one element's chain at a time; at 80
 # (12 CTAs, the count before) it spilled 24 bytes and recomputed predicates (~100 more instructions a step).
 BWD_MIN_BLOCKS = 10
+
+
+def _swiglu(l, r, use_clamp, c):
+    """act of float32 gate l and up r, in the reference's order; NaN passes the clamp as torch.clamp."""
+    # T.And, not `and`: this runs as plain Python, where `and` would not build a TIR condition.
+    l = T.if_then_else(T.And(use_clamp != 0, l > c), c, l)
+    r = T.if_then_else(T.And(use_clamp != 0, r > c), c, T.if_then_else(T.And(use_clamp != 0, r < -c), -c, r))
+    return l / (T.float32(1) + T.exp(-l)) * r
 
 
 # NaN-propagating float32 min and max (PTX min.NaN / max.NaN, one FMNMX.NAN each on sm_80 and later): the
@@ -270,19 +279,8 @@ template <typename T> __device__ __forceinline__ void tk_prefetch_step_bf16(cons
 """.replace('TABLE_MINUS_LOW_OFFSETS', hex(-4 * TABLE_LOW_BITS * 0x10001 % 2**32))
 
 
-# per_row: 16 bytes of a local vector passed through an empty volatile asm, so that nvcc cannot tell the second
-# pass's inputs from the first's (it would keep the first pass's act live rather than compute it again).
-_OPAQUE_PRELUDE = """
-__device__ __forceinline__ void tk_opaque_words4(void* v) {
-  unsigned* w = (unsigned*)v;
-  asm volatile("" : "+r"(w[0]), "+r"(w[1]), "+r"(w[2]), "+r"(w[3]));
-}
-"""
-
-
 def _clamped_swiglu(l, r, c):
-    """act = l / (1 + exp(-l)) * r of float32 gate l and up r, in the reference's order, with the clamp always on,
-    against c (+inf for no clamp: the same results), in three FMNMX.NAN.
+    """_swiglu with the clamp always on, against c (+inf for no clamp: the same results), in three FMNMX.NAN.
 
     Bit-exact with the compare-and-select form for any non-NaN c > 0 and +inf: a NaN l or r stays NaN (as
     torch.clamp keeps it), a value past a bound becomes the bound, any other value is kept; only at c = 0
@@ -329,7 +327,7 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> K
     # so that each load instruction reads whole 128-byte runs.
     lanes = BLOCK // FWD_ELEMENTS
     lanes_log2 = lanes.bit_length() - 1
-    table = words and not per_row  # flat bf16: silu from the shared table (_SILU_TABLE_PRELUDE); per_row bf16 too, in 256 threads
+    table = words and not per_row  # flat bf16: silu from the shared table (_SILU_TABLE_PRELUDE)
     threads = TABLE_THREADS if table else FWD_THREADS
     blocks_per_step = threads // lanes
     num_warps = threads // 32
@@ -376,6 +374,26 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> K
                 T.atomic_add(clamped_count[tid], total)
 
     @T.macro
+    def activate(gate, up, act, amax, counts, use_clamp, count_clamp, clamp_value, weight, j):
+        """act[j, :] = swiglu * weight, amax[j] over it, and the clamp counts."""
+        # Both halves widened by vectorised casts (bf16: one instruction an element, where a cast at each
+        # use unpacked every element through PRMT and a shift), into act (gate) and a vector of up.
+        up_wide = T.alloc_local((epv,), T.float32)
+        for e in T.vectorized(epv):
+            act[j, e] = T.Cast(T.float32, gate[j, e])
+        for e in T.vectorized(epv):
+            up_wide[e] = T.Cast(T.float32, up[j, e])
+        for e in T.unroll(epv):
+            l = act[j, e]
+            r = up_wide[e]
+            if count_clamp != 0:
+                counts[0] = counts[0] + T.Cast(T.int32, l > clamp_value)
+                counts[1] = counts[1] + T.Cast(T.int32, r > clamp_value)
+                counts[2] = counts[2] + T.Cast(T.int32, r < -clamp_value)
+            act[j, e] = _swiglu(l, r, use_clamp, clamp_value) * weight[j]
+            amax[j] = T.max(amax[j], T.abs(act[j, e]))
+
+    @T.macro
     def load_step(x, gate, up, row, block, lane):
         """The flat kernel's vectors of one step: the lane's part of 128-wide block `block` of row `row`, gate
         and up (the column is written out, not bound to a name: a bound one became a let that tilelang could
@@ -388,23 +406,17 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> K
                 up[j, e] = x[T.Cast(T.int64, row), hidden + block * BLOCK + (j * lanes + lane) * epv + e]
 
     @T.macro
-    def row_act(gate, up, act_vec, up_wide, silu_table, in_table, clamp_c, weight, j):
-        """per_row: act_vec = act of vector j (silu * clamped up * weight, the exact path's order and bits)."""
-        if words:
-            if in_table != 0:
-                T.evaluate(T.call_extern('void', 'tk_silu_lookup_bf16x8', T.address_of(gate[j, 0]),
-                                         T.address_of(silu_table[0]), T.address_of(act_vec[0])))
-                T.evaluate(T.call_extern('void', 'tk_widen_bf16x8', T.address_of(up[j, 0]), T.address_of(up_wide[0])))
-                for e in T.unroll(epv):
-                    r = T.call_extern('float32', 'tk_min_nan', T.call_extern('float32', 'tk_max_nan', up_wide[e], -clamp_c),
-                                      clamp_c)
-                    act_vec[e] = act_vec[e] * r * weight[0]
-            else:
-                for e in T.unroll(epv):
-                    act_vec[e] = _clamped_swiglu(T.Cast(T.float32, gate[j, e]), T.Cast(T.float32, up[j, e]), clamp_c) * weight[0]
-        else:
-            for e in T.unroll(epv):
-                act_vec[e] = _clamped_swiglu(gate[j, e], up[j, e], clamp_c) * weight[0]
+    def store_quantized(out, act, multiplier, row, col, j):
+        # Products first, then the casts as a vectorised loop: one F2FP (satfinite, round to nearest even,
+        # as the scalar cast) converts a pair in place, where the scalar casts took one F2FP and a byte
+        # merge per element.
+        quantized = T.alloc_local((epv,), T.float8_e4m3fn)
+        for e in T.unroll(epv):
+            act[j, e] = act[j, e] * multiplier[j]
+        for e in T.vectorized(epv):
+            quantized[e] = T.Cast(T.float8_e4m3fn, act[j, e])
+        for e in T.vectorized(epv):
+            out[row, col + e] = quantized[e]
 
     @T.macro
     def build_silu_table(silu_table, table_gates, table_silu, div_range_build, clamp_c, tid):
@@ -451,8 +463,7 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> K
         clamp_value: T.float32,
         sf_floor: T.float32,
     ):
-        prelude = (_NAN_MIN_MAX_PRELUDE + _FAST_DIV_PRELUDE + (_BF16_WORDS_PRELUDE + _SILU_TABLE_PRELUDE if words else '')
-                   + (_OPAQUE_PRELUDE if per_row else ''))
+        prelude = None if per_row else _NAN_MIN_MAX_PRELUDE + _FAST_DIV_PRELUDE + (_BF16_WORDS_PRELUDE + _SILU_TABLE_PRELUDE if words else '')
         with T.Kernel(num_ctas, threads=threads, prelude=prelude) as pid:
             # The table kernel: one CTA an SM of 4x the threads, the same 64-register budget.
             T.annotate_min_blocks_per_sm(ROW_MIN_BLOCKS[in_dtype] if per_row else FWD_MIN_BLOCKS[in_dtype] * FWD_THREADS // threads)
@@ -468,74 +479,33 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> K
             weight = T.alloc_local((num_vectors,), T.float32)
             live = T.alloc_local((num_vectors,), T.int32)
             counts = T.alloc_local((3,), T.int32)
-            quantized = T.alloc_local((epv,), T.float8_e4m3fn)
             red_counts = T.alloc_shared((num_warps, 3), T.int32)
             for c in T.unroll(3):
                 counts[c] = 0
 
             if per_row:
                 # 2^tpr_log2 threads per row (enough for 8 vectors each), 256 >> tpr_log2 rows per CTA and
-                # step, so that short rows still keep every thread's 8 vector pairs in flight. Two passes over the
-                # loaded gate and up: the first computes each act for the row amax only, the second computes it
-                # again (the same expression, so the same bits) and quantizes it. Keeping the row's float32 act
-                # live until the amax was known took 189 registers (bf16: one CTA, 2 warps a scheduler, 0.37 issue);
-                # now the loaded vectors are most of a thread's registers.
+                # step, so that short rows still keep every thread's 8 vector pairs in flight.
                 red = T.alloc_shared((2, num_warps), T.float32)
-                act_vec = T.alloc_local((epv,), T.float32)
-                up_wide = T.alloc_local((epv,), T.float32)
-                gate_bits = T.alloc_local((2,), T.uint32)
-                in_table = T.alloc_var(T.int32)
-                # The clamp against c, or +inf without a clamp (the flat kernel's _clamped_swiglu: the same results).
-                clamp_c = T.alloc_var(T.float32)
-                clamp_c = T.if_then_else(use_clamp != 0, clamp_value, T.float32(float('inf')))
-                if words:
-                    # bf16: silu from the flat kernel's table (built once per CTA of the persistent grid), so that
-                    # computing act twice costs a lookup and two products an element, not an exponential and a division.
-                    silu_table = T.alloc_shared((TABLE_WORDS,), T.float32)
-                    table_gates = T.alloc_local((2 * TABLE_PER_SIGN // threads,), T.float32)
-                    table_silu = T.alloc_local((2 * TABLE_PER_SIGN // threads,), T.float32)
-                    div_range_build = T.alloc_local((2,), T.float32)
-                    build_silu_table(silu_table, table_gates, table_silu, div_range_build, clamp_c, tid)
-                    T.sync_threads()
-                else:
-                    silu_table = red  # not read: row_act takes the exact path for fp32
                 lane = tid & ((1 << tpr_log2) - 1)
-
                 for it in T.serial(num_iters):
                     row = ((it * num_ctas + pid) << (ROW_THREADS_LOG2 - tpr_log2)) + (tid >> tpr_log2)
                     row_info(row, with_weight, with_pos_to_expert, pos_to_token_topk, topk_weights, pos_to_expert, live, weight, 0)
                     for j in T.unroll(num_vectors):
+                        amax[j] = T.float32(0)
+                        weight[j] = weight[0]
                         col = ((j << tpr_log2) + lane) * epv
                         if live[0] != 0 and col < hidden:
                             for e in T.vectorized(epv):
                                 gate[j, e] = x[row, col + e]
                             for e in T.vectorized(epv):
                                 up[j, e] = x[row, hidden + col + e]
-                    amax[0] = T.float32(0)
-                    in_table = 0
-                    if live[0] != 0:
-                        if words:
-                            # The table's window test over the thread's loaded gates (else the exact path).
-                            gate_bits[0] = T.uint32(0)
-                            gate_bits[1] = T.uint32(0xFFFFFFFF)
-                            for j in T.unroll(num_vectors):
-                                if ((j << tpr_log2) + lane) * epv < hidden:
-                                    T.evaluate(T.call_extern('void', 'tk_track_gate_bits_bf16x8', T.address_of(gate[j, 0]),
-                                                             T.address_of(gate_bits[0]), T.address_of(gate_bits[1])))
-                            in_table = T.call_extern('int32', 'tk_gate_bits_in_table', gate_bits[0], gate_bits[1])
-                        # Pass 1: the amax (and the clamp counts, with the reference's compares).
-                        for j in T.unroll(num_vectors):
-                            if ((j << tpr_log2) + lane) * epv < hidden:
-                                row_act(gate, up, act_vec, up_wide, silu_table, in_table, clamp_c, weight, j)
-                                for e in T.unroll(epv):
-                                    amax[0] = T.max(amax[0], T.abs(act_vec[e]))
-                                if count_clamp != 0:
-                                    for e in T.unroll(epv):
-                                        l = T.Cast(T.float32, gate[j, e])
-                                        r = T.Cast(T.float32, up[j, e])
-                                        counts[0] = counts[0] + T.Cast(T.int32, l > clamp_value)
-                                        counts[1] = counts[1] + T.Cast(T.int32, r > clamp_value)
-                                        counts[2] = counts[2] + T.Cast(T.int32, r < -clamp_value)
+                    for j in T.unroll(num_vectors):
+                        col = ((j << tpr_log2) + lane) * epv
+                        if live[0] != 0 and col < hidden:
+                            activate(gate, up, act, amax, counts, use_clamp, count_clamp, clamp_value, weight, j)
+                    for j in T.unroll(1, num_vectors):
+                        amax[0] = T.max(amax[0], amax[j])
                     # Row amax: a butterfly over the row's lanes, then (rows wider than a warp) over its warps,
                     # through one of two buffers by step parity, so one barrier a step keeps a fast warp from
                     # overwriting values a slow one still reads. Every thread takes part (uniform branches).
@@ -554,24 +524,12 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> K
                         block_scale(amax[0], sf_floor, E4M3_MAX, round_sf, False, sf, multiplier, 0)
                         if lane == 0:
                             out_sf[row, 0] = sf[0]
-                        # Pass 2: act again. bf16: from inputs hidden from nvcc (tk_opaque_words4) so that it does
-                        # not keep pass 1's values live instead of recomputing them. fp32 lets nvcc do just that (one
-                        # exponential and division an element, act kept live, as before the two passes): without the
-                        # table, computing act twice would double the exact path's ~28 instructions an element at the
-                        # same 2 CTAs an SM (its loaded vectors alone are 64 registers).
+                        for j in T.unroll(1, num_vectors):
+                            multiplier[j] = multiplier[0]
                         for j in T.unroll(num_vectors):
                             col = ((j << tpr_log2) + lane) * epv
                             if col < hidden:
-                                if words:
-                                    T.evaluate(T.call_extern('void', 'tk_opaque_words4', T.address_of(gate[j, 0])))
-                                    T.evaluate(T.call_extern('void', 'tk_opaque_words4', T.address_of(up[j, 0])))
-                                row_act(gate, up, act_vec, up_wide, silu_table, in_table, clamp_c, weight, j)
-                                for e in T.unroll(epv):
-                                    act_vec[e] = act_vec[e] * multiplier[0]
-                                for e in T.vectorized(epv):
-                                    quantized[e] = T.Cast(T.float8_e4m3fn, act_vec[e])
-                                for e in T.vectorized(epv):
-                                    out[row, col + e] = quantized[e]
+                                store_quantized(out, act, multiplier, row, col, j)
             else:
                 # One grid-stride step in flight per thread, and more warps instead of a software pipeline:
                 # the SwiGLU of an element is a serial chain (exponential, reciprocal, Newton steps and the
@@ -598,6 +556,7 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> K
                 # One vector of each half widened to float32 by a vectorised cast.
                 gate_wide = T.alloc_local((epv,), T.float32)
                 up_wide = T.alloc_local((epv,), T.float32)
+                quantized = T.alloc_local((epv,), T.float8_e4m3fn)
                 # The clamp against c, or +inf without a clamp (the same results, NaN included), so that the
                 # element loop does not test use_clamp.
                 clamp_c = T.alloc_var(T.float32)

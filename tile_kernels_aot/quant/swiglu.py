@@ -38,6 +38,7 @@ _FWD_THREADS = 256
 _FWD_ELEMENTS = 16  # flat kernel: elements of each half per thread and step, in one 128-wide block
 _ROW_VECTORS = 8  # per-row kernel: up to 8 vectors of 16 bytes per thread
 _ROW_MAX_VECTORS = _FWD_THREADS * _ROW_VECTORS
+_CTAS_PER_SM = 8  # grid-stride grids: 8 CTAs of 256 threads fill an SM
 _CH_TOKENS, _CH_CHANNELS = 128, 64
 _BWD_THREADS, _BWD_ELEMS = 64, 16
 _INDEX_LIMIT = 2**31
@@ -181,9 +182,7 @@ def swiglu_forward_and_per_token_cast(
             # 2^tpr_log2 threads per row, each with up to 8 vectors; 256 >> tpr_log2 rows per CTA and step.
             tpr_log2 = (-(-vectors_per_row // _ROW_VECTORS) - 1).bit_length()
             groups = -(-num_rows // (_FWD_THREADS >> tpr_log2))
-            # As many CTAs per SM as fit at once (the kernel's register and shared-memory budget): each builds the
-            # bf16 silu table once, so a persistent grid builds it the fewest times.
-            num_ctas = min(groups, num_sms * kernel.blocks_per_sm(device))
+            num_ctas = min(groups, num_sms * _CTAS_PER_SM)
             num_iters = -(-groups // num_ctas)
         else:
             # 128-wide blocks per CTA and step: a block is 128 / _FWD_ELEMENTS adjacent threads, and the CTA size is
