@@ -16,8 +16,7 @@ q = e4m3_satfinite(v * multiplier).
   persistent grid-stride loop deals out: a block is 8 adjacent lanes, each holding 16 of its elements (2
   bf16 or 4 fp32 16-byte vectors; lane i: vectors i, i + 8, ...), so that one row lookup, one butterfly
   and one scale serve 16 elements a thread, and each load instruction reads whole 128-byte runs. One step
-  is in flight per thread (row lookups one step ahead), with 8 (bf16) or 6 (fp32) warps a scheduler; bf16
-  also fetches the next step's x into L2 before computing the current one, so that its loads hit L2. per_row gives a row to a
+  is in flight per thread (row lookups one step ahead), with 8 (bf16) or 6 (fp32) warps a scheduler. per_row gives a row to a
   power-of-two group of threads (a run-time size: up to 8 vectors each, 256 at most), several rows per CTA.
 * swiglu_forward_and_per_channel_cast: bf16 input only; act is rounded to bf16 (the rounding point of
   upstream), then cast in blocks of (num_per_tokens, 1) (32 or 128 tokens, a run-time choice). A CTA
@@ -569,26 +568,17 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> K
                     table_silu = T.alloc_local((2 * TABLE_PER_SIGN // threads,), T.float32)
                     div_range_build = T.alloc_local((2,), T.float32)
                     # The build (about 150 instructions a thread) would leave the memory system idle: step 0's x
-                    # and the row lookups are fetched into L2 meanwhile, so that their loads hit L2.
+                    # (and its row lookups) are fetched into L2 meanwhile, so that its loads hit L2.
                     first_blk = pid * blocks_per_step + (tid >> lanes_log2)
                     first_row = T.Cast(T.int32, (T.Cast(T.int64, first_blk) * row_magic) >> T.Cast(T.int64, row_shift))
                     if T.And(num_iters > 0, first_row < num_rows):
                         first_block = first_blk - first_row * blocks_per_row
                         T.evaluate(T.call_extern('void', 'tk_prefetch_step_bf16', x.data, first_row, width, hidden,
                                                  first_block * BLOCK + (tid & (lanes - 1)) * epv))
-                    # The row lookups of every step of this CTA (a few bytes a row), so that the loop's wait for them
-                    # (before it fetches a step's x into L2) is an L2 hit: a block's lookups of step k * lanes + i by
-                    # its lane i, the thread that makes them in the loop being one of the block's lanes.
-                    for k in T.serial((num_iters + lanes - 1) // lanes):
-                        lookup_step = k * lanes + (tid & (lanes - 1))
-                        if lookup_step < num_iters:
-                            lookup_blk = (lookup_step * num_ctas + pid) * blocks_per_step + (tid >> lanes_log2)
-                            lookup_row = T.Cast(T.int32, (T.Cast(T.int64, lookup_blk) * row_magic) >> T.Cast(T.int64, row_shift))
-                            if lookup_row < num_rows:
-                                if with_pos_to_expert != 0:
-                                    T.evaluate(T.call_extern('void', 'tk_prefetch_l2', pos_to_expert.data, lookup_row))
-                                if with_weight != 0:
-                                    T.evaluate(T.call_extern('void', 'tk_prefetch_l2', pos_to_token_topk.data, lookup_row))
+                        if with_pos_to_expert != 0:
+                            T.evaluate(T.call_extern('void', 'tk_prefetch_l2', pos_to_expert.data, first_row))
+                        if with_weight != 0:
+                            T.evaluate(T.call_extern('void', 'tk_prefetch_l2', pos_to_token_topk.data, first_row))
                     build_silu_table(silu_table, table_gates, table_silu, div_range_build, clamp_c, tid)
                     T.sync_threads()
                 row = T.alloc_var(T.int32)
@@ -627,21 +617,6 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> K
                             next_expert[0] = pos_to_expert[next_row[0]]
                         if with_weight != 0:
                             next_index[0] = pos_to_token_topk[next_row[0]]
-                    if table:
-                        # DRAM a step ahead, without registers: with one step in flight, a warp's DRAM requests are
-                        # only out between its loads and its first use of them, and during the compute of a step
-                        # (~380 instructions at 8 warps a scheduler) the memory system idled (run B: 57% of DRAM
-                        # bandwidth at 0.56 issue). Step t's x and weight are fetched into L2 now, before the SwiGLU
-                        # of step t - 1, so that the loads of iteration t + 1 hit L2. Waiting here for the lookups of step t
-                        # (needed to skip rows that are not read) costs an L2 hit (the prologue fetched every step's
-                        # lookups), which the loads of step t - 1 issued with them take as long as.
-                        if next_live[0] != 0:
-                            if T.Or(with_pos_to_expert == 0, next_expert[0] >= 0):
-                                T.evaluate(T.call_extern('void', 'tk_prefetch_step_bf16', x.data, next_row[0], width, hidden,
-                                                         next_block[0] * BLOCK + lane * epv))
-                                if with_weight != 0:
-                                    if next_index[0] >= 0:
-                                        T.evaluate(T.call_extern('void', 'tk_prefetch_l2', topk_weights.data, next_index[0]))
                     # The SwiGLU of step t - 1.
                     amax[0] = T.float32(0)
                     if live != 0:
