@@ -23,6 +23,10 @@ NUM_UNITS = 8  # 16-byte output vectors a thread
 # CTAs per SM the register allocation must allow. bf16 output took 80 registers unbounded (6 CTAs, 48 KB of
 # loads in flight per SM, 72% of DRAM bandwidth); 64 give 8 CTAs. fp32 output takes 52 unbounded.
 MIN_BLOCKS = {'bfloat16': 8, 'float32': 8}
+# (units a thread, CTAs per SM) where the tuning sweep (benchmarks/tuning.py, GPU run 3 of
+# docs/gpu-runs/2026-11-30-h200-e.md) found better than the defaults: e4m3 to bf16 with packed UE8M0, 16 units at
+# 80 registers, 6 CTAs (96 KB of loads in flight per SM, against 64 KB): 45.6 against 46.4 us.
+TUNED = {('e4m3', 'bfloat16'): (16, 6)}
 VECTOR_ELEMS = 16  # the host's vectors_per_row counts vectors of 16 logical elements
 FORMATS = {'e4m3': 1, 'e2m1': 2}  # logical elements per byte
 OUT_DTYPES = ('bfloat16', 'float32')
@@ -64,11 +68,14 @@ def check(fmt: str, out_dtype: str, sf_format: str) -> None:
         raise ValueError(f'sf_format must be one of {SF_FORMATS}, got {sf_format!r}')
 
 
-def build(arch: Arch, fmt: str, out_dtype: str, sf_format: str, num_threads: int = NUM_THREADS, num_units: int = NUM_UNITS,
+def build(arch: Arch, fmt: str, out_dtype: str, sf_format: str, num_threads: int = NUM_THREADS, num_units: int = 0,
           min_blocks: int = 0) -> KernelProgram:
-    """num_threads, num_units and min_blocks (0: MIN_BLOCKS) are tuning knobs (benchmarks/tuning.py)."""
+    """num_threads, num_units and min_blocks (0: TUNED, else NUM_UNITS and MIN_BLOCKS) are tuning knobs
+    (benchmarks/tuning.py)."""
     # Evaluated here, not in the kernel body, where the eager builder would turn `or` into a TIR expression.
-    ctas_per_sm = min_blocks or MIN_BLOCKS[out_dtype]
+    tuned_units, tuned_ctas = TUNED.get((fmt, out_dtype), (NUM_UNITS, MIN_BLOCKS[out_dtype]))
+    num_units = num_units or tuned_units
+    ctas_per_sm = min_blocks or tuned_ctas
     fp4 = fmt == 'e2m1'
     packed = sf_format == 'ue8m0'
     unit_elems = 16 // OUT_BYTES[out_dtype]  # logical elements of one 16-byte output vector: 8 or 4

@@ -43,10 +43,12 @@ PREBUILT_BLOCKS = ((128, 128), (32, 32))  # the block shapes upstream tests; the
 # 3 CTAs, 96 KB of loads in flight per SM. Without the cap, the unmasked path of interior CTAs took 83-86
 # registers, 2 CTAs per SM.
 E4M3_MIN_BLOCKS = {128: 3}
-# CTAs per SM for e2m1, by block_m (256 threads: 4 CTAs at most 64 registers, 6 at most 40): with its loads
-# and stores free of branches, nvcc otherwise encodes every vector at once for ILP (167 registers for bf16
-# 128-row blocks, one CTA per SM; float32 32-row blocks 47, 5 CTAs where the masked loads had 6).
-E2M1_MIN_BLOCKS = {128: 4, 32: 6}
+# CTAs per SM for e2m1, by input dtype and block_m (256 threads: 2 CTAs at most 128 registers, 4 at most 64, 6
+# at most 40): with its loads and stores free of branches, nvcc otherwise encodes every vector at once for
+# ILP (167 registers for bf16 128-row blocks, one CTA per SM; float32 32-row blocks 47, 5 CTAs where the
+# masked loads had 6). float32 128-row blocks hold twice the loaded bytes: capped at 64 registers they
+# measured 86.5 us against 83.1 us at 2 CTAs (GPU runs 2 and 3, docs/gpu-runs/2026-11-30-h200-e.md).
+E2M1_MIN_BLOCKS = {('bfloat16', 128): 4, ('bfloat16', 32): 6, ('float32', 128): 2, ('float32', 32): 6}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -276,7 +278,7 @@ def build(arch: Arch, in_dtype: str, fmt: str, block_m: int, block_k: int, sf_fo
             if not fp4 and block_m in E4M3_MIN_BLOCKS:
                 T.annotate_min_blocks_per_sm(E4M3_MIN_BLOCKS[block_m])
             if fp4:
-                T.annotate_min_blocks_per_sm(E2M1_MIN_BLOCKS[block_m])
+                T.annotate_min_blocks_per_sm(E2M1_MIN_BLOCKS[in_dtype, block_m])
             tid = T.get_thread_binding()
             values = T.alloc_local((tile.vectors, epv), in_dtype)
             amax = T.alloc_local((1,), T.float32)
