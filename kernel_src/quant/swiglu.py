@@ -201,6 +201,11 @@ __device__ __forceinline__ void tk_widen_bf16x8(const void* src, float* dst) {
     dst[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
   }
 }
+__device__ __forceinline__ void tk_widen_bf16x2(const void* src, float* dst) {
+  const unsigned w = *(const unsigned*)src;
+  dst[0] = __uint_as_float(w << 16);
+  dst[1] = __uint_as_float(w & 0xffff0000u);
+}
 __device__ __forceinline__ void tk_track_gate_bits_bf16x8(const void* gate, unsigned* largest, unsigned* smallest) {
   const unsigned* g = (const unsigned*)gate;
   const unsigned m0 = g[0] & 0x7fff7fffu, m1 = g[1] & 0x7fff7fffu, m2 = g[2] & 0x7fff7fffu, m3 = g[3] & 0x7fff7fffu;
@@ -746,6 +751,14 @@ def build_channel(arch: Arch, transpose: bool) -> KernelProgram:
     out_shape = (hidden, num_tokens) if transpose else (num_tokens, hidden)
     num_segments = CH_TOKENS // CH_SEGMENT
     loads = CH_TOKENS * CH_CHANNELS // 8 // CH_THREADS  # 16-byte vectors of each half per thread
+    HALF = CH_SEGMENT // 2  # tokens per lane in the cast phase
+
+    def swizzled_chunk(token, chunk):
+        """Where the 16-byte chunk `chunk` (8 channels) of token `token` lies in its act_shared row: the two
+        halves of the row swap on bit 4 of the token. The cast phase's lanes read one 32-bit word (two channels)
+        of tokens 16 apart from the same half-row of channels; without the swap the lane pair of a word would
+        hit the same bank (2-way conflicts on every load)."""
+        return T.bitwise_xor(chunk, ((token // 16) % 2) * (CH_CHANNELS // 16))
 
     @T.macro
     def swiglu_vector(gate, up, gate_f32, up_f32, act_f32, act, act_shared, clamp_c, idx, i, fast, clamp):
@@ -765,7 +778,7 @@ def build_channel(arch: Arch, transpose: bool) -> KernelProgram:
         for e in T.vectorized(8):
             act[e] = T.Cast(T.bfloat16, act_f32[e])
         for e in T.vectorized(8):
-            act_shared[idx // 8, (idx % 8) * 8 + e] = act[e]
+            act_shared[idx // 8, swizzled_chunk(idx // 8, idx % 8) * 8 + e] = act[e]
 
     @T.prim_func
     def swiglu_forward_and_per_channel_cast(
@@ -793,11 +806,6 @@ def build_channel(arch: Arch, transpose: bool) -> KernelProgram:
             up = T.alloc_local((loads, 8), T.bfloat16)
             act = T.alloc_local((8,), T.bfloat16)
             act_f32 = T.alloc_local((8,), T.float32)
-            values = T.alloc_local((CH_SEGMENT,), T.float32)
-            quantized = T.alloc_local((CH_SEGMENT,), T.float8_e4m3fn)
-            amax = T.alloc_local((1,), T.float32)
-            sf = T.alloc_local((1,), T.float32)
-            multiplier = T.alloc_local((1,), T.float32)
             t0 = pid_t * CH_TOKENS
             h0 = pid_h * CH_CHANNELS
 
@@ -847,35 +855,81 @@ def build_channel(arch: Arch, transpose: bool) -> KernelProgram:
                                   True)
             T.sync_threads()
 
-            # Phase 2: thread (channel c, segment s) owns tokens s * 32 .. s * 32 + 31 of channel c.
-            c = tid % CH_CHANNELS
-            s = tid // CH_CHANNELS
-            amax[0] = T.float32(0)
-            for i in T.unroll(CH_SEGMENT):
-                values[i] = T.Cast(T.float32, act_shared[s * CH_SEGMENT + i, c])
-                amax[0] = T.max(amax[0], T.abs(values[i]))
+            # Phase 2: lane pair (2 * q, 2 * q + 1) of warp w owns channels 2p, 2p + 1 (p = (w % 2) * 16 + q) of
+            # the 32 tokens of segment w // 2; lane half h takes their tokens h * 16 .. h * 16 + 15. So each
+            # shared load is one 32-bit word (two channels, 16 a thread where one channel took 32 16-bit loads),
+            # and each transposed store instruction writes 16 whole 32-byte sectors (the two lanes of a pair
+            # write the two halves of a channel's 32 tokens together) where a lane's 32 tokens took two
+            # instructions that each wrote half of 32 sectors; untransposed, one 16-bit store writes two
+            # channels of a token (16 a thread where one channel took 32 byte stores).
+            lane = tid % 32
+            h = lane % 2
+            p = ((tid // 32) % 2) * 16 + lane // 2
+            s = tid // 64
+            pair_bf16 = T.alloc_local((2,), T.bfloat16)
+            pair_f32 = T.alloc_local((2,), T.float32)
+            # values[j, i]: channel 2p + j, token i of the lane's 16; laid out so that the fp8 casts pair the
+            # elements that are stored together (tokens of a channel transposed, the two channels otherwise).
+            values = T.alloc_local((2, HALF) if transpose else (HALF, 2), T.float32)
+            quantized = T.alloc_local((2, HALF) if transpose else (HALF, 2), T.float8_e4m3fn)
+            amax2 = T.alloc_local((2,), T.float32)
+            sf2 = T.alloc_local((2,), T.float32)
+            multiplier2 = T.alloc_local((2,), T.float32)
+            amax2[0] = T.float32(0)
+            amax2[1] = T.float32(0)
+            for i in T.unroll(HALF):
+                token = s * CH_SEGMENT + h * HALF + i
+                for j in T.vectorized(2):
+                    pair_bf16[j] = act_shared[token, swizzled_chunk(token, p // 4) * 8 + (p % 4) * 2 + j]
+                # One SHF and one LOP3 (the word's halves as floats), where the bf16x2 cast took a PRMT and two SHF.
+                T.evaluate(T.call_extern('void', 'tk_widen_bf16x2', T.address_of(pair_bf16[0]), T.address_of(pair_f32[0])))
+                for j in T.unroll(2):
+                    if transpose:
+                        values[j, i] = pair_f32[j]
+                    else:
+                        values[i, j] = pair_f32[j]
+                    amax2[j] = T.max(amax2[j], T.abs(pair_f32[j]))
+            # The segment's amax: the two halves of the lane pair.
+            for j in T.unroll(2):
+                amax2[j] = T.max(amax2[j], T.shfl_xor(amax2[j], 1))
             if npt_log2 == 7:  # blocks of 128 tokens: the four segments together
-                amax_shared[s, c] = amax[0]
+                if h == 0:
+                    for j in T.unroll(2):
+                        amax_shared[s, 2 * p + j] = amax2[j]
                 T.sync_threads()
-                for k in T.unroll(num_segments):
-                    amax[0] = T.max(amax[0], amax_shared[k, c])
-            block_scale(amax[0], T.float32(1e-4), E4M3_MAX, round_sf, False, sf, multiplier, 0)
+                for j in T.unroll(2):
+                    for k in T.unroll(num_segments):
+                        amax2[j] = T.max(amax2[j], amax_shared[k, 2 * p + j])
+            for j in T.unroll(2):
+                block_scale(amax2[j], T.float32(1e-4), E4M3_MAX, round_sf, False, sf2, multiplier2, j)
+            # Lane h writes the scale factor of channel 2p + h: a warp's 32 lanes write 32 consecutive floats.
+            own_sf = T.if_then_else(h == 0, sf2[0], sf2[1])
             if npt_log2 == 7:
                 if s == 0:
-                    out_sf[pid_t, h0 + c] = sf[0]
+                    out_sf[pid_t, h0 + 2 * p + h] = own_sf
             else:
-                out_sf[pid_t * num_segments + s, h0 + c] = sf[0]
+                out_sf[pid_t * num_segments + s, h0 + 2 * p + h] = own_sf
             # Products first, then the casts as a vectorised loop: one conversion instruction per pair.
-            for i in T.unroll(CH_SEGMENT):
-                values[i] = values[i] * multiplier[0]
-            for i in T.vectorized(CH_SEGMENT):
-                quantized[i] = T.Cast(T.float8_e4m3fn, values[i])
             if transpose:
-                for i in T.vectorized(CH_SEGMENT):
-                    out[h0 + c, t0 + s * CH_SEGMENT + i] = quantized[i]
+                for j in T.unroll(2):
+                    for i in T.unroll(HALF):
+                        values[j, i] = values[j, i] * multiplier2[j]
+                for j in T.unroll(2):
+                    for i in T.vectorized(HALF):
+                        quantized[j, i] = T.Cast(T.float8_e4m3fn, values[j, i])
+                for j in T.unroll(2):
+                    for i in T.vectorized(HALF):
+                        out[h0 + 2 * p + j, t0 + s * CH_SEGMENT + h * HALF + i] = quantized[j, i]
             else:
-                for i in T.unroll(CH_SEGMENT):
-                    out[t0 + s * CH_SEGMENT + i, h0 + c] = quantized[i]
+                for i in T.unroll(HALF):
+                    for j in T.unroll(2):
+                        values[i, j] = values[i, j] * multiplier2[j]
+                for i in T.unroll(HALF):
+                    for j in T.vectorized(2):
+                        quantized[i, j] = T.Cast(T.float8_e4m3fn, values[i, j])
+                for i in T.unroll(HALF):
+                    for j in T.vectorized(2):
+                        out[t0 + s * CH_SEGMENT + h * HALF + i, h0 + 2 * p + j] = quantized[i, j]
 
     return KernelProgram(swiglu_forward_and_per_channel_cast, alignment={'x': 16, 'out': 16, 'out_sf': 4})
 
