@@ -284,12 +284,7 @@ def build(arch: Arch, in_dtype: str, gather: bool, transpose: bool, num_per_toke
 
 PASS_CONFIGS = {
     'tl.disable_warp_specialized': True,
-    # tilelang's lowering of global accesses to its ld.global / st.global inline asm stays off here: nvcc's own
-    # code keeps the 16-byte loads and the 4-, 8- and 16-byte e4m3 stores of every spec, and, seeing x as a
-    # const __restrict__ pointer, loads it through the read-only path (LDG.E.128.CONSTANT, as upstream's
-    # kernel's LDG.E.64.CONSTANT), which the asm's plain ld.global cannot. Same registers, no spills, and for
-    # bf16 48 fewer instructions (1128 against 1176 in the SASS).
-    'tl.enable_lower_ldgstg': False,
+    'tl.enable_lower_ldgstg': True,  # 16-byte stores from register arrays
     # Every access is masked explicitly (whole vectors against the buffer dims); tilelang's own
     # per-element guards would stop the vectorisation.
     'tl.disable_safe_memory_legalize': True,
