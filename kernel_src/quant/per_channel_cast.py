@@ -98,10 +98,6 @@ def build(arch: Arch, in_dtype: str, gather: bool, transpose: bool, num_per_toke
             result = T.max(result, partials[block * groups_per_block + g, column])
         return result
 
-    def grid_dims(token_dim, channel_dim):
-        """(x, y) of the grid from the token and channel tile counts, and (token, channel) tile from (x, y)."""
-        return (channel_dim, token_dim) if transpose else (token_dim, channel_dim)
-
     # The casts and stores of a thread's rows (untransposed); `masked` (a Python bool) checks each row.
     @T.macro
     def cast_rows(out, values, in_sf, multiplier, as_float, scaled, row0, col, masked):
@@ -119,10 +115,7 @@ def build(arch: Arch, in_dtype: str, gather: bool, transpose: bool, num_per_toke
 
     @T.macro
     def body(x, x_sf, pos_to_token, out, out_sf, round_sf):
-        # The fused kernel walks the token tiles first (blockIdx.x), as upstream's does; the transposed one the
-        # channel tiles.
-        with T.Kernel(*grid_dims(T.ceildiv(num_tokens_out, TILE_M), T.ceildiv(hidden, tile_k)), threads=NUM_THREADS) as (b0, b1):
-            pid_m, pid_k = grid_dims(b0, b1)
+        with T.Kernel(T.ceildiv(hidden, tile_k), T.ceildiv(num_tokens_out, TILE_M), threads=NUM_THREADS) as (pid_k, pid_m):
             # Register cap for more CTAs (hence more loads in flight) per SM; see MIN_BLOCKS.
             T.annotate_min_blocks_per_sm(ctas_per_sm)
             T.assume(hidden % epv == 0)
