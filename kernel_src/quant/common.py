@@ -75,18 +75,6 @@ def e2m1_word(values):
     return word
 
 
-def e2m1_value(code):
-    """float32 of a 4-bit e2m1 code (an int32 in 0..15), exactly: magnitude codes 2..7 are the float32 with
-    exponent 126 + code // 2 and top mantissa bit code % 2, code 1 is 0.5, bit 3 is the sign (-0.0 kept)."""
-    magnitude = code & 7
-    bits = T.if_then_else(
-        magnitude >= 2,
-        T.Cast('uint32', ((magnitude >> 1) + 126) << 23 | (magnitude & 1) << 22),
-        T.Cast('uint32', T.if_then_else(magnitude == 1, 0x3F000000, 0)),
-    )
-    return T.reinterpret(bits | (T.Cast('uint32', code & 8) << T.uint32(28)), T.float32)
-
-
 def ceil_pow2_exponent(sf):
     """The biased exponent (uint32) of the power of two at or above a positive normal float32 sf:
     (bits - 1) >> 23, plus one. It is round_sf's scale factor and, as a byte, its UE8M0 code."""
