@@ -86,15 +86,27 @@ def cast_back_inputs(p):
 
 
 def per_channel_inputs(p):
-    """upstream's case: bf16, 128 tokens per scale factor, H 7168, no gather."""
-    x = torch.randn(TOKENS, 7168, device='cuda').bfloat16()
+    """benchmarks/run.py's cases (H 7168): bf16 (upstream's case), or e4m3 with (1, 128) scale factors and a gather
+    of every row in random order, every 5th -1."""
+    x = torch.randn(TOKENS, 7168, device='cuda')
+    tensors, in_sf, pos = {}, None, None
+    if p['in_dtype'] == 'float8_e4m3fn':
+        x, in_sf = reference.cast(x.bfloat16(), 'e4m3', (1, 128))
+        tensors['x_sf'] = in_sf
+    else:
+        x = x.to(getattr(torch, p['in_dtype']))
+    if p['gather']:
+        pos = torch.randint(0, TOKENS, (TOKENS,), dtype=torch.int32, device='cuda')
+        pos[::5] = -1
+        tensors['pos_to_token'] = pos
     out = torch.empty(TOKENS, 7168, dtype=torch.float8_e4m3fn, device='cuda')
     out_sf = torch.empty(TOKENS // 128, 7168, device='cuda')
+    tensors.update(x=x, out=out, out_sf=out_sf)
 
     def ok():
-        ref, ref_sf = reference.per_channel_cast(x, 128)
+        ref, ref_sf = reference.per_channel_cast_fused(x if in_sf is None else (x, in_sf), 128, None if in_sf is None else 128, False, pos)
         return torch.equal(out.view(torch.uint8), ref.view(torch.uint8)) and torch.equal(out_sf, ref_sf)
-    return {'x': x, 'out': out, 'out_sf': out_sf}, dict(round_sf=0), ok, nbytes(x, out, out_sf)
+    return tensors, dict(round_sf=0), ok, nbytes(*tensors.values())
 
 
 INPUTS = {'tune.transpose': transpose_inputs, 'tune.per_token_cast': cast_inputs, 'tune.topk_gate': topk_inputs, 'tune.reduce_fused': reduce_inputs,

@@ -53,8 +53,14 @@ CAST_BACK = variant('tune.cast_back', cast_back.DECL, {'num_units': 'u', 'min_bl
     for u, mb in ((8, 8), (8, 10), (12, 8), (12, 6), (16, 6), (16, 4), (4, 16))
 ])
 
-PER_CHANNEL_CAST = variant('tune.per_channel_cast_fused', per_channel_cast.FUSED, {'min_blocks': 'mb'}, lambda: [
-    dict(in_dtype='bfloat16', gather=False, transpose=False, num_per_tokens=128, min_blocks=mb) for mb in (3, 4, 5, 6)
+# per_channel_cast_fused: the thread layout (rows, lanes_k, warps_k, vec_bytes) for every input, against the layout
+# the kernel shipped with until the sweep of the fifth session's run 8 (8, 4, 4, 16), at the shipped CTAs per SM.
+_CHANNEL_LAYOUTS = ((8, 4, 4, 16), (8, 16, 1, 16), (8, 8, 2, 16))
+PER_CHANNEL_CAST = variant('tune.per_channel_cast_fused', per_channel_cast.FUSED,
+                           {'min_blocks': 'mb', 'rows': 'r', 'lanes_k': 'lk', 'warps_k': 'wk', 'vec_bytes': 'vb'}, lambda: [
+    dict(in_dtype=d, gather=g, transpose=False, num_per_tokens=128, min_blocks=0, rows=r, lanes_k=lk, warps_k=wk, vec_bytes=vb)
+    for d in per_channel_cast.IN_DTYPES for g in (False, True)
+    for r, lk, wk, vb in _CHANNEL_LAYOUTS
 ])
 
 DECLS = {d.name: d for d in (TRANSPOSE, PER_TOKEN_CAST, TOPK_GATE, REDUCE_FUSED, CAST_BACK, PER_CHANNEL_CAST)}

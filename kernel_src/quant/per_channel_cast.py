@@ -10,20 +10,25 @@ The fused kernel also takes, at compile time, an e4m3 input with one float32 sca
 gather: output row r reads input row pos_to_token[r], or zeros where that is negative. The transposed
 kernel writes out[h, t] (bf16 input, no gather), with 32 or 128 tokens per block.
 
-Layout: a CTA owns 128 tokens and 16 vectors of 16 bytes per token (128 bf16, 64 fp32 or 256 e4m3
-channels). Each thread loads a column of 8 tokens x one 16-byte vector and keeps it in registers. A warp
-is 8 lanes along the tokens by 4 along the channels, so its loads cover 64 contiguous bytes of each of 8
-rows, and in the transposed kernel its stores (8 tokens of e4m3 per lane and channel) cover 64
-contiguous bytes of each of 8 output rows: no shared-memory transpose. The column amax is a thread's 8
-tokens (for bf16 in bf16 pairs, converted once), then a butterfly over the lanes along the tokens (32 or
-64 tokens); those partial amaxes go to shared memory, where one thread per (block, column) of the CTA
-joins them, computes the scale factor and multiplier (the only divisions), stores the scale factor and
-shares the multiplier with the 16 threads that hold the column. The e4m3 casts convert pairs of values
-(one instruction per pair).
+Layout (Layout below): a CTA owns 128 tokens. In the fused kernel each thread loads a column of 8 tokens x one
+16-byte vector and keeps it in registers; a warp is 16 lanes along the channels by 2 along the tokens, and the
+CTA's 8 warps lie along the tokens (128 bf16, 64 fp32 or 256 e4m3 channels a CTA). So each load instruction
+reads 256 contiguous bytes of each of 2 rows and each store instruction writes whole 128-byte lines (bf16) of
+2 rows: against 4 lanes along the channels (64 bytes of 8 rows a load, one 32-byte sector of 8 rows a bf16
+store) this measured 42.0 against 44.8 us for bf16 and 36.2 against 38.4 us for e4m3 with a gather (tuning
+sweep, docs/benchmarks.md). The transposed kernel keeps 8 lanes along the tokens by 4 along the channels:
+its stores (8 tokens of e4m3 per lane and channel) then cover 64 contiguous bytes of each of 8 output rows,
+with no shared-memory transpose. The column amax is a thread's 8 tokens (for bf16 in bf16 pairs, converted
+once), then a butterfly over the lanes along the tokens; those partial amaxes go to shared memory, where one
+thread per (block, column) of the CTA joins them, computes the scale factor and multiplier (the only
+divisions), stores the scale factor and shares the multiplier with the threads that hold the column. The
+e4m3 casts convert pairs of values (one instruction per pair).
 
 Token count, hidden size and every stride are run-time values; all accesses are masked against the
 buffer dims (a whole 16-byte vector at a time: the op guarantees hidden is a multiple of the vector).
 """
+
+from typing import NamedTuple
 
 import tilelang  # noqa: F401  (before tvm: it sets up the tvm that tilelang ships)
 from tilelang import language as T
@@ -33,19 +38,46 @@ from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
 from kernel_src.quant.common import block_scale
 
 NUM_THREADS = 256
-ROWS = 8  # tokens per thread
-LANES_M, LANES_K = 8, 4  # lanes of a warp along the tokens / along the channels
-WARPS_M, WARPS_K = 2, 4
-TILE_M = ROWS * LANES_M * WARPS_M  # 128 tokens per CTA
+TILE_M = 128  # tokens per CTA: one block of 128 or four of 32
+WARPS = NUM_THREADS // 32
+
+
+class Layout(NamedTuple):
+    """How a CTA's 128 tokens x tile_k channels are dealt to its threads: each thread loads `rows` consecutive
+    tokens of one `vec_bytes` vector; a warp is `lanes_k` lanes along the channels by 32 / lanes_k along the
+    tokens, and the CTA `warps_k` warps along the channels by 8 / warps_k along the tokens."""
+    rows: int
+    lanes_k: int
+    warps_k: int
+    vec_bytes: int
+
+
+# The transposed kernel's stores need 8 lanes along the tokens (8 tokens of e4m3 a lane: 64 contiguous bytes of
+# each of 8 output rows a warp).
+DEFAULT_LAYOUT = Layout(rows=8, lanes_k=4, warps_k=4, vec_bytes=16)
 IN_DTYPES = {'bfloat16': 2, 'float32': 4, 'float8_e4m3fn': 1}
 E4M3_MAX, AMAX_FLOOR = 448.0, 1e-4
 IN_SF_BLOCK = 128  # channels per input scale factor (e4m3 input)
 # CTAs per SM the register allocation must allow (256 threads: 3, 4 CTAs = at most 80, 64 registers a thread): a
-# CTA has 32 KB of loads in flight and then none while it reduces and stores, so several must share an SM.
+# CTA has 32 KB of loads in flight (e4m3: 64 KB) and then none while it reduces and stores, so several must share an SM.
 # With the scales computed once per (block, column) and shared through shared memory (no per-thread arrays of
 # scales) and bf16 amaxes kept in bf16 pairs, bf16 and float32 fit 64 registers and e4m3 input 80, none
 # spilling.
 MIN_BLOCKS = {'bfloat16': 4, 'float32': 4, 'float8_e4m3fn': 3}
+# The fused kernel's layout by input dtype (benchmarks/tuning.py sweeps it).
+ROW_LINES_LAYOUT = Layout(rows=8, lanes_k=16, warps_k=1, vec_bytes=16)
+LAYOUT = {'bfloat16': ROW_LINES_LAYOUT, 'float32': ROW_LINES_LAYOUT, 'float8_e4m3fn': ROW_LINES_LAYOUT}
+
+# The e4m3 input is converted to float32 twice, for the amax and again for the cast. For sm_100a nvcc keeps the
+# first conversions (128 halves a thread) live until the cast instead, and spilled 400-550 bytes a thread at
+# 80 registers (and 136-176 at 128); sm_90a recomputes them. An empty asm that claims to change a row's vector
+# before its cast makes the first conversions unusable there, at no instruction.
+_OPAQUE_VECTOR_PRELUDE = '''
+__device__ __forceinline__ void tk_opaque_vector(void* vector) {
+  unsigned* w = (unsigned*)vector;
+  asm volatile("" : "+r"(w[0]), "+r"(w[1]), "+r"(w[2]), "+r"(w[3]));
+}
+'''
 
 
 def check(in_dtype: str, gather: bool, transpose: bool, num_per_tokens: int) -> None:
@@ -59,15 +91,21 @@ def check(in_dtype: str, gather: bool, transpose: bool, num_per_tokens: int) -> 
         raise ValueError('the fused kernel uses blocks of 128 tokens')
 
 
-def build(arch: Arch, in_dtype: str, gather: bool, transpose: bool, num_per_tokens: int, min_blocks: int = 0) -> KernelProgram:
-    """min_blocks (0: MIN_BLOCKS) is a tuning knob (benchmarks/tuning.py)."""
+def build(arch: Arch, in_dtype: str, gather: bool, transpose: bool, num_per_tokens: int, min_blocks: int = 0, rows: int = 0,
+          lanes_k: int = 0, warps_k: int = 0, vec_bytes: int = 0) -> KernelProgram:
+    """min_blocks (0: MIN_BLOCKS) and the Layout fields (0: the shipped layout) are tuning knobs (benchmarks/tuning.py)."""
     # Evaluated here, not in the kernel body, where the eager builder would turn `or` into a TIR expression.
     ctas_per_sm = min_blocks or MIN_BLOCKS[in_dtype]
-    epv = 16 // IN_DTYPES[in_dtype]  # channels per 16-byte vector
-    tile_k = epv * LANES_K * WARPS_K
+    shipped = DEFAULT_LAYOUT if transpose else LAYOUT[in_dtype]
+    rows, lanes_k, warps_k, vec_bytes = (knob or default for knob, default in zip((rows, lanes_k, warps_k, vec_bytes), shipped))
+    lanes_m, warps_m = 32 // lanes_k, WARPS // warps_k
+    if rows * lanes_m * warps_m != TILE_M or (transpose and (rows, lanes_m) != (8, 8)):
+        raise ValueError(f'layout {rows, lanes_k, warps_k, vec_bytes} does not deal {TILE_M} tokens a CTA as this kernel needs')
+    epv = vec_bytes // IN_DTYPES[in_dtype]  # channels per vector
+    tile_k = epv * lanes_k * warps_k
     dequant = in_dtype == 'float8_e4m3fn'
-    group_tokens = min(num_per_tokens, ROWS * LANES_M)  # tokens the warp butterfly joins: 32 or 64
-    lane_steps = (group_tokens // ROWS).bit_length() - 1  # butterfly steps in a warp: 2 or 3
+    group_tokens = min(num_per_tokens, rows * lanes_m)  # tokens the warp butterfly joins
+    lane_steps = (group_tokens // rows).bit_length() - 1  # butterfly steps in a warp
     num_groups = TILE_M // group_tokens  # partial amaxes per column in a CTA
     groups_per_block = num_per_tokens // group_tokens
     blocks_per_tile = TILE_M // num_per_tokens  # scale-factor rows per CTA: 1 or 4
@@ -102,8 +140,10 @@ def build(arch: Arch, in_dtype: str, gather: bool, transpose: bool, num_per_toke
     @T.macro
     def cast_rows(out, values, in_sf, multiplier, as_float, scaled, row0, col, masked):
         quantized = T.alloc_local((epv,), T.float8_e4m3fn)
-        for i in T.unroll(ROWS):
+        for i in T.unroll(rows):
             if T.And(row0 + i < num_tokens_out, col < hidden) if masked else T.bool(True):
+                if dequant:
+                    T.evaluate(T.call_extern('void', 'tk_opaque_vector', T.address_of(values[i, 0])))
                 for e in conversion_loop(epv):
                     as_float[e] = T.Cast(T.float32, values[i, e])
                 for e in T.unroll(epv):
@@ -115,7 +155,8 @@ def build(arch: Arch, in_dtype: str, gather: bool, transpose: bool, num_per_toke
 
     @T.macro
     def body(x, x_sf, pos_to_token, out, out_sf, round_sf):
-        with T.Kernel(T.ceildiv(hidden, tile_k), T.ceildiv(num_tokens_out, TILE_M), threads=NUM_THREADS) as (pid_k, pid_m):
+        with T.Kernel(T.ceildiv(hidden, tile_k), T.ceildiv(num_tokens_out, TILE_M), threads=NUM_THREADS,
+                      prelude=_OPAQUE_VECTOR_PRELUDE) as (pid_k, pid_m):
             # Register cap for more CTAs (hence more loads in flight) per SM; see MIN_BLOCKS.
             T.annotate_min_blocks_per_sm(ctas_per_sm)
             T.assume(hidden % epv == 0)
@@ -124,20 +165,20 @@ def build(arch: Arch, in_dtype: str, gather: bool, transpose: bool, num_per_toke
                 T.assume(num_tokens % TILE_M == 0)
             tid = T.get_thread_binding()
             warp, lane = tid // 32, tid % 32
-            rg = (warp // WARPS_K) * LANES_M + lane // LANES_K  # the thread's group of ROWS tokens in the tile
+            rg = (warp // warps_k) * lanes_m + lane // lanes_k  # the thread's group of rows tokens in the tile
             # First token and first channel of the thread, as plain expressions so that tilelang can prove
             # the channel a multiple of the vector and emit 16-byte accesses.
-            row0 = pid_m * TILE_M + rg * ROWS
-            col = pid_k * tile_k + ((warp % WARPS_K) * LANES_K + lane % LANES_K) * epv
+            row0 = pid_m * TILE_M + rg * rows
+            col = pid_k * tile_k + ((warp % warps_k) * lanes_k + lane % lanes_k) * epv
 
-            values = T.alloc_local((ROWS, epv), in_dtype)
-            src = T.alloc_local((ROWS,), T.int32)
-            in_sf = T.alloc_local((ROWS,), T.float32)
+            values = T.alloc_local((rows, epv), in_dtype)
+            src = T.alloc_local((rows,), T.int32)
+            in_sf = T.alloc_local((rows,), T.float32)
             amax = T.alloc_local((epv,), T.float32)
             multiplier = T.alloc_local((epv,), T.float32)
             sf = T.alloc_local((1,), T.float32)
             as_float = T.alloc_local((epv,), T.float32)
-            scaled = T.alloc_local((max(epv, ROWS),), T.float32)
+            scaled = T.alloc_local((max(epv, rows),), T.float32)
 
             # Loads: all of the thread's rows before any arithmetic, so they are in flight together. Without a
             # gather, a CTA whose tile lies inside x (all but the last row and column tiles) loads and stores
@@ -148,13 +189,13 @@ def build(arch: Arch, in_dtype: str, gather: bool, transpose: bool, num_per_toke
             if not gather:
                 interior = T.And((pid_m + 1) * TILE_M <= num_tokens_out, pid_k * tile_k + tile_k <= hidden)
             if interior:
-                for i in T.unroll(ROWS):
+                for i in T.unroll(rows):
                     for e in T.vectorized(epv):
                         values[i, e] = x[row0 + i, col + e]
                     if dequant:
                         in_sf[i] = x_sf[row0 + i, col // IN_SF_BLOCK]
             else:
-                for i in T.unroll(ROWS):
+                for i in T.unroll(rows):
                     src[i] = -1
                     if row0 + i < num_tokens_out and col < hidden:
                         if gather:
@@ -162,7 +203,7 @@ def build(arch: Arch, in_dtype: str, gather: bool, transpose: bool, num_per_toke
                             T.call_intrin('void', tirx.op.Op.get('tl.device_assert'), src[i] < num_tokens)
                         else:
                             src[i] = row0 + i
-                for i in T.unroll(ROWS):
+                for i in T.unroll(rows):
                     if src[i] >= 0:
                         for e in T.vectorized(epv):
                             values[i, e] = x[src[i], col + e]
@@ -183,7 +224,7 @@ def build(arch: Arch, in_dtype: str, gather: bool, transpose: bool, num_per_toke
                 amax_pairs = T.alloc_local((epv,), T.bfloat16)
                 for e in T.vectorized(epv):
                     amax_pairs[e] = T.cast(0, T.bfloat16)
-                for i in T.unroll(ROWS):
+                for i in T.unroll(rows):
                     for e in T.vectorized(epv):
                         amax_pairs[e] = T.max(amax_pairs[e], T.abs(values[i, e]))
                 for e in T.unroll(epv):
@@ -191,29 +232,29 @@ def build(arch: Arch, in_dtype: str, gather: bool, transpose: bool, num_per_toke
             else:
                 for e in T.unroll(epv):
                     amax[e] = T.float32(0)
-                for i in T.unroll(ROWS):
+                for i in T.unroll(rows):
                     for e in conversion_loop(epv):
                         as_float[e] = T.Cast(T.float32, values[i, e])
                     for e in T.unroll(epv):
                         amax[e] = T.max(amax[e], T.abs(dequantized(as_float, in_sf, i, e)))
-            # Lanes along the tokens are lane bits 2..4: xor 4 and 8 join 32 tokens, xor 16 joins 64.
+            # Lanes along the tokens are the lane bits above those along the channels (xor lanes_k, 2 lanes_k, ...).
             for e in T.unroll(epv):
                 for s in T.unroll(lane_steps):
-                    amax[e] = T.max(amax[e], T.shfl_xor(amax[e], LANES_K << s))
+                    amax[e] = T.max(amax[e], T.shfl_xor(amax[e], lanes_k << s))
             # The scales: each warp row's partial amax per column goes to shared memory (from the first thread
             # of each group of tokens the butterfly joined), then one thread per (block, column) computes the
             # block's scale factor and multiplier, stores the scale factor (consecutive threads, consecutive
             # columns) and shares the multiplier. Two divisions per block and column in the CTA rather than in
-            # each of the 16 threads that hold the column, and no per-thread arrays of 16 scales to keep live.
+            # each thread that holds the column, and no per-thread arrays of scales to keep live.
             # tilelang may place `multipliers` over `partials` (it does for bf16 and float32). Safe while a CTA
             # has one block (128 tokens) or one partial per block (32): multipliers[b, c] then overlaps only
             # partials[b, c], a partial of the same (block, column), whose thread reads it before writing.
             partials = T.alloc_shared((num_groups, tile_k), T.float32)
             multipliers = T.alloc_shared((blocks_per_tile, tile_k), T.float32)
-            col_in_tile = ((warp % WARPS_K) * LANES_K + lane % LANES_K) * epv
-            if (rg * ROWS) % group_tokens == 0:
+            col_in_tile = ((warp % warps_k) * lanes_k + lane % lanes_k) * epv
+            if (rg * rows) % group_tokens == 0:
                 for e in T.vectorized(epv):
-                    partials[rg * ROWS // group_tokens, col_in_tile + e] = amax[e]
+                    partials[rg * rows // group_tokens, col_in_tile + e] = amax[e]
             T.sync_threads()
             for r in T.unroll(scale_rounds):
                 item = r * NUM_THREADS + tid
@@ -229,20 +270,20 @@ def build(arch: Arch, in_dtype: str, gather: bool, transpose: bool, num_per_toke
                     multipliers[block, column] = multiplier[0]
             T.sync_threads()
             for e in T.vectorized(epv):
-                multiplier[e] = multipliers[rg * ROWS // num_per_tokens, col_in_tile + e]
+                multiplier[e] = multipliers[rg * rows // num_per_tokens, col_in_tile + e]
 
             # Products in float32 (unrolled), then the e4m3 casts as a vectorised loop, which lowers to one
             # two-value conversion (F2FP ... PACK_AB) per pair instead of one per value.
             if transpose:
-                quantized_t = T.alloc_local((epv, ROWS), T.float8_e4m3fn)
+                quantized_t = T.alloc_local((epv, rows), T.float8_e4m3fn)
                 for e in T.unroll(epv):
-                    for i in T.unroll(ROWS):  # bf16 input only: a conversion is one instruction anyway
+                    for i in T.unroll(rows):  # bf16 input only: a conversion is one instruction anyway
                         scaled[i] = T.Cast(T.float32, values[i, e]) * multiplier[e]
-                    for i in T.vectorized(ROWS):
+                    for i in T.vectorized(rows):
                         quantized_t[e, i] = T.Cast(T.float8_e4m3fn, scaled[i])
                 if row0 < num_tokens and col < hidden:
                     for e in T.unroll(epv):
-                        for i in T.vectorized(ROWS):
+                        for i in T.vectorized(rows):
                             out[col + e, row0 + i] = quantized_t[e, i]
             else:
                 if interior:
