@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from build_tools import ninja, wheels
+from build_tools.cubin_info import frame_bytes
 from build_tools.util import BuildError, sha256_bytes, stable_json, write_if_different
 from kernel_src.decl import Arch, KernelDecl
 from tile_kernels_aot._cubin import cubin_sm, target_sm
@@ -248,6 +249,9 @@ def write_manifests(jobs: list[Job], build_dir: Path, tools: dict) -> dict[str, 
             data = cubin_path.read_bytes()
             if cubin_sm(data) != target_sm(arch.target):
                 raise BuildError(f'{job.label}: cubin ELF says sm_{cubin_sm(data)}, expected {arch.target}')
+            if frame_bytes(data):
+                raise BuildError(f'{job.label}: ptxas gave each thread {frame_bytes(data)} bytes of local memory (register spills '
+                                 'or a local array in memory); raise its register cap (fewer CTAs per SM) or restructure')
             entry = entry_from_plain(dict(
                 kernel=job.decl.name, key=job.key, params=job.params, target=arch.target,
                 cubin=f'cubins/{job.relative_stem}.cubin', sha256=sha256_bytes(data), source=f'sources/{job.relative_stem}.cu',

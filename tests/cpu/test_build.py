@@ -5,12 +5,14 @@ from __future__ import annotations
 import email.parser
 import hashlib
 import json
+import subprocess
 import time
 import zipfile
 from pathlib import Path
 
 import pytest
 
+from build_tools.cubin_info import frame_bytes
 from tile_kernels_aot._cubin import cubin_sm
 from tile_kernels_aot._manifest import manifest_from_json
 
@@ -172,3 +174,24 @@ def test_kernel_sources_are_the_module_and_its_kernel_src_imports():
     assert {'quant/swiglu.py', 'quant/common.py', 'decl.py'} <= swiglu
     assert 'quant/cast_back.py' not in swiglu and 'models.py' not in swiglu
     assert 'quant/common.py' not in closure('kernel_src.transpose.batched_transpose')
+
+
+def test_built_kernels_keep_their_working_set_in_registers(built):
+    for target in TARGETS:
+        for cubin in (built / 'build' / target / 'cubins').rglob('*.cubin'):
+            assert frame_bytes(cubin.read_bytes()) == 0, cubin
+
+
+def test_frame_bytes_reads_the_local_memory_ptxas_gave(tmp_path):
+    """A kernel with a dynamically indexed local array (which must live in local memory) and one without."""
+    source = tmp_path / 'k.cu'
+    source.write_text(
+        'extern "C" __global__ void local_array(float* out, int i) { float a[64] = {};\n'
+        '  for (int k = 0; k < 64; ++k) a[(k * i) & 63] += out[k];\n  out[0] = a[i & 63]; }\n'
+        'extern "C" __global__ void in_registers(float* out) { out[threadIdx.x] += 1.0f; }\n')
+    cubin = tmp_path / 'k.cubin'
+    subprocess.run(['nvcc', '-cubin', '-O3', '-gencode=arch=compute_90a,code=sm_90a', '-o', str(cubin), str(source)], check=True)
+    assert frame_bytes(cubin.read_bytes()) == 256
+    source.write_text('extern "C" __global__ void in_registers(float* out) { out[threadIdx.x] += 1.0f; }\n')
+    subprocess.run(['nvcc', '-cubin', '-O3', '-gencode=arch=compute_90a,code=sm_90a', '-o', str(cubin), str(source)], check=True)
+    assert frame_bytes(cubin.read_bytes()) == 0
