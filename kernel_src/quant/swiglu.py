@@ -306,6 +306,13 @@ __device__ __forceinline__ void tk_cp_async_4_or_zero(void* shared_dst, const fl
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" :: "r"((unsigned)__cvta_generic_to_shared(shared_dst)),
                "l"(global_base + index), "r"(copy ? 4 : 0) : "memory");
 }
+// A step's row and block, stored by the thread beside the weight its copy brings (words 0, 1 and 2 of its 16-byte
+// record), and read back with that weight as one LDS.128.
+__device__ __forceinline__ void tk_stage_row_block(void* shared_dst, int row, int block) { *(int2*)shared_dst = make_int2(row, block); }
+__device__ __forceinline__ void tk_unstage_step(const void* shared_src, int* row, int* block, float* weight) {
+  const int4 r = *(const int4*)shared_src;
+  row[0] = r.x; block[0] = r.y; weight[0] = __int_as_float(r.z);
+}
 __device__ __forceinline__ void tk_cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N> __device__ __forceinline__ void tk_cp_async_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory"); }
 """
@@ -370,7 +377,7 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool, pref
     # table would take 234 KB of the SM's 227) the slot read at the top of an iteration is refilled right after (its
     # LDS issue before the copies' LDGSTS, which write only once their data returns).
     ctas_per_sm = FWD_MIN_BLOCKS[in_dtype] * FWD_THREADS // threads
-    slot_bytes = threads * (2 * num_vectors * 16 + 4)
+    slot_bytes = threads * (2 * num_vectors * 16 + 16)
     fixed_bytes = 4 * TABLE_WORDS if table else 0
     num_slots = ahead + 1 if ctas_per_sm * (fixed_bytes + (ahead + 1) * slot_bytes + 1024) <= 228 * 1024 else ahead
     num_warps = threads // 32
@@ -647,9 +654,15 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool, pref
                     # conflict) and its weight. Step s lives in slot s % num_slots; at the top of iteration t, bit i
                     # of live_steps says whether step t - 2 - i is live (rows skipped by pos_to_expert are not copied).
                     staged = T.alloc_shared((num_slots, 2 * num_vectors, threads, epv), in_dtype)
-                    staged_weight = T.alloc_shared((num_slots, threads), T.float32)
+                    # Per slot and thread: the step's row, block and weight (16-byte records, also conflict-free).
+                    staged_step = T.alloc_shared((num_slots, threads, 4), T.int32)
+                    step_row = T.alloc_local((1,), T.int32)
+                    step_block = T.alloc_local((1,), T.int32)
+                    step_weight_staged = T.alloc_local((1,), T.float32)
                     live_steps = T.alloc_local((1,), T.int32)
                     live_steps[0] = 0
+                    step_row[0] = 0
+                    step_block[0] = 0
                 for t in T.serial(num_iters + 1 + ahead):
                     if ahead > 0:
                         # Iteration t copies step t - 1 (its lookups arrived during iteration t - 1) and computes
@@ -660,11 +673,6 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool, pref
                         copy_slot = (t + num_slots - 1) % num_slots  # step t - 1's
                         T.evaluate(T.call_extern('void', f'tk_cp_async_wait<{ahead - 1}>'))
                         live = (live_steps[0] >> (ahead - 1)) & 1
-                        # Its row and block again from the step number (a few integer instructions, where
-                        # carrying them through the pipeline took registers).
-                        blk_done = (T.max(t - 1 - ahead, 0) * num_ctas + pid) * blocks_per_step + (tid >> lanes_log2)
-                        row = T.Cast(T.int32, (T.Cast(T.int64, blk_done) * row_magic) >> T.Cast(T.int64, row_shift))
-                        block = blk_done - row * blocks_per_row
                         step_weight[0] = T.float32(1)
                         if live != 0:
                             for j in T.unroll(num_vectors):
@@ -673,8 +681,12 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool, pref
                             for j in T.unroll(num_vectors):
                                 for e in T.vectorized(epv):
                                     up[j, e] = staged[slot, num_vectors + j, tid, e]
+                            T.evaluate(T.call_extern('void', 'tk_unstage_step', T.address_of(staged_step[slot, tid, 0]), T.address_of(step_row[0]),
+                                                     T.address_of(step_block[0]), T.address_of(step_weight_staged[0])))
                             if with_weight != 0:
-                                step_weight[0] = staged_weight[slot, tid]
+                                step_weight[0] = step_weight_staged[0]
+                        row = step_row[0]
+                        block = step_block[0]
                         # Step t - 1's x (skipped rows are not read) and weight on their way.
                         copy_live = T.Cast(T.int32, T.And(next_live[0] != 0, T.Or(with_pos_to_expert == 0, next_expert[0] >= 0)))
                         if copy_live != 0:
@@ -683,8 +695,10 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool, pref
                                 for j in T.unroll(num_vectors):
                                     T.evaluate(T.call_extern('void', 'tk_cp_async_16', T.address_of(staged[copy_slot, h * num_vectors + j, tid, 0]),
                                                              x.data, row_start + h * hidden + j * lanes * epv))
+                            T.evaluate(T.call_extern('void', 'tk_stage_row_block', T.address_of(staged_step[copy_slot, tid, 0]), next_row[0],
+                                                     next_block[0]))
                             if with_weight != 0:
-                                T.evaluate(T.call_extern('void', 'tk_cp_async_4_or_zero', T.address_of(staged_weight[copy_slot, tid]),
+                                T.evaluate(T.call_extern('void', 'tk_cp_async_4_or_zero', T.address_of(staged_step[copy_slot, tid, 2]),
                                                          topk_weights.data, T.max(next_index[0], 0), next_index[0] >= 0))
                         T.evaluate(T.call_extern('void', 'tk_cp_async_commit'))
                         live_steps[0] = ((live_steps[0] << 1) | copy_live) & ((1 << ahead) - 1)
