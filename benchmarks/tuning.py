@@ -7,7 +7,7 @@ Build them into their own folder and time them with benchmarks/tune.py; they nev
 
 from kernel_src.decl import KernelDecl, param
 from kernel_src.moe import reduce_fused, topk_gate
-from kernel_src.quant import cast_back, per_channel_cast, per_token_cast
+from kernel_src.quant import cast_back, per_channel_cast, per_token_cast, swiglu
 from kernel_src.transpose import batched_transpose
 
 
@@ -63,4 +63,10 @@ PER_CHANNEL_CAST = variant('tune.per_channel_cast_fused', per_channel_cast.FUSED
     for r, lk, wk, vb in _CHANNEL_LAYOUTS
 ])
 
-DECLS = {d.name: d for d in (TRANSPOSE, PER_TOKEN_CAST, TOPK_GATE, REDUCE_FUSED, CAST_BACK, PER_CHANNEL_CAST)}
+# The flat SwiGLU forward's software pipeline: grid-stride steps whose x is copied into shared memory (cp.async) while
+# the thread computes an earlier one (0: loads into registers, used at once, as before the pipeline).
+SWIGLU_FORWARD = variant('tune.swiglu_forward', swiglu.FORWARD, {'prefetch_steps': 'p'}, lambda: [
+    dict(in_dtype=d, sf_format='f32', per_row=False, prefetch_steps=p) for d in ('bfloat16', 'float32') for p in (0, 1, 2)
+])
+
+DECLS = {d.name: d for d in (TRANSPOSE, PER_TOKEN_CAST, TOPK_GATE, REDUCE_FUSED, CAST_BACK, PER_CHANNEL_CAST, SWIGLU_FORWARD)}
