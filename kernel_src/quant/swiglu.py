@@ -16,8 +16,9 @@ q = e4m3_satfinite(v * multiplier).
   persistent grid-stride loop deals out: a block is 8 adjacent lanes, each holding 16 of its elements (2
   bf16 or 4 fp32 16-byte vectors; lane i: vectors i, i + 8, ...), so that one row lookup, one butterfly
   and one scale serve 16 elements a thread, and each load instruction reads whole 128-byte runs. One step
-  is in flight per thread (row lookups one step ahead), with 8 (bf16) or 6 (fp32) warps a scheduler. per_row gives a row to a
-  power-of-two group of threads (a run-time size: up to 8 vectors each, 256 at most), several rows per CTA.
+  is in flight per thread (row lookups one step ahead), with 8 (bf16) or 6 (fp32) warps a scheduler. per_row is the
+  same kernel with the row as the block: 2^tpr_log2 adjacent lanes (a run-time size, up to the CTA) of 16 elements
+  each, the same element code, and the row amax across warps through named barriers (_ROW_MAX_PRELUDE).
 * swiglu_forward_and_per_channel_cast: bf16 input only; act is rounded to bf16 (the rounding point of
   upstream), then cast in blocks of (num_per_tokens, 1) (32 or 128 tokens, a run-time choice). A CTA
   takes 128 tokens x 64 channels: a thread issues all of its loads (4 vectors of each half) before the
@@ -42,13 +43,12 @@ E4M3_MAX = 448.0
 
 FWD_THREADS = 256
 FWD_ELEMENTS = 16  # flat kernel: elements of each half per thread and step (2 bf16 or 4 fp32 vectors), in one 128-wide block
-ROW_VECTORS = 8  # per_row: vectors per thread, so rows of up to 256 * 8 vectors (16384 bf16, 8192 fp32)
-ROW_THREADS_LOG2 = 8  # per_row: log2 of the CTA size
-# per_row: CTAs per SM the register allocation must allow. Unbounded, fp32 took 142 registers (one CTA,
-# 8 warps an SM; Nsight on bf16: issue-latency bound, 0.37 issue, 2 warps a scheduler); at 128 it takes 2
-# CTAs without spilling. bf16 capped at 128 spilled its loaded vectors to local memory (STL right after
-# each LDG: one round trip per vector instead of one per row step), so it stays unbounded.
-ROW_MIN_BLOCKS = {'bfloat16': 1, 'float32': 2}
+# per_row: the flat kernel's step with one row as its block, 2^tpr_log2 adjacent threads of 16 elements each (tpr_log2
+# a run-time argument). bf16 runs the silu-table kernel (1024 threads, 63 registers: rows up to 16384); fp32 needs 512
+# threads for rows up to 8192: one CTA of 16 warps an SM (118 registers; the flat fp32 kernel runs 3 CTAs of 256 at
+# 80), as 1024 threads would have to fit 64 registers and spilled 88 bytes. benchmarks/tuning.py times 256 (rows up
+# to 4096), 512 and 1024.
+ROW_FP32_THREADS = 512
 BLOCK = 128  # channels per scale factor of the flat forward
 # Flat kernel: CTAs per SM the register allocation must allow (the op asks the driver how many fit and makes its
 # persistent grid that many per SM): bf16 fits 64 registers (8 warps a scheduler); fp32 holds twice the loaded
@@ -78,14 +78,6 @@ BWD_ELEMS = 16  # elements per thread-step (16 bytes of e4m3)
 # nvcc overlap a step's 16 elements, which takes more registers than one element's chain at a time; at 80
 # (12 CTAs, the count before) it spilled 24 bytes and recomputed predicates (~100 more instructions a step).
 BWD_MIN_BLOCKS = 10
-
-
-def _swiglu(l, r, use_clamp, c):
-    """act of float32 gate l and up r, in the reference's order; NaN passes the clamp as torch.clamp."""
-    # T.And, not `and`: this runs as plain Python, where `and` would not build a TIR condition.
-    l = T.if_then_else(T.And(use_clamp != 0, l > c), c, l)
-    r = T.if_then_else(T.And(use_clamp != 0, r > c), c, T.if_then_else(T.And(use_clamp != 0, r < -c), -c, r))
-    return l / (T.float32(1) + T.exp(-l)) * r
 
 
 # NaN-propagating float32 min and max (PTX min.NaN / max.NaN, one FMNMX.NAN each on sm_80 and later): the
@@ -160,6 +152,39 @@ __device__ __forceinline__ int tk_div_fast_in_range_or_zero(float largest, float
 }
 __device__ __forceinline__ int tk_opaque_zero() { int z; asm volatile("mov.u32 %0, 0;" : "=r"(z)); return z; }
 """.replace('FAST_DIV_MAX', FAST_DIV_MAX.hex()).replace('FAST_DIV_MIN_BELOW', FAST_DIV_MIN_BELOW.hex())
+
+
+# per_row: the row amax across the warps of a row (rows wider than a warp), after the butterfly within each warp.
+# A named barrier (bar.sync id, count) joins only the warps of one row group (ids 1.. ; 0 is __syncthreads), so
+# warps of other rows never wait; a group is the row's warps, or 4 warps holding several rows (so that at most 8
+# ids are used). The partials go through one of two buffers by step parity: the next step's barrier keeps a fast
+# warp from overwriting values a slow one still reads. Written in CUDA, so tilelang's shared-memory sync pass does
+# not put a __syncthreads of the whole CTA around them. max(), as T.max: NaN skipped; the order does not matter.
+_ROW_MAX_PRELUDE = """
+__device__ __forceinline__ float tk_row_max_across_warps(float* partials, float warp_max, int tid, int tpr_log2, int parity) {
+  float* slot = partials + parity * NUM_WARPS;
+  if ((tid & 31) == 0) slot[tid >> 5] = warp_max;
+  const int group_log2 = max(tpr_log2, 7);
+  asm volatile("bar.sync %0, %1;" :: "r"(1 + (tid >> group_log2)), "r"(1 << group_log2) : "memory");
+  const float* row = slot + ((tid >> tpr_log2) << (tpr_log2 - 5));
+  float m = warp_max;
+  for (int w = 0; w < (1 << (tpr_log2 - 5)); ++w) m = max(m, row[w]);
+  return m;
+}
+// One per-row step of a bf16 lane into L2: its 2 gate and 2 up vectors (columns col and col + 8 * 2^tpr_log2).
+template <typename T> __device__ __forceinline__ void tk_prefetch_row_step_bf16(const T* x, int row, int width, int hidden, int lane,
+                                                                                 int tpr_log2) {
+  const T* gate = x + (long long)row * width;
+  #pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int col = ((j << tpr_log2) + lane) * 8;
+    if (col < hidden) {
+      asm volatile("prefetch.global.L2 [%0];" :: "l"(gate + col));
+      asm volatile("prefetch.global.L2 [%0];" :: "l"(gate + hidden + col));
+    }
+  }
+}
+"""
 
 
 def _bf16_bits(value: float) -> int:
@@ -284,7 +309,8 @@ template <typename T> __device__ __forceinline__ void tk_prefetch_step_bf16(cons
 
 
 def _clamped_swiglu(l, r, c):
-    """_swiglu with the clamp always on, against c (+inf for no clamp: the same results), in three FMNMX.NAN.
+    """act of float32 gate l and up r in the reference's order (IEEE division, expf), with the clamp always on,
+    against c (+inf for no clamp: the same results), in three FMNMX.NAN.
 
     Bit-exact with the compare-and-select form for any non-NaN c > 0 and +inf: a NaN l or r stays NaN (as
     torch.clamp keeps it), a value past a bound becomes the bound, any other value is kept; only at c = 0
@@ -322,17 +348,18 @@ def check_forward(in_dtype: str, sf_format: str, per_row: bool) -> None:
         raise ValueError('per_row (one scale factor per row) stores row-major float32 scale factors only')
 
 
-def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> KernelProgram:
+def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool, row_fp32_threads: int = ROW_FP32_THREADS) -> KernelProgram:
     epv = 16 // IN_DTYPES[in_dtype]  # elements per 16-byte vector
     words = in_dtype == 'bfloat16'  # flat kernel: bf16 handled as 32-bit words (_BF16_WORDS_PRELUDE)
     packed = sf_format == 'ue8m0'
-    num_vectors = ROW_VECTORS if per_row else FWD_ELEMENTS // epv
+    num_vectors = FWD_ELEMENTS // epv
     # Flat kernel: a 128-wide block is `lanes` (8) adjacent lanes, lane i holding its vectors i, i + lanes, ...
     # so that each load instruction reads whole 128-byte runs.
     lanes = BLOCK // FWD_ELEMENTS
     lanes_log2 = lanes.bit_length() - 1
-    table = words and not per_row  # flat bf16: silu from the shared table (_SILU_TABLE_PRELUDE)
-    threads = TABLE_THREADS if table else FWD_THREADS
+    table = words  # bf16: silu from the shared table (_SILU_TABLE_PRELUDE)
+    threads = TABLE_THREADS if table else (row_fp32_threads if per_row else FWD_THREADS)
+    min_blocks = max(1, FWD_MIN_BLOCKS[in_dtype] * FWD_THREADS // threads)
     blocks_per_step = threads // lanes
     num_warps = threads // 32
 
@@ -345,19 +372,6 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> K
     num_sf_blocks, num_sf_words = T.dynamic('num_sf_blocks'), T.dynamic('num_sf_words')
     sf_type = token_sf_tensor(packed, num_rows, num_sf_blocks, num_sf_words, T.dynamic('sf_word_stride'),
                               T.dynamic('sf_stride_t'), T.dynamic('sf_stride_k'))
-
-    @T.macro
-    def row_info(row, with_weight, with_pos_to_expert, pos_to_token_topk, topk_weights, pos_to_expert, live, weight, j):
-        """live[j]: the row exists and is not skipped; weight[j]: its routing weight (1 without weights)."""
-        live[j] = T.Cast(T.int32, row < num_rows)
-        weight[j] = T.float32(1)
-        if live[j] != 0:
-            if with_pos_to_expert != 0:
-                if pos_to_expert[row] < 0:
-                    live[j] = 0
-            if with_weight != 0:
-                index = pos_to_token_topk[row]
-                weight[j] = T.if_then_else(index >= 0, topk_weights[T.max(index, 0)], T.float32(0))
 
     @T.macro
     def count_into(counts, clamped_count, red_counts, tid):
@@ -378,24 +392,14 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> K
                 T.atomic_add(clamped_count[tid], total)
 
     @T.macro
-    def activate(gate, up, act, amax, counts, use_clamp, count_clamp, clamp_value, weight, j):
-        """act[j, :] = swiglu * weight, amax[j] over it, and the clamp counts."""
-        # Both halves widened by vectorised casts (bf16: one instruction an element, where a cast at each
-        # use unpacked every element through PRMT and a shift), into act (gate) and a vector of up.
-        up_wide = T.alloc_local((epv,), T.float32)
-        for e in T.vectorized(epv):
-            act[j, e] = T.Cast(T.float32, gate[j, e])
-        for e in T.vectorized(epv):
-            up_wide[e] = T.Cast(T.float32, up[j, e])
+    def count_vector(gate, up, counts, clamp_c, j):
+        """The exact clamp counts of vector j."""
         for e in T.unroll(epv):
-            l = act[j, e]
-            r = up_wide[e]
-            if count_clamp != 0:
-                counts[0] = counts[0] + T.Cast(T.int32, l > clamp_value)
-                counts[1] = counts[1] + T.Cast(T.int32, r > clamp_value)
-                counts[2] = counts[2] + T.Cast(T.int32, r < -clamp_value)
-            act[j, e] = _swiglu(l, r, use_clamp, clamp_value) * weight[j]
-            amax[j] = T.max(amax[j], T.abs(act[j, e]))
+            l = T.Cast(T.float32, gate[j, e])
+            r = T.Cast(T.float32, up[j, e])
+            counts[0] = counts[0] + T.Cast(T.int32, l > clamp_c)
+            counts[1] = counts[1] + T.Cast(T.int32, r > clamp_c)
+            counts[2] = counts[2] + T.Cast(T.int32, r < -clamp_c)
 
     @T.macro
     def load_step(x, gate, up, row, block, lane):
@@ -410,17 +414,20 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> K
                 up[j, e] = x[T.Cast(T.int64, row), hidden + block * BLOCK + (j * lanes + lane) * epv + e]
 
     @T.macro
-    def store_quantized(out, act, multiplier, row, col, j):
-        # Products first, then the casts as a vectorised loop: one F2FP (satfinite, round to nearest even,
-        # as the scalar cast) converts a pair in place, where the scalar casts took one F2FP and a byte
-        # merge per element.
-        quantized = T.alloc_local((epv,), T.float8_e4m3fn)
-        for e in T.unroll(epv):
-            act[j, e] = act[j, e] * multiplier[j]
-        for e in T.vectorized(epv):
-            quantized[e] = T.Cast(T.float8_e4m3fn, act[j, e])
-        for e in T.vectorized(epv):
-            out[row, col + e] = quantized[e]
+    def load_row_step(x, gate, up, row, lane, tpr_log2):
+        """per_row: load_step with the row as the block, 2^tpr_log2 lanes (vector j of lane i at j * 2^tpr_log2 + i).
+        A vector past the row's end gets gate 1 and up 0: inside the silu table's window and the fast division's
+        range, so it sends no step to the exact path; the amax, the clamp recount and the stores skip it."""
+        for j in T.unroll(num_vectors):
+            if ((j << tpr_log2) + lane) * epv < hidden:
+                for e in T.vectorized(epv):
+                    gate[j, e] = x[T.Cast(T.int64, row), ((j << tpr_log2) + lane) * epv + e]
+                for e in T.vectorized(epv):
+                    up[j, e] = x[T.Cast(T.int64, row), hidden + ((j << tpr_log2) + lane) * epv + e]
+            else:
+                for e in T.unroll(epv):
+                    gate[j, e] = T.Cast(in_dtype, T.float32(1))
+                    up[j, e] = T.Cast(in_dtype, T.float32(0))
 
     @T.macro
     def build_silu_table(silu_table, table_gates, table_silu, div_range_build, clamp_c, tid):
@@ -467,10 +474,11 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> K
         clamp_value: T.float32,
         sf_floor: T.float32,
     ):
-        prelude = None if per_row else _NAN_MIN_MAX_PRELUDE + _FAST_DIV_PRELUDE + (_BF16_WORDS_PRELUDE + _SILU_TABLE_PRELUDE if words else '')
+        prelude = _NAN_MIN_MAX_PRELUDE + _FAST_DIV_PRELUDE + (_BF16_WORDS_PRELUDE + _SILU_TABLE_PRELUDE if words else '') + (
+            _ROW_MAX_PRELUDE.replace('NUM_WARPS', str(num_warps)) if per_row else '')
         with T.Kernel(num_ctas, threads=threads, prelude=prelude) as pid:
             # The table kernel: one CTA an SM of 4x the threads, the same 64-register budget.
-            T.annotate_min_blocks_per_sm(ROW_MIN_BLOCKS[in_dtype] if per_row else FWD_MIN_BLOCKS[in_dtype] * FWD_THREADS // threads)
+            T.annotate_min_blocks_per_sm(min_blocks)
             T.assume(hidden % BLOCK == 0)
             T.assume(width % 64 == 0)
             tid = T.get_thread_binding()
@@ -484,57 +492,12 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> K
             live = T.alloc_local((num_vectors,), T.int32)
             counts = T.alloc_local((3,), T.int32)
             red_counts = T.alloc_shared((num_warps, 3), T.int32)
+            if per_row:
+                row_partials = T.alloc_shared((2 * num_warps,), T.float32)  # _ROW_MAX_PRELUDE: a warp's partial by step parity
             for c in T.unroll(3):
                 counts[c] = 0
 
-            if per_row:
-                # 2^tpr_log2 threads per row (enough for 8 vectors each), 256 >> tpr_log2 rows per CTA and
-                # step, so that short rows still keep every thread's 8 vector pairs in flight.
-                red = T.alloc_shared((2, num_warps), T.float32)
-                lane = tid & ((1 << tpr_log2) - 1)
-                for it in T.serial(num_iters):
-                    row = ((it * num_ctas + pid) << (ROW_THREADS_LOG2 - tpr_log2)) + (tid >> tpr_log2)
-                    row_info(row, with_weight, with_pos_to_expert, pos_to_token_topk, topk_weights, pos_to_expert, live, weight, 0)
-                    for j in T.unroll(num_vectors):
-                        amax[j] = T.float32(0)
-                        weight[j] = weight[0]
-                        col = ((j << tpr_log2) + lane) * epv
-                        if live[0] != 0 and col < hidden:
-                            for e in T.vectorized(epv):
-                                gate[j, e] = x[row, col + e]
-                            for e in T.vectorized(epv):
-                                up[j, e] = x[row, hidden + col + e]
-                    for j in T.unroll(num_vectors):
-                        col = ((j << tpr_log2) + lane) * epv
-                        if live[0] != 0 and col < hidden:
-                            activate(gate, up, act, amax, counts, use_clamp, count_clamp, clamp_value, weight, j)
-                    for j in T.unroll(1, num_vectors):
-                        amax[0] = T.max(amax[0], amax[j])
-                    # Row amax: a butterfly over the row's lanes, then (rows wider than a warp) over its warps,
-                    # through one of two buffers by step parity, so one barrier a step keeps a fast warp from
-                    # overwriting values a slow one still reads. Every thread takes part (uniform branches).
-                    for s in T.unroll(5):
-                        if s < tpr_log2:
-                            amax[0] = T.max(amax[0], T.shfl_xor(amax[0], 1 << s))
-                    if tpr_log2 > 5:
-                        if tid % 32 == 0:
-                            red[it % 2, tid // 32] = amax[0]
-                        T.sync_threads()
-                        first_warp = (tid >> tpr_log2) << (tpr_log2 - 5)
-                        for w in T.unroll(num_warps):
-                            if w < (1 << (tpr_log2 - 5)):
-                                amax[0] = T.max(amax[0], red[it % 2, first_warp + w])
-                    if live[0] != 0:
-                        block_scale(amax[0], sf_floor, E4M3_MAX, round_sf, False, sf, multiplier, 0)
-                        if lane == 0:
-                            out_sf[row, 0] = sf[0]
-                        for j in T.unroll(1, num_vectors):
-                            multiplier[j] = multiplier[0]
-                        for j in T.unroll(num_vectors):
-                            col = ((j << tpr_log2) + lane) * epv
-                            if col < hidden:
-                                store_quantized(out, act, multiplier, row, col, j)
-            else:
+            if True:  # the indentation of the former per_row / flat split, kept while parallel branches change this loop
                 # One grid-stride step in flight per thread, and more warps instead of a software pipeline:
                 # the SwiGLU of an element is a serial chain (exponential, reciprocal, Newton steps and the
                 # division's slow-path branch, ~100 cycles for ~28 instructions), so a warp issues about one
@@ -574,23 +537,36 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> K
                     div_range_build = T.alloc_local((2,), T.float32)
                     # The build (about 150 instructions a thread) would leave the memory system idle: step 0's x
                     # (and its row lookups) are fetched into L2 meanwhile, so that its loads hit L2.
-                    first_blk = pid * blocks_per_step + (tid >> lanes_log2)
-                    first_row = T.Cast(T.int32, (T.Cast(T.int64, first_blk) * row_magic) >> T.Cast(T.int64, row_shift))
-                    if T.And(num_iters > 0, first_row < num_rows):
-                        first_block = first_blk - first_row * blocks_per_row
-                        T.evaluate(T.call_extern('void', 'tk_prefetch_step_bf16', x.data, first_row, width, hidden,
-                                                 first_block * BLOCK + (tid & (lanes - 1)) * epv))
-                        if with_pos_to_expert != 0:
-                            T.evaluate(T.call_extern('void', 'tk_prefetch_l2', pos_to_expert.data, first_row))
-                        if with_weight != 0:
-                            T.evaluate(T.call_extern('void', 'tk_prefetch_l2', pos_to_token_topk.data, first_row))
+                    if per_row:
+                        first_row = pid * (threads >> tpr_log2) + (tid >> tpr_log2)
+                        if T.And(num_iters > 0, first_row < num_rows):
+                            T.evaluate(T.call_extern('void', 'tk_prefetch_row_step_bf16', x.data, first_row, width, hidden,
+                                                     tid & ((1 << tpr_log2) - 1), tpr_log2))
+                            if with_pos_to_expert != 0:
+                                T.evaluate(T.call_extern('void', 'tk_prefetch_l2', pos_to_expert.data, first_row))
+                            if with_weight != 0:
+                                T.evaluate(T.call_extern('void', 'tk_prefetch_l2', pos_to_token_topk.data, first_row))
+                    else:
+                        first_blk = pid * blocks_per_step + (tid >> lanes_log2)
+                        first_row = T.Cast(T.int32, (T.Cast(T.int64, first_blk) * row_magic) >> T.Cast(T.int64, row_shift))
+                        if T.And(num_iters > 0, first_row < num_rows):
+                            first_block = first_blk - first_row * blocks_per_row
+                            T.evaluate(T.call_extern('void', 'tk_prefetch_step_bf16', x.data, first_row, width, hidden,
+                                                     first_block * BLOCK + (tid & (lanes - 1)) * epv))
+                            if with_pos_to_expert != 0:
+                                T.evaluate(T.call_extern('void', 'tk_prefetch_l2', pos_to_expert.data, first_row))
+                            if with_weight != 0:
+                                T.evaluate(T.call_extern('void', 'tk_prefetch_l2', pos_to_token_topk.data, first_row))
                     build_silu_table(silu_table, table_gates, table_silu, div_range_build, clamp_c, tid)
                     T.sync_threads()
                 row = T.alloc_var(T.int32)
                 block = T.alloc_var(T.int32)
                 live = T.alloc_var(T.int32)
                 index = T.alloc_var(T.int32)
-                lane = tid & (lanes - 1)
+                if per_row:
+                    lane = tid & ((1 << tpr_log2) - 1)
+                else:
+                    lane = tid & (lanes - 1)
                 next_row[0] = 0
                 next_block[0] = 0
                 next_live[0] = 0
@@ -608,14 +584,21 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> K
                     index = next_index[0]
                     step_weight[0] = T.float32(1)
                     if live != 0:
-                        load_step(x, gate, up, row, block, lane)
+                        if per_row:
+                            load_row_step(x, gate, up, row, lane, tpr_log2)
+                        else:
+                            load_step(x, gate, up, row, block, lane)
                         if with_weight != 0:
                             step_weight[0] = T.if_then_else(index >= 0, topk_weights[T.max(index, 0)], T.float32(0))
                     # Lookups of step t, issued now and read at the start of the next iteration. Steps past
                     # the last are not live (and their block index is not formed, so it never overflows).
-                    blk = (T.min(t, num_iters - 1) * num_ctas + pid) * blocks_per_step + (tid >> lanes_log2)
-                    next_row[0] = T.Cast(T.int32, (T.Cast(T.int64, blk) * row_magic) >> T.Cast(T.int64, row_shift))
-                    next_block[0] = blk - next_row[0] * blocks_per_row
+                    if per_row:
+                        # The row is the block: threads >> tpr_log2 rows a CTA and step.
+                        next_row[0] = (T.min(t, num_iters - 1) * num_ctas + pid) * (threads >> tpr_log2) + (tid >> tpr_log2)
+                    else:
+                        blk = (T.min(t, num_iters - 1) * num_ctas + pid) * blocks_per_step + (tid >> lanes_log2)
+                        next_row[0] = T.Cast(T.int32, (T.Cast(T.int64, blk) * row_magic) >> T.Cast(T.int64, row_shift))
+                        next_block[0] = blk - next_row[0] * blocks_per_row
                     next_live[0] = T.Cast(T.int32, T.And(t < num_iters, next_row[0] < num_rows))
                     if next_live[0] != 0:
                         if with_pos_to_expert != 0:
@@ -680,14 +663,24 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> K
                             # IEEE division, from x read again (in cache) rather than loaded vectors kept live.
                             fast_ok = T.call_extern('int32', 'tk_div_fast_in_range', div_range[0], div_range[1]) != 0
                             if not fast_ok:
-                                load_step(x, gate, up, row, block, lane)
+                                if per_row:
+                                    load_row_step(x, gate, up, row, lane, tpr_log2)
+                                else:
+                                    load_step(x, gate, up, row, block, lane)
                                 for j in T.unroll(num_vectors):
                                     for e in T.unroll(epv):
                                         act[j, e] = _clamped_swiglu(T.Cast(T.float32, gate[j, e]), T.Cast(T.float32, up[j, e]),
                                                                     clamp_c) * step_weight[0]
-                        for j in T.unroll(num_vectors):
-                            for e in T.unroll(epv):
-                                amax[0] = T.max(amax[0], T.abs(act[j, e]))
+                        if per_row:
+                            # Not the filler past the row's end: its act is 0 for c >= 0, not for a negative c.
+                            for j in T.unroll(num_vectors):
+                                if ((j << tpr_log2) + lane) * epv < hidden:
+                                    for e in T.unroll(epv):
+                                        amax[0] = T.max(amax[0], T.abs(act[j, e]))
+                        else:
+                            for j in T.unroll(num_vectors):
+                                for e in T.unroll(epv):
+                                    amax[0] = T.max(amax[0], T.abs(act[j, e]))
                         # Only a step that reaches the clamp is counted exactly, from x read again (it is
                         # in cache): keeping the loaded vectors for this rare case would hold 32 registers
                         # through the element loop.
@@ -697,18 +690,31 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> K
                             else:
                                 reach_exceeds = T.Or(reach[0] > clamp_c, reach[1] > clamp_c)
                             if reach_exceeds:
-                                load_step(x, gate, up, row, block, lane)
+                                if per_row:
+                                    load_row_step(x, gate, up, row, lane, tpr_log2)
+                                else:
+                                    load_step(x, gate, up, row, block, lane)
                                 for j in T.unroll(num_vectors):
-                                    for e in T.unroll(epv):
-                                        l = T.Cast(T.float32, gate[j, e])
-                                        r = T.Cast(T.float32, up[j, e])
-                                        counts[0] = counts[0] + T.Cast(T.int32, l > clamp_c)
-                                        counts[1] = counts[1] + T.Cast(T.int32, r > clamp_c)
-                                        counts[2] = counts[2] + T.Cast(T.int32, r < -clamp_c)
+                                    if per_row:
+                                        # Only the row's own vectors, not the filler past its end.
+                                        if ((j << tpr_log2) + lane) * epv < hidden:
+                                            count_vector(gate, up, counts, clamp_c, j)
+                                    else:
+                                        count_vector(gate, up, counts, clamp_c, j)
                     # Block amax: a butterfly over the block's lanes (adjacent; every lane takes part: a
                     # skipped or missing row is a whole number of blocks, all with amax 0).
-                    for s in T.unroll(lanes_log2):
-                        amax[0] = T.max(amax[0], T.shfl_xor(amax[0], 1 << s))
+                    if per_row:
+                        # Row amax: a butterfly over the row's lanes within a warp, then (rows wider than a warp)
+                        # over its warps (_ROW_MAX_PRELUDE). Every thread takes part (uniform branches).
+                        for s in T.unroll(5):
+                            if s < tpr_log2:
+                                amax[0] = T.max(amax[0], T.shfl_xor(amax[0], 1 << s))
+                        if tpr_log2 > 5:
+                            amax[0] = T.call_extern('float32', 'tk_row_max_across_warps', T.address_of(row_partials[0]), amax[0], tid, tpr_log2,
+                                                    t & 1)
+                    else:
+                        for s in T.unroll(lanes_log2):
+                            amax[0] = T.max(amax[0], T.shfl_xor(amax[0], 1 << s))
                     if live != 0:
                         block_scale(amax[0], sf_floor, E4M3_MAX, round_sf, packed, sf, multiplier, 0)
                         if lane == 0:
@@ -721,8 +727,13 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool) -> K
                                 act[j, e] = act[j, e] * multiplier[0]
                             for e in T.vectorized(epv):
                                 quantized[e] = T.Cast(T.float8_e4m3fn, act[j, e])
-                            for e in T.vectorized(epv):
-                                out[T.Cast(T.int64, row), block * BLOCK + (j * lanes + lane) * epv + e] = quantized[e]
+                            if per_row:
+                                if ((j << tpr_log2) + lane) * epv < hidden:
+                                    for e in T.vectorized(epv):
+                                        out[T.Cast(T.int64, row), ((j << tpr_log2) + lane) * epv + e] = quantized[e]
+                            else:
+                                for e in T.vectorized(epv):
+                                    out[T.Cast(T.int64, row), block * BLOCK + (j * lanes + lane) * epv + e] = quantized[e]
             if count_clamp != 0:
                 count_into(counts, clamped_count, red_counts, tid)
 
