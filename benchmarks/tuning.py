@@ -69,4 +69,10 @@ SWIGLU_FORWARD = variant('tune.swiglu_forward', swiglu.FORWARD, {'prefetch_steps
     dict(in_dtype=d, sf_format='f32', per_row=False, prefetch_steps=p) for d in ('bfloat16', 'float32') for p in (0, 1, 2)
 ])
 
-DECLS = {d.name: d for d in (TRANSPOSE, PER_TOKEN_CAST, TOPK_GATE, REDUCE_FUSED, CAST_BACK, PER_CHANNEL_CAST, SWIGLU_FORWARD)}
+# SwiGLU forward with one scale factor per row, fp32: the CTA size (256 holds rows up to 4096 at the flat kernel's 80
+# registers and 24 warps an SM; 512, shipped, 16 warps at 118 registers; 1024 spills at 64 registers).
+SWIGLU_ROW = variant('tune.swiglu_row', swiglu.FORWARD, {'row_fp32_threads': 't'}, lambda: [
+    dict(in_dtype='float32', sf_format='f32', per_row=True, row_fp32_threads=t) for t in (256, 512, 1024)
+])
+
+DECLS = {d.name: d for d in (TRANSPOSE, PER_TOKEN_CAST, TOPK_GATE, REDUCE_FUSED, CAST_BACK, PER_CHANNEL_CAST, SWIGLU_FORWARD, SWIGLU_ROW)}

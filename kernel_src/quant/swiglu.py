@@ -17,8 +17,10 @@ q = e4m3_satfinite(v * multiplier).
   bf16 or 4 fp32 16-byte vectors; lane i: vectors i, i + 8, ...), so that one row lookup, one butterfly
   and one scale serve 16 elements a thread, and each load instruction reads whole 128-byte runs. One step
   is computed per thread at a time (row lookups one step ahead), with 8 (bf16) or 6 (fp32) warps a scheduler;
-  the x of the next FWD_PREFETCH_STEPS steps is meanwhile copied into the thread's shared-memory slots (cp.async). per_row gives a row to a
-  power-of-two group of threads (a run-time size: up to 8 vectors each, 256 at most), several rows per CTA.
+  the x of the next FWD_PREFETCH_STEPS steps is meanwhile copied into the thread's shared-memory slots (cp.async).
+  per_row is the same kernel with the row as the block (and no copy pipeline): 2^tpr_log2 adjacent lanes (a
+  run-time size, up to the CTA) of 16 elements each, the same element code, and the row amax across warps through
+  named barriers (_ROW_MAX_PRELUDE).
 * swiglu_forward_and_per_channel_cast: bf16 input only; act is rounded to bf16 (the rounding point of
   upstream), then cast in blocks of (num_per_tokens, 1) (32 or 128 tokens, a run-time choice). A CTA
   takes 128 tokens x 64 channels: a thread issues all of its loads (4 vectors of each half) before the
@@ -43,18 +45,19 @@ E4M3_MAX = 448.0
 
 FWD_THREADS = 256
 FWD_ELEMENTS = 16  # flat kernel: elements of each half per thread and step (2 bf16 or 4 fp32 vectors), in one 128-wide block
-ROW_VECTORS = 8  # per_row: vectors per thread, so rows of up to 256 * 8 vectors (16384 bf16, 8192 fp32)
-ROW_THREADS_LOG2 = 8  # per_row: log2 of the CTA size
-# per_row: CTAs per SM the register allocation must allow. Unbounded, fp32 took 142 registers (one CTA,
-# 8 warps an SM; Nsight on bf16: issue-latency bound, 0.37 issue, 2 warps a scheduler); at 128 it takes 2
-# CTAs without spilling. bf16 capped at 128 spilled its loaded vectors to local memory (STL right after
-# each LDG: one round trip per vector instead of one per row step), so it stays unbounded.
-ROW_MIN_BLOCKS = {'bfloat16': 1, 'float32': 2}
+# per_row: the flat kernel's step with one row as its block, 2^tpr_log2 adjacent threads of 16 elements each (tpr_log2
+# a run-time argument). bf16 runs the silu-table kernel (1024 threads, 63 registers: rows up to 16384); fp32 needs 512
+# threads for rows up to 8192: one CTA of 16 warps an SM (118 registers; the flat fp32 kernel runs 3 CTAs of 256 at
+# 80), as 1024 threads would have to fit 64 registers and spilled 88 bytes. benchmarks/tuning.py times 256 (rows up
+# to 4096), 512 and 1024.
+ROW_FP32_THREADS = 512
 BLOCK = 128  # channels per scale factor of the flat forward
 # Flat kernel: CTAs per SM the register allocation must allow (the op asks the driver how many fit and makes its
 # persistent grid that many per SM): bf16 fits 64 registers (8 warps a scheduler); fp32 holds twice the loaded
 # bytes and spilled at 64 (one spill stored a row lookup as it arrived, a wait each step), none at 80.
 FWD_MIN_BLOCKS = {'bfloat16': 4, 'float32': 3}
+# sm_100a's ptxas spilled the fp32 flat kernel at 80 registers (112 bytes a thread) where sm_90a's does not.
+FWD_MIN_BLOCKS_BY_TARGET = {('sm_100a', 'float32'): 2}
 # Flat kernel: grid-stride steps whose x is already on its way (cp.async into the thread's own shared-memory slots)
 # while the thread computes an earlier one; 0: each step's x is loaded into registers and used at once, so a thread
 # has no bytes in flight while it computes (see the loop). Each step ahead costs 64 (bf16) or 128 (fp32) bytes of
@@ -84,14 +87,6 @@ BWD_ELEMS = 16  # elements per thread-step (16 bytes of e4m3)
 # nvcc overlap a step's 16 elements, which takes more registers than one element's chain at a time; at 80
 # (12 CTAs, the count before) it spilled 24 bytes and recomputed predicates (~100 more instructions a step).
 BWD_MIN_BLOCKS = 10
-
-
-def _swiglu(l, r, use_clamp, c):
-    """act of float32 gate l and up r, in the reference's order; NaN passes the clamp as torch.clamp."""
-    # T.And, not `and`: this runs as plain Python, where `and` would not build a TIR condition.
-    l = T.if_then_else(T.And(use_clamp != 0, l > c), c, l)
-    r = T.if_then_else(T.And(use_clamp != 0, r > c), c, T.if_then_else(T.And(use_clamp != 0, r < -c), -c, r))
-    return l / (T.float32(1) + T.exp(-l)) * r
 
 
 # NaN-propagating float32 min and max (PTX min.NaN / max.NaN, one FMNMX.NAN each on sm_80 and later): the
@@ -166,6 +161,39 @@ __device__ __forceinline__ int tk_div_fast_in_range_or_zero(float largest, float
 }
 __device__ __forceinline__ int tk_opaque_zero() { int z; asm volatile("mov.u32 %0, 0;" : "=r"(z)); return z; }
 """.replace('FAST_DIV_MAX', FAST_DIV_MAX.hex()).replace('FAST_DIV_MIN_BELOW', FAST_DIV_MIN_BELOW.hex())
+
+
+# per_row: the row amax across the warps of a row (rows wider than a warp), after the butterfly within each warp.
+# A named barrier (bar.sync id, count) joins only the warps of one row group (ids 1.. ; 0 is __syncthreads), so
+# warps of other rows never wait; a group is the row's warps, or 4 warps holding several rows (so that at most 8
+# ids are used). The partials go through one of two buffers by step parity: the next step's barrier keeps a fast
+# warp from overwriting values a slow one still reads. Written in CUDA, so tilelang's shared-memory sync pass does
+# not put a __syncthreads of the whole CTA around them. max(), as T.max: NaN skipped; the order does not matter.
+_ROW_MAX_PRELUDE = """
+__device__ __forceinline__ float tk_row_max_across_warps(float* partials, float warp_max, int tid, int tpr_log2, int parity) {
+  float* slot = partials + parity * NUM_WARPS;
+  if ((tid & 31) == 0) slot[tid >> 5] = warp_max;
+  const int group_log2 = max(tpr_log2, 7);
+  asm volatile("bar.sync %0, %1;" :: "r"(1 + (tid >> group_log2)), "r"(1 << group_log2) : "memory");
+  const float* row = slot + ((tid >> tpr_log2) << (tpr_log2 - 5));
+  float m = warp_max;
+  for (int w = 0; w < (1 << (tpr_log2 - 5)); ++w) m = max(m, row[w]);
+  return m;
+}
+// One per-row step of a bf16 lane into L2: its 2 gate and 2 up vectors (columns col and col + 8 * 2^tpr_log2).
+template <typename T> __device__ __forceinline__ void tk_prefetch_row_step_bf16(const T* x, int row, int width, int hidden, int lane,
+                                                                                 int tpr_log2) {
+  const T* gate = x + (long long)row * width;
+  #pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int col = ((j << tpr_log2) + lane) * 8;
+    if (col < hidden) {
+      asm volatile("prefetch.global.L2 [%0];" :: "l"(gate + col));
+      asm volatile("prefetch.global.L2 [%0];" :: "l"(gate + hidden + col));
+    }
+  }
+}
+"""
 
 
 def _bf16_bits(value: float) -> int:
@@ -319,7 +347,8 @@ template <int N> __device__ __forceinline__ void tk_cp_async_wait() { asm volati
 
 
 def _clamped_swiglu(l, r, c):
-    """_swiglu with the clamp always on, against c (+inf for no clamp: the same results), in three FMNMX.NAN.
+    """act of float32 gate l and up r in the reference's order (IEEE division, expf), with the clamp always on,
+    against c (+inf for no clamp: the same results), in three FMNMX.NAN.
 
     Bit-exact with the compare-and-select form for any non-NaN c > 0 and +inf: a NaN l or r stays NaN (as
     torch.clamp keeps it), a value past a bound becomes the bound, any other value is kept; only at c = 0
@@ -357,29 +386,31 @@ def check_forward(in_dtype: str, sf_format: str, per_row: bool) -> None:
         raise ValueError('per_row (one scale factor per row) stores row-major float32 scale factors only')
 
 
-def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool, prefetch_steps: int | None = None) -> KernelProgram:
-    """prefetch_steps: the flat kernel's steps in flight ahead of the one computed (FWD_PREFETCH_STEPS: the default; a tuning knob)."""
+def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool, prefetch_steps: int | None = None,
+                  row_fp32_threads: int = ROW_FP32_THREADS) -> KernelProgram:
+    """prefetch_steps: the flat kernel's steps in flight ahead of the one computed (FWD_PREFETCH_STEPS: the default);
+    row_fp32_threads: the CTA size of the fp32 per_row kernel. Both are tuning knobs (benchmarks/tuning.py)."""
     epv = 16 // IN_DTYPES[in_dtype]  # elements per 16-byte vector
     words = in_dtype == 'bfloat16'  # flat kernel: bf16 handled as 32-bit words (_BF16_WORDS_PRELUDE)
     packed = sf_format == 'ue8m0'
-    num_vectors = ROW_VECTORS if per_row else FWD_ELEMENTS // epv
+    num_vectors = FWD_ELEMENTS // epv
     # Flat kernel: a 128-wide block is `lanes` (8) adjacent lanes, lane i holding its vectors i, i + lanes, ...
     # so that each load instruction reads whole 128-byte runs.
     lanes = BLOCK // FWD_ELEMENTS
     lanes_log2 = lanes.bit_length() - 1
-    table = words and not per_row  # flat bf16: silu from the shared table (_SILU_TABLE_PRELUDE)
+    table = words  # bf16: silu from the shared table (_SILU_TABLE_PRELUDE)
     ahead = 0 if per_row else FWD_PREFETCH_STEPS[in_dtype] if prefetch_steps is None else prefetch_steps
     assert ahead in (0, 1, 2), ahead
-    threads = TABLE_THREADS if table else FWD_THREADS
+    threads = TABLE_THREADS if table else (row_fp32_threads if per_row else FWD_THREADS)
+    min_blocks = max(1, FWD_MIN_BLOCKS_BY_TARGET.get((arch.target, in_dtype), FWD_MIN_BLOCKS[in_dtype]) * FWD_THREADS // threads)
     blocks_per_step = threads // lanes
     # Pipeline slots: one more than the steps in flight where shared memory allows, so that a step's copies go to a
     # slot whose last contents were read (and used) an iteration earlier; else (bf16 with 2 ahead: 3 slots and the
     # table would take 234 KB of the SM's 227) the slot read at the top of an iteration is refilled right after (its
     # LDS issue before the copies' LDGSTS, which write only once their data returns).
-    ctas_per_sm = FWD_MIN_BLOCKS[in_dtype] * FWD_THREADS // threads
     slot_bytes = threads * (2 * num_vectors * 16 + 16)
     fixed_bytes = 4 * TABLE_WORDS if table else 0
-    num_slots = ahead + 1 if ctas_per_sm * (fixed_bytes + (ahead + 1) * slot_bytes + 1024) <= 228 * 1024 else ahead
+    num_slots = ahead + 1 if min_blocks * (fixed_bytes + (ahead + 1) * slot_bytes + 1024) <= 228 * 1024 else ahead
     num_warps = threads // 32
 
     num_rows = T.dynamic('num_rows')
@@ -391,19 +422,6 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool, pref
     num_sf_blocks, num_sf_words = T.dynamic('num_sf_blocks'), T.dynamic('num_sf_words')
     sf_type = token_sf_tensor(packed, num_rows, num_sf_blocks, num_sf_words, T.dynamic('sf_word_stride'),
                               T.dynamic('sf_stride_t'), T.dynamic('sf_stride_k'))
-
-    @T.macro
-    def row_info(row, with_weight, with_pos_to_expert, pos_to_token_topk, topk_weights, pos_to_expert, live, weight, j):
-        """live[j]: the row exists and is not skipped; weight[j]: its routing weight (1 without weights)."""
-        live[j] = T.Cast(T.int32, row < num_rows)
-        weight[j] = T.float32(1)
-        if live[j] != 0:
-            if with_pos_to_expert != 0:
-                if pos_to_expert[row] < 0:
-                    live[j] = 0
-            if with_weight != 0:
-                index = pos_to_token_topk[row]
-                weight[j] = T.if_then_else(index >= 0, topk_weights[T.max(index, 0)], T.float32(0))
 
     @T.macro
     def count_into(counts, clamped_count, red_counts, tid):
@@ -424,24 +442,14 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool, pref
                 T.atomic_add(clamped_count[tid], total)
 
     @T.macro
-    def activate(gate, up, act, amax, counts, use_clamp, count_clamp, clamp_value, weight, j):
-        """act[j, :] = swiglu * weight, amax[j] over it, and the clamp counts."""
-        # Both halves widened by vectorised casts (bf16: one instruction an element, where a cast at each
-        # use unpacked every element through PRMT and a shift), into act (gate) and a vector of up.
-        up_wide = T.alloc_local((epv,), T.float32)
-        for e in T.vectorized(epv):
-            act[j, e] = T.Cast(T.float32, gate[j, e])
-        for e in T.vectorized(epv):
-            up_wide[e] = T.Cast(T.float32, up[j, e])
+    def count_vector(gate, up, counts, clamp_c, j):
+        """The exact clamp counts of vector j."""
         for e in T.unroll(epv):
-            l = act[j, e]
-            r = up_wide[e]
-            if count_clamp != 0:
-                counts[0] = counts[0] + T.Cast(T.int32, l > clamp_value)
-                counts[1] = counts[1] + T.Cast(T.int32, r > clamp_value)
-                counts[2] = counts[2] + T.Cast(T.int32, r < -clamp_value)
-            act[j, e] = _swiglu(l, r, use_clamp, clamp_value) * weight[j]
-            amax[j] = T.max(amax[j], T.abs(act[j, e]))
+            l = T.Cast(T.float32, gate[j, e])
+            r = T.Cast(T.float32, up[j, e])
+            counts[0] = counts[0] + T.Cast(T.int32, l > clamp_c)
+            counts[1] = counts[1] + T.Cast(T.int32, r > clamp_c)
+            counts[2] = counts[2] + T.Cast(T.int32, r < -clamp_c)
 
     @T.macro
     def load_step(x, gate, up, row, block, lane):
@@ -456,17 +464,20 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool, pref
                 up[j, e] = x[T.Cast(T.int64, row), hidden + block * BLOCK + (j * lanes + lane) * epv + e]
 
     @T.macro
-    def store_quantized(out, act, multiplier, row, col, j):
-        # Products first, then the casts as a vectorised loop: one F2FP (satfinite, round to nearest even,
-        # as the scalar cast) converts a pair in place, where the scalar casts took one F2FP and a byte
-        # merge per element.
-        quantized = T.alloc_local((epv,), T.float8_e4m3fn)
-        for e in T.unroll(epv):
-            act[j, e] = act[j, e] * multiplier[j]
-        for e in T.vectorized(epv):
-            quantized[e] = T.Cast(T.float8_e4m3fn, act[j, e])
-        for e in T.vectorized(epv):
-            out[row, col + e] = quantized[e]
+    def load_row_step(x, gate, up, row, lane, tpr_log2):
+        """per_row: load_step with the row as the block, 2^tpr_log2 lanes (vector j of lane i at j * 2^tpr_log2 + i).
+        A vector past the row's end gets gate 1 and up 0: inside the silu table's window and the fast division's
+        range, so it sends no step to the exact path; the amax, the clamp recount and the stores skip it."""
+        for j in T.unroll(num_vectors):
+            if ((j << tpr_log2) + lane) * epv < hidden:
+                for e in T.vectorized(epv):
+                    gate[j, e] = x[T.Cast(T.int64, row), ((j << tpr_log2) + lane) * epv + e]
+                for e in T.vectorized(epv):
+                    up[j, e] = x[T.Cast(T.int64, row), hidden + ((j << tpr_log2) + lane) * epv + e]
+            else:
+                for e in T.unroll(epv):
+                    gate[j, e] = T.Cast(in_dtype, T.float32(1))
+                    up[j, e] = T.Cast(in_dtype, T.float32(0))
 
     @T.macro
     def build_silu_table(silu_table, table_gates, table_silu, div_range_build, clamp_c, tid):
@@ -513,11 +524,11 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool, pref
         clamp_value: T.float32,
         sf_floor: T.float32,
     ):
-        prelude = None if per_row else _NAN_MIN_MAX_PRELUDE + _FAST_DIV_PRELUDE + (_BF16_WORDS_PRELUDE + _SILU_TABLE_PRELUDE if words else '') + (
-            _CP_ASYNC_PRELUDE if ahead else '')
+        prelude = _NAN_MIN_MAX_PRELUDE + _FAST_DIV_PRELUDE + (_BF16_WORDS_PRELUDE + _SILU_TABLE_PRELUDE if words else '') + (
+            _CP_ASYNC_PRELUDE if ahead else '') + (_ROW_MAX_PRELUDE.replace('NUM_WARPS', str(num_warps)) if per_row else '')
         with T.Kernel(num_ctas, threads=threads, prelude=prelude) as pid:
             # The table kernel: one CTA an SM of 4x the threads, the same 64-register budget.
-            T.annotate_min_blocks_per_sm(ROW_MIN_BLOCKS[in_dtype] if per_row else FWD_MIN_BLOCKS[in_dtype] * FWD_THREADS // threads)
+            T.annotate_min_blocks_per_sm(min_blocks)
             T.assume(hidden % BLOCK == 0)
             T.assume(width % 64 == 0)
             tid = T.get_thread_binding()
@@ -531,100 +542,64 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool, pref
             live = T.alloc_local((num_vectors,), T.int32)
             counts = T.alloc_local((3,), T.int32)
             red_counts = T.alloc_shared((num_warps, 3), T.int32)
+            if per_row:
+                row_partials = T.alloc_shared((2 * num_warps,), T.float32)  # _ROW_MAX_PRELUDE: a warp's partial by step parity
             for c in T.unroll(3):
                 counts[c] = 0
 
-            if per_row:
-                # 2^tpr_log2 threads per row (enough for 8 vectors each), 256 >> tpr_log2 rows per CTA and
-                # step, so that short rows still keep every thread's 8 vector pairs in flight.
-                red = T.alloc_shared((2, num_warps), T.float32)
-                lane = tid & ((1 << tpr_log2) - 1)
-                for it in T.serial(num_iters):
-                    row = ((it * num_ctas + pid) << (ROW_THREADS_LOG2 - tpr_log2)) + (tid >> tpr_log2)
-                    row_info(row, with_weight, with_pos_to_expert, pos_to_token_topk, topk_weights, pos_to_expert, live, weight, 0)
-                    for j in T.unroll(num_vectors):
-                        amax[j] = T.float32(0)
-                        weight[j] = weight[0]
-                        col = ((j << tpr_log2) + lane) * epv
-                        if live[0] != 0 and col < hidden:
-                            for e in T.vectorized(epv):
-                                gate[j, e] = x[row, col + e]
-                            for e in T.vectorized(epv):
-                                up[j, e] = x[row, hidden + col + e]
-                    for j in T.unroll(num_vectors):
-                        col = ((j << tpr_log2) + lane) * epv
-                        if live[0] != 0 and col < hidden:
-                            activate(gate, up, act, amax, counts, use_clamp, count_clamp, clamp_value, weight, j)
-                    for j in T.unroll(1, num_vectors):
-                        amax[0] = T.max(amax[0], amax[j])
-                    # Row amax: a butterfly over the row's lanes, then (rows wider than a warp) over its warps,
-                    # through one of two buffers by step parity, so one barrier a step keeps a fast warp from
-                    # overwriting values a slow one still reads. Every thread takes part (uniform branches).
-                    for s in T.unroll(5):
-                        if s < tpr_log2:
-                            amax[0] = T.max(amax[0], T.shfl_xor(amax[0], 1 << s))
-                    if tpr_log2 > 5:
-                        if tid % 32 == 0:
-                            red[it % 2, tid // 32] = amax[0]
-                        T.sync_threads()
-                        first_warp = (tid >> tpr_log2) << (tpr_log2 - 5)
-                        for w in T.unroll(num_warps):
-                            if w < (1 << (tpr_log2 - 5)):
-                                amax[0] = T.max(amax[0], red[it % 2, first_warp + w])
-                    if live[0] != 0:
-                        block_scale(amax[0], sf_floor, E4M3_MAX, round_sf, False, sf, multiplier, 0)
-                        if lane == 0:
-                            out_sf[row, 0] = sf[0]
-                        for j in T.unroll(1, num_vectors):
-                            multiplier[j] = multiplier[0]
-                        for j in T.unroll(num_vectors):
-                            col = ((j << tpr_log2) + lane) * epv
-                            if col < hidden:
-                                store_quantized(out, act, multiplier, row, col, j)
-            else:
-                # One grid-stride step in flight per thread, and more warps instead of a software pipeline:
-                # the SwiGLU of an element is a serial chain (exponential, reciprocal, Newton steps and the
-                # division's slow-path branch, ~100 cycles for ~28 instructions), so a warp issues about one
-                # instruction in three cycles by itself and the scheduler needs several warps computing at
-                # once. Two steps in flight per thread took 128 registers (2 CTAs, 4 warps a scheduler);
-                # one step of 16 elements fits 64 for bf16 (4 CTAs of 256, or 1 of 1024 with the silu table: 8 warps a
-                # scheduler; fp32: 80, 6 warps),
-                # and the warps waiting for their loads keep the memory system busy while the others compute.
-                # Only the row lookups run a step ahead (their values are used one step later, so the
-                # dependent x loads never wait for them): iteration t looks up step t and loads and
-                # computes step t - 1, whose lookups arrived during iteration t - 1.
-                # With ahead = FWD_PREFETCH_STEPS > 0, x no longer passes through registers while in flight: iteration
-                # t copies step t - 1 into shared memory (cp.async) and computes step t - 1 - ahead, so a thread
-                # keeps ahead steps (64 bytes each for bf16) in flight while it computes, at no register cost,
-                # where before its bytes in flight dropped to zero for the whole of its compute.
-                next_row = T.alloc_local((1,), T.int32)
-                next_block = T.alloc_local((1,), T.int32)
-                next_live = T.alloc_local((1,), T.int32)
-                next_expert = T.alloc_local((1,), T.int32)
-                next_index = T.alloc_local((1,), T.int32)
-                step_weight = T.alloc_local((1,), T.float32)
-                reach = T.alloc_local((2,), T.float32)
-                div_range = T.alloc_local((2,), T.float32)  # largest and smallest |clamped gate| of the step
-                # bf16: the largest and smallest gate magnitude bits and the clamp-count reach, as 16x2 words.
-                gate_bits = T.alloc_local((3,), T.uint32)
-                gate_clamped = T.alloc_local((1,), T.float32)
-                # One vector of each half widened to float32 by a vectorised cast.
-                gate_wide = T.alloc_local((epv,), T.float32)
-                up_wide = T.alloc_local((epv,), T.float32)
-                quantized = T.alloc_local((epv,), T.float8_e4m3fn)
-                # The clamp against c, or +inf without a clamp (the same results, NaN included), so that the
-                # element loop does not test use_clamp.
-                clamp_c = T.alloc_var(T.float32)
-                clamp_c = T.if_then_else(use_clamp != 0, clamp_value, T.float32(float('inf')))
-                if table:
-                    # The silu table (_SILU_TABLE_PRELUDE), built before the loop: built inside it at t = 1, so as
-                    # to overlap step 0's loads, tilelang put a barrier before the table stores of every iteration.
-                    silu_table = T.alloc_shared((TABLE_WORDS,), T.float32)
-                    table_gates = T.alloc_local((2 * TABLE_PER_SIGN // threads,), T.float32)
-                    table_silu = T.alloc_local((2 * TABLE_PER_SIGN // threads,), T.float32)
-                    div_range_build = T.alloc_local((2,), T.float32)
-                    # The build (about 150 instructions a thread) would leave the memory system idle: step 0's x
-                    # (and its row lookups) are fetched into L2 meanwhile, so that its loads hit L2.
+            # One grid-stride step in flight per thread, and more warps instead of a software pipeline:
+            # the SwiGLU of an element is a serial chain (exponential, reciprocal, Newton steps and the
+            # division's slow-path branch, ~100 cycles for ~28 instructions), so a warp issues about one
+            # instruction in three cycles by itself and the scheduler needs several warps computing at
+            # once. Two steps in flight per thread took 128 registers (2 CTAs, 4 warps a scheduler);
+            # one step of 16 elements fits 64 for bf16 (4 CTAs of 256, or 1 of 1024 with the silu table: 8 warps a
+            # scheduler; fp32: 80, 6 warps),
+            # and the warps waiting for their loads keep the memory system busy while the others compute.
+            # Only the row lookups run a step ahead (their values are used one step later, so the
+            # dependent x loads never wait for them): iteration t looks up step t and loads and
+            # computes step t - 1, whose lookups arrived during iteration t - 1.
+            # With ahead = FWD_PREFETCH_STEPS > 0, x no longer passes through registers while in flight: iteration
+            # t copies step t - 1 into shared memory (cp.async) and computes step t - 1 - ahead, so a thread
+            # keeps ahead steps (64 bytes each for bf16) in flight while it computes, at no register cost,
+            # where before its bytes in flight dropped to zero for the whole of its compute.
+            next_row = T.alloc_local((1,), T.int32)
+            next_block = T.alloc_local((1,), T.int32)
+            next_live = T.alloc_local((1,), T.int32)
+            next_expert = T.alloc_local((1,), T.int32)
+            next_index = T.alloc_local((1,), T.int32)
+            step_weight = T.alloc_local((1,), T.float32)
+            reach = T.alloc_local((2,), T.float32)
+            div_range = T.alloc_local((2,), T.float32)  # largest and smallest |clamped gate| of the step
+            # bf16: the largest and smallest gate magnitude bits and the clamp-count reach, as 16x2 words.
+            gate_bits = T.alloc_local((3,), T.uint32)
+            gate_clamped = T.alloc_local((1,), T.float32)
+            # One vector of each half widened to float32 by a vectorised cast.
+            gate_wide = T.alloc_local((epv,), T.float32)
+            up_wide = T.alloc_local((epv,), T.float32)
+            quantized = T.alloc_local((epv,), T.float8_e4m3fn)
+            # The clamp against c, or +inf without a clamp (the same results, NaN included), so that the
+            # element loop does not test use_clamp.
+            clamp_c = T.alloc_var(T.float32)
+            clamp_c = T.if_then_else(use_clamp != 0, clamp_value, T.float32(float('inf')))
+            if table:
+                # The silu table (_SILU_TABLE_PRELUDE), built before the loop: built inside it at t = 1, so as
+                # to overlap step 0's loads, tilelang put a barrier before the table stores of every iteration.
+                silu_table = T.alloc_shared((TABLE_WORDS,), T.float32)
+                table_gates = T.alloc_local((2 * TABLE_PER_SIGN // threads,), T.float32)
+                table_silu = T.alloc_local((2 * TABLE_PER_SIGN // threads,), T.float32)
+                div_range_build = T.alloc_local((2,), T.float32)
+                # The build (about 150 instructions a thread) would leave the memory system idle: step 0's x
+                # (and its row lookups) are fetched into L2 meanwhile, so that its loads hit L2.
+                if per_row:
+                    first_row = pid * (threads >> tpr_log2) + (tid >> tpr_log2)
+                    if T.And(num_iters > 0, first_row < num_rows):
+                        T.evaluate(T.call_extern('void', 'tk_prefetch_row_step_bf16', x.data, first_row, width, hidden,
+                                                 tid & ((1 << tpr_log2) - 1), tpr_log2))
+                        if with_pos_to_expert != 0:
+                            T.evaluate(T.call_extern('void', 'tk_prefetch_l2', pos_to_expert.data, first_row))
+                        if with_weight != 0:
+                            T.evaluate(T.call_extern('void', 'tk_prefetch_l2', pos_to_token_topk.data, first_row))
+                else:
                     first_blk = pid * blocks_per_step + (tid >> lanes_log2)
                     first_row = T.Cast(T.int32, (T.Cast(T.int64, first_blk) * row_magic) >> T.Cast(T.int64, row_shift))
                     if T.And(num_iters > 0, first_row < num_rows):
@@ -635,198 +610,236 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool, pref
                             T.evaluate(T.call_extern('void', 'tk_prefetch_l2', pos_to_expert.data, first_row))
                         if with_weight != 0:
                             T.evaluate(T.call_extern('void', 'tk_prefetch_l2', pos_to_token_topk.data, first_row))
-                    build_silu_table(silu_table, table_gates, table_silu, div_range_build, clamp_c, tid)
-                    T.sync_threads()
-                row = T.alloc_var(T.int32)
-                block = T.alloc_var(T.int32)
-                live = T.alloc_var(T.int32)
-                index = T.alloc_var(T.int32)
+                build_silu_table(silu_table, table_gates, table_silu, div_range_build, clamp_c, tid)
+                T.sync_threads()
+            row = T.alloc_var(T.int32)
+            block = T.alloc_var(T.int32)
+            live = T.alloc_var(T.int32)
+            index = T.alloc_var(T.int32)
+            if per_row:
+                lane = tid & ((1 << tpr_log2) - 1)
+            else:
                 lane = tid & (lanes - 1)
-                next_row[0] = 0
-                next_block[0] = 0
-                next_live[0] = 0
-                next_expert[0] = 0
-                next_index[0] = 0
+            next_row[0] = 0
+            next_block[0] = 0
+            next_live[0] = 0
+            next_expert[0] = 0
+            next_index[0] = 0
+            if ahead > 0:
+                # The pipeline (_CP_ASYNC_PRELUDE): slot k of a thread holds the 2 * num_vectors vectors of a step
+                # (vector v of thread tid at ((k * 2 num_vectors + v) * threads + tid) * 16 bytes: a warp's
+                # 16-byte copies and LDS.128 read-backs of one vector cover 512 contiguous bytes, no bank
+                # conflict) and its weight. Step s lives in slot s % num_slots; at the top of iteration t, bit i
+                # of live_steps says whether step t - 2 - i is live (rows skipped by pos_to_expert are not copied).
+                staged = T.alloc_shared((num_slots, 2 * num_vectors, threads, epv), in_dtype)
+                # Per slot and thread: the step's row, block and weight (16-byte records, also conflict-free).
+                staged_step = T.alloc_shared((num_slots, threads, 4), T.int32)
+                step_row = T.alloc_local((1,), T.int32)
+                step_block = T.alloc_local((1,), T.int32)
+                step_weight_staged = T.alloc_local((1,), T.float32)
+                live_steps = T.alloc_local((1,), T.int32)
+                live_steps[0] = 0
+                step_row[0] = 0
+                step_block[0] = 0
+            for t in T.serial(num_iters + 1 + ahead):
                 if ahead > 0:
-                    # The pipeline (_CP_ASYNC_PRELUDE): slot k of a thread holds the 2 * num_vectors vectors of a step
-                    # (vector v of thread tid at ((k * 2 num_vectors + v) * threads + tid) * 16 bytes: a warp's
-                    # 16-byte copies and LDS.128 read-backs of one vector cover 512 contiguous bytes, no bank
-                    # conflict) and its weight. Step s lives in slot s % num_slots; at the top of iteration t, bit i
-                    # of live_steps says whether step t - 2 - i is live (rows skipped by pos_to_expert are not copied).
-                    staged = T.alloc_shared((num_slots, 2 * num_vectors, threads, epv), in_dtype)
-                    # Per slot and thread: the step's row, block and weight (16-byte records, also conflict-free).
-                    staged_step = T.alloc_shared((num_slots, threads, 4), T.int32)
-                    step_row = T.alloc_local((1,), T.int32)
-                    step_block = T.alloc_local((1,), T.int32)
-                    step_weight_staged = T.alloc_local((1,), T.float32)
-                    live_steps = T.alloc_local((1,), T.int32)
-                    live_steps[0] = 0
-                    step_row[0] = 0
-                    step_block[0] = 0
-                for t in T.serial(num_iters + 1 + ahead):
-                    if ahead > 0:
-                        # Iteration t copies step t - 1 (its lookups arrived during iteration t - 1) and computes
-                        # step t - 1 - ahead, the oldest in flight: wait for its group (each iteration commits
-                        # one, empty or not, so ahead - 1 newer ones may still be pending) and read its slot into
-                        # registers, before step t - 1's copies are issued (into the same slot if num_slots == ahead).
-                        slot = (t + 2 * num_slots - 1 - ahead) % num_slots  # step t - 1 - ahead's
-                        copy_slot = (t + num_slots - 1) % num_slots  # step t - 1's
-                        T.evaluate(T.call_extern('void', f'tk_cp_async_wait<{ahead - 1}>'))
-                        live = (live_steps[0] >> (ahead - 1)) & 1
-                        step_weight[0] = T.float32(1)
-                        if live != 0:
+                    # Iteration t copies step t - 1 (its lookups arrived during iteration t - 1) and computes
+                    # step t - 1 - ahead, the oldest in flight: wait for its group (each iteration commits
+                    # one, empty or not, so ahead - 1 newer ones may still be pending) and read its slot into
+                    # registers, before step t - 1's copies are issued (into the same slot if num_slots == ahead).
+                    slot = (t + 2 * num_slots - 1 - ahead) % num_slots  # step t - 1 - ahead's
+                    copy_slot = (t + num_slots - 1) % num_slots  # step t - 1's
+                    T.evaluate(T.call_extern('void', f'tk_cp_async_wait<{ahead - 1}>'))
+                    live = (live_steps[0] >> (ahead - 1)) & 1
+                    step_weight[0] = T.float32(1)
+                    if live != 0:
+                        for j in T.unroll(num_vectors):
+                            for e in T.vectorized(epv):
+                                gate[j, e] = staged[slot, j, tid, e]
+                        for j in T.unroll(num_vectors):
+                            for e in T.vectorized(epv):
+                                up[j, e] = staged[slot, num_vectors + j, tid, e]
+                        T.evaluate(T.call_extern('void', 'tk_unstage_step', T.address_of(staged_step[slot, tid, 0]), T.address_of(step_row[0]),
+                                                 T.address_of(step_block[0]), T.address_of(step_weight_staged[0])))
+                        if with_weight != 0:
+                            step_weight[0] = step_weight_staged[0]
+                    row = step_row[0]
+                    block = step_block[0]
+                    # Step t - 1's x (skipped rows are not read) and weight on their way.
+                    copy_live = T.Cast(T.int32, T.And(next_live[0] != 0, T.Or(with_pos_to_expert == 0, next_expert[0] >= 0)))
+                    if copy_live != 0:
+                        row_start = T.Cast(T.int64, next_row[0]) * width + next_block[0] * BLOCK + lane * epv
+                        for h in T.unroll(2):  # gate, up
                             for j in T.unroll(num_vectors):
-                                for e in T.vectorized(epv):
-                                    gate[j, e] = staged[slot, j, tid, e]
-                            for j in T.unroll(num_vectors):
-                                for e in T.vectorized(epv):
-                                    up[j, e] = staged[slot, num_vectors + j, tid, e]
-                            T.evaluate(T.call_extern('void', 'tk_unstage_step', T.address_of(staged_step[slot, tid, 0]), T.address_of(step_row[0]),
-                                                     T.address_of(step_block[0]), T.address_of(step_weight_staged[0])))
-                            if with_weight != 0:
-                                step_weight[0] = step_weight_staged[0]
-                        row = step_row[0]
-                        block = step_block[0]
-                        # Step t - 1's x (skipped rows are not read) and weight on their way.
-                        copy_live = T.Cast(T.int32, T.And(next_live[0] != 0, T.Or(with_pos_to_expert == 0, next_expert[0] >= 0)))
-                        if copy_live != 0:
-                            row_start = T.Cast(T.int64, next_row[0]) * width + next_block[0] * BLOCK + lane * epv
-                            for h in T.unroll(2):  # gate, up
-                                for j in T.unroll(num_vectors):
-                                    T.evaluate(T.call_extern('void', 'tk_cp_async_16', T.address_of(staged[copy_slot, h * num_vectors + j, tid, 0]),
-                                                             x.data, row_start + h * hidden + j * lanes * epv))
-                            T.evaluate(T.call_extern('void', 'tk_stage_row_block', T.address_of(staged_step[copy_slot, tid, 0]), next_row[0],
-                                                     next_block[0]))
-                            if with_weight != 0:
-                                T.evaluate(T.call_extern('void', 'tk_cp_async_4_or_zero', T.address_of(staged_step[copy_slot, tid, 2]),
-                                                         topk_weights.data, T.max(next_index[0], 0), next_index[0] >= 0))
-                        T.evaluate(T.call_extern('void', 'tk_cp_async_commit'))
-                        live_steps[0] = ((live_steps[0] << 1) | copy_live) & ((1 << ahead) - 1)
-                    else:
-                        # Step t - 1: its row and block (worked out once, with its lookups), and whether it is
-                        # processed. The block, not the column, is carried: block * 128 + lane * epv keeps the
-                        # vector alignment visible to tilelang, which then emits 16-byte loads and stores (the column
-                        # is written out at each use: bound to a name it becomes a let that the vectoriser does not
-                        # see through, and every access was split into single elements).
-                        row = next_row[0]
-                        block = next_block[0]
-                        live = T.Cast(T.int32, T.And(next_live[0] != 0, T.Or(with_pos_to_expert == 0, next_expert[0] >= 0)))
-                        index = next_index[0]
-                        step_weight[0] = T.float32(1)
-                        if live != 0:
+                                T.evaluate(T.call_extern('void', 'tk_cp_async_16', T.address_of(staged[copy_slot, h * num_vectors + j, tid, 0]),
+                                                         x.data, row_start + h * hidden + j * lanes * epv))
+                        T.evaluate(T.call_extern('void', 'tk_stage_row_block', T.address_of(staged_step[copy_slot, tid, 0]), next_row[0],
+                                                 next_block[0]))
+                        if with_weight != 0:
+                            T.evaluate(T.call_extern('void', 'tk_cp_async_4_or_zero', T.address_of(staged_step[copy_slot, tid, 2]),
+                                                     topk_weights.data, T.max(next_index[0], 0), next_index[0] >= 0))
+                    T.evaluate(T.call_extern('void', 'tk_cp_async_commit'))
+                    live_steps[0] = ((live_steps[0] << 1) | copy_live) & ((1 << ahead) - 1)
+                else:
+                    # Step t - 1: its row and block (worked out once, with its lookups), and whether it is
+                    # processed. The block, not the column, is carried: block * 128 + lane * epv keeps the
+                    # vector alignment visible to tilelang, which then emits 16-byte loads and stores (the column
+                    # is written out at each use: bound to a name it becomes a let that the vectoriser does not
+                    # see through, and every access was split into single elements).
+                    row = next_row[0]
+                    block = next_block[0]
+                    live = T.Cast(T.int32, T.And(next_live[0] != 0, T.Or(with_pos_to_expert == 0, next_expert[0] >= 0)))
+                    index = next_index[0]
+                    step_weight[0] = T.float32(1)
+                    if live != 0:
+                        if per_row:
+                            load_row_step(x, gate, up, row, lane, tpr_log2)
+                        else:
                             load_step(x, gate, up, row, block, lane)
-                            if with_weight != 0:
-                                step_weight[0] = T.if_then_else(index >= 0, topk_weights[T.max(index, 0)], T.float32(0))
-                    # Lookups of step t, issued now and read at the start of the next iteration. Steps past
-                    # the last are not live (and their block index is not formed, so it never overflows).
+                        if with_weight != 0:
+                            step_weight[0] = T.if_then_else(index >= 0, topk_weights[T.max(index, 0)], T.float32(0))
+                # Lookups of step t, issued now and read at the start of the next iteration. Steps past
+                # the last are not live (and their block index is not formed, so it never overflows).
+                if per_row:
+                    # The row is the block: threads >> tpr_log2 rows a CTA and step.
+                    next_row[0] = (T.min(t, num_iters - 1) * num_ctas + pid) * (threads >> tpr_log2) + (tid >> tpr_log2)
+                else:
                     blk = (T.min(t, num_iters - 1) * num_ctas + pid) * blocks_per_step + (tid >> lanes_log2)
                     next_row[0] = T.Cast(T.int32, (T.Cast(T.int64, blk) * row_magic) >> T.Cast(T.int64, row_shift))
                     next_block[0] = blk - next_row[0] * blocks_per_row
-                    next_live[0] = T.Cast(T.int32, T.And(t < num_iters, next_row[0] < num_rows))
-                    if next_live[0] != 0:
-                        if with_pos_to_expert != 0:
-                            next_expert[0] = pos_to_expert[next_row[0]]
-                        if with_weight != 0:
-                            next_index[0] = pos_to_token_topk[next_row[0]]
-                    # The SwiGLU of step t - 1 (t - 1 - ahead with the pipeline).
-                    amax[0] = T.float32(0)
-                    if live != 0:
-                        # Clamp counts: the largest gate and |up| (two FMNMX an element rather than three
-                        # compare-and-adds); fmaxf skips NaN, which no count includes either.
-                        reach[0] = T.float32(float('-inf'))
-                        reach[1] = T.float32(0)
-                        # The divisions without branches (tk_div_rn_fast), so that the 16 elements overlap,
-                        # and the largest and smallest |clamped gate| for the step's one range test.
-                        div_range[0] = T.float32(0)
-                        div_range[1] = T.float32(float('inf'))
-                        if words:
-                            # The gate's magnitude bits for the table's window test, and the clamp-count reach.
-                            gate_bits[0] = T.uint32(0)
-                            gate_bits[1] = T.uint32(0xFFFFFFFF)
-                            gate_bits[2] = T.uint32(0x80008000)  # -0.0 in both halves: the signed 16-bit minimum
+                next_live[0] = T.Cast(T.int32, T.And(t < num_iters, next_row[0] < num_rows))
+                if next_live[0] != 0:
+                    if with_pos_to_expert != 0:
+                        next_expert[0] = pos_to_expert[next_row[0]]
+                    if with_weight != 0:
+                        next_index[0] = pos_to_token_topk[next_row[0]]
+                # The SwiGLU of step t - 1 (t - 1 - ahead with the pipeline).
+                amax[0] = T.float32(0)
+                if live != 0:
+                    # Clamp counts: the largest gate and |up| (two FMNMX an element rather than three
+                    # compare-and-adds); fmaxf skips NaN, which no count includes either.
+                    reach[0] = T.float32(float('-inf'))
+                    reach[1] = T.float32(0)
+                    # The divisions without branches (tk_div_rn_fast), so that the 16 elements overlap,
+                    # and the largest and smallest |clamped gate| for the step's one range test.
+                    div_range[0] = T.float32(0)
+                    div_range[1] = T.float32(float('inf'))
+                    if words:
+                        # The gate's magnitude bits for the table's window test, and the clamp-count reach.
+                        gate_bits[0] = T.uint32(0)
+                        gate_bits[1] = T.uint32(0xFFFFFFFF)
+                        gate_bits[2] = T.uint32(0x80008000)  # -0.0 in both halves: the signed 16-bit minimum
+                        for j in T.unroll(num_vectors):
+                            T.evaluate(T.call_extern('void', 'tk_track_gate_bits_bf16x8', T.address_of(gate[j, 0]),
+                                                     T.address_of(gate_bits[0]), T.address_of(gate_bits[1])))
+                            if count_clamp != 0:
+                                T.evaluate(T.call_extern('void', 'tk_track_reach_bf16x8', T.address_of(gate[j, 0]),
+                                                         T.address_of(up[j, 0]), T.address_of(gate_bits[2])))
+                        if T.call_extern('int32', 'tk_gate_bits_in_table', gate_bits[0], gate_bits[1]) != 0:
+                            # silu(min(g, c)) of every gate from the table (the test above keeps every offset
+                            # inside it), then the exact path's products: silu * clamped up * weight.
                             for j in T.unroll(num_vectors):
-                                T.evaluate(T.call_extern('void', 'tk_track_gate_bits_bf16x8', T.address_of(gate[j, 0]),
-                                                         T.address_of(gate_bits[0]), T.address_of(gate_bits[1])))
-                                if count_clamp != 0:
-                                    T.evaluate(T.call_extern('void', 'tk_track_reach_bf16x8', T.address_of(gate[j, 0]),
-                                                             T.address_of(up[j, 0]), T.address_of(gate_bits[2])))
-                            if T.call_extern('int32', 'tk_gate_bits_in_table', gate_bits[0], gate_bits[1]) != 0:
-                                # silu(min(g, c)) of every gate from the table (the test above keeps every offset
-                                # inside it), then the exact path's products: silu * clamped up * weight.
-                                for j in T.unroll(num_vectors):
-                                    T.evaluate(T.call_extern('void', 'tk_silu_lookup_bf16x8', T.address_of(gate[j, 0]),
-                                                             T.address_of(silu_table[0]), T.address_of(act[j, 0])))
-                                    T.evaluate(T.call_extern('void', 'tk_widen_bf16x8', T.address_of(up[j, 0]), T.address_of(up_wide[0])))
-                                    for e in T.unroll(epv):
-                                        r = T.call_extern('float32', 'tk_min_nan', T.call_extern('float32', 'tk_max_nan', up_wide[e], -clamp_c),
-                                                          clamp_c)
-                                        act[j, e] = act[j, e] * r * step_weight[0]
-                            else:
-                                # A gate outside the window (zero, tiny, large, inf, NaN: rare): the exact path.
-                                for j in T.unroll(num_vectors):
-                                    for e in T.unroll(epv):
-                                        act[j, e] = _clamped_swiglu(T.Cast(T.float32, gate[j, e]), T.Cast(T.float32, up[j, e]),
-                                                                    clamp_c) * step_weight[0]
-                        else:
-                            for j in T.unroll(num_vectors):
-                                for e in T.vectorized(epv):
-                                    gate_wide[e] = T.Cast(T.float32, gate[j, e])
-                                for e in T.vectorized(epv):
-                                    up_wide[e] = T.Cast(T.float32, up[j, e])
+                                T.evaluate(T.call_extern('void', 'tk_silu_lookup_bf16x8', T.address_of(gate[j, 0]),
+                                                         T.address_of(silu_table[0]), T.address_of(act[j, 0])))
+                                T.evaluate(T.call_extern('void', 'tk_widen_bf16x8', T.address_of(up[j, 0]), T.address_of(up_wide[0])))
                                 for e in T.unroll(epv):
-                                    l = gate_wide[e]
-                                    r = up_wide[e]
-                                    if count_clamp != 0:
-                                        reach[0] = T.max(reach[0], l)
-                                        reach[1] = T.max(reach[1], T.abs(r))
-                                    gate_clamped[0] = T.call_extern('float32', 'tk_min_nan', l, clamp_c)
-                                    track_division_range(div_range, gate_clamped[0])
-                                    act[j, e] = _clamped_swiglu_fast(gate_clamped[0], r, clamp_c) * step_weight[0]
-                            # Outside the range (a zero, tiny or large gate, inf, NaN: rare), the step again with
-                            # IEEE division, from x read again (in cache) rather than loaded vectors kept live.
-                            fast_ok = T.call_extern('int32', 'tk_div_fast_in_range', div_range[0], div_range[1]) != 0
-                            if not fast_ok:
+                                    r = T.call_extern('float32', 'tk_min_nan', T.call_extern('float32', 'tk_max_nan', up_wide[e], -clamp_c),
+                                                      clamp_c)
+                                    act[j, e] = act[j, e] * r * step_weight[0]
+                        else:
+                            # A gate outside the window (zero, tiny, large, inf, NaN: rare): the exact path.
+                            for j in T.unroll(num_vectors):
+                                for e in T.unroll(epv):
+                                    act[j, e] = _clamped_swiglu(T.Cast(T.float32, gate[j, e]), T.Cast(T.float32, up[j, e]),
+                                                                clamp_c) * step_weight[0]
+                    else:
+                        for j in T.unroll(num_vectors):
+                            for e in T.vectorized(epv):
+                                gate_wide[e] = T.Cast(T.float32, gate[j, e])
+                            for e in T.vectorized(epv):
+                                up_wide[e] = T.Cast(T.float32, up[j, e])
+                            for e in T.unroll(epv):
+                                l = gate_wide[e]
+                                r = up_wide[e]
+                                if count_clamp != 0:
+                                    reach[0] = T.max(reach[0], l)
+                                    reach[1] = T.max(reach[1], T.abs(r))
+                                gate_clamped[0] = T.call_extern('float32', 'tk_min_nan', l, clamp_c)
+                                track_division_range(div_range, gate_clamped[0])
+                                act[j, e] = _clamped_swiglu_fast(gate_clamped[0], r, clamp_c) * step_weight[0]
+                        # Outside the range (a zero, tiny or large gate, inf, NaN: rare), the step again with
+                        # IEEE division, from x read again (in cache) rather than loaded vectors kept live.
+                        fast_ok = T.call_extern('int32', 'tk_div_fast_in_range', div_range[0], div_range[1]) != 0
+                        if not fast_ok:
+                            if per_row:
+                                load_row_step(x, gate, up, row, lane, tpr_log2)
+                            else:
                                 load_step(x, gate, up, row, block, lane)
-                                for j in T.unroll(num_vectors):
-                                    for e in T.unroll(epv):
-                                        act[j, e] = _clamped_swiglu(T.Cast(T.float32, gate[j, e]), T.Cast(T.float32, up[j, e]),
-                                                                    clamp_c) * step_weight[0]
+                            for j in T.unroll(num_vectors):
+                                for e in T.unroll(epv):
+                                    act[j, e] = _clamped_swiglu(T.Cast(T.float32, gate[j, e]), T.Cast(T.float32, up[j, e]),
+                                                                clamp_c) * step_weight[0]
+                    if per_row:
+                        # Not the filler past the row's end: its act is 0 for c >= 0, not for a negative c.
+                        for j in T.unroll(num_vectors):
+                            if ((j << tpr_log2) + lane) * epv < hidden:
+                                for e in T.unroll(epv):
+                                    amax[0] = T.max(amax[0], T.abs(act[j, e]))
+                    else:
                         for j in T.unroll(num_vectors):
                             for e in T.unroll(epv):
                                 amax[0] = T.max(amax[0], T.abs(act[j, e]))
-                        # Only a step that reaches the clamp is counted exactly, from x read again (it is
-                        # in cache): keeping the loaded vectors for this rare case would hold 32 registers
-                        # through the element loop.
-                        if count_clamp != 0:
-                            if words:
-                                reach_exceeds = T.call_extern('int32', 'tk_reach_exceeds', gate_bits[2], clamp_c) != 0
+                    # Only a step that reaches the clamp is counted exactly, from x read again (it is
+                    # in cache): keeping the loaded vectors for this rare case would hold 32 registers
+                    # through the element loop.
+                    if count_clamp != 0:
+                        if words:
+                            reach_exceeds = T.call_extern('int32', 'tk_reach_exceeds', gate_bits[2], clamp_c) != 0
+                        else:
+                            reach_exceeds = T.Or(reach[0] > clamp_c, reach[1] > clamp_c)
+                        if reach_exceeds:
+                            if per_row:
+                                load_row_step(x, gate, up, row, lane, tpr_log2)
                             else:
-                                reach_exceeds = T.Or(reach[0] > clamp_c, reach[1] > clamp_c)
-                            if reach_exceeds:
                                 load_step(x, gate, up, row, block, lane)
-                                for j in T.unroll(num_vectors):
-                                    for e in T.unroll(epv):
-                                        l = T.Cast(T.float32, gate[j, e])
-                                        r = T.Cast(T.float32, up[j, e])
-                                        counts[0] = counts[0] + T.Cast(T.int32, l > clamp_c)
-                                        counts[1] = counts[1] + T.Cast(T.int32, r > clamp_c)
-                                        counts[2] = counts[2] + T.Cast(T.int32, r < -clamp_c)
-                    # Block amax: a butterfly over the block's lanes (adjacent; every lane takes part: a
-                    # skipped or missing row is a whole number of blocks, all with amax 0).
+                            for j in T.unroll(num_vectors):
+                                if per_row:
+                                    # Only the row's own vectors, not the filler past its end.
+                                    if ((j << tpr_log2) + lane) * epv < hidden:
+                                        count_vector(gate, up, counts, clamp_c, j)
+                                else:
+                                    count_vector(gate, up, counts, clamp_c, j)
+                # Block amax: a butterfly over the block's lanes (adjacent; every lane takes part: a
+                # skipped or missing row is a whole number of blocks, all with amax 0).
+                if per_row:
+                    # Row amax: a butterfly over the row's lanes within a warp, then (rows wider than a warp)
+                    # over its warps (_ROW_MAX_PRELUDE). Every thread takes part (uniform branches).
+                    for s in T.unroll(5):
+                        if s < tpr_log2:
+                            amax[0] = T.max(amax[0], T.shfl_xor(amax[0], 1 << s))
+                    if tpr_log2 > 5:
+                        amax[0] = T.call_extern('float32', 'tk_row_max_across_warps', T.address_of(row_partials[0]), amax[0], tid, tpr_log2,
+                                                t & 1)
+                else:
                     for s in T.unroll(lanes_log2):
                         amax[0] = T.max(amax[0], T.shfl_xor(amax[0], 1 << s))
-                    if live != 0:
-                        block_scale(amax[0], sf_floor, E4M3_MAX, round_sf, packed, sf, multiplier, 0)
-                        if lane == 0:
-                            store_token_sf(out_sf, packed, T.Cast(T.int64, row), block, sf[0], block + 1 == blocks_per_row,
-                                           num_sf_blocks, num_sf_words)
-                        for j in T.unroll(num_vectors):
-                            # Products first, then the casts as a vectorised loop: one F2FP (satfinite,
-                            # round to nearest even, as the scalar cast) converts a pair in place.
-                            for e in T.unroll(epv):
-                                act[j, e] = act[j, e] * multiplier[0]
-                            for e in T.vectorized(epv):
-                                quantized[e] = T.Cast(T.float8_e4m3fn, act[j, e])
+                if live != 0:
+                    block_scale(amax[0], sf_floor, E4M3_MAX, round_sf, packed, sf, multiplier, 0)
+                    if lane == 0:
+                        store_token_sf(out_sf, packed, T.Cast(T.int64, row), block, sf[0], block + 1 == blocks_per_row,
+                                       num_sf_blocks, num_sf_words)
+                    for j in T.unroll(num_vectors):
+                        # Products first, then the casts as a vectorised loop: one F2FP (satfinite,
+                        # round to nearest even, as the scalar cast) converts a pair in place.
+                        for e in T.unroll(epv):
+                            act[j, e] = act[j, e] * multiplier[0]
+                        for e in T.vectorized(epv):
+                            quantized[e] = T.Cast(T.float8_e4m3fn, act[j, e])
+                        if per_row:
+                            if ((j << tpr_log2) + lane) * epv < hidden:
+                                for e in T.vectorized(epv):
+                                    out[T.Cast(T.int64, row), ((j << tpr_log2) + lane) * epv + e] = quantized[e]
+                        else:
                             for e in T.vectorized(epv):
                                 out[T.Cast(T.int64, row), block * BLOCK + (j * lanes + lane) * epv + e] = quantized[e]
             if count_clamp != 0:

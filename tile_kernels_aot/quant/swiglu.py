@@ -36,9 +36,9 @@ _E4M3_FLOOR = 1e-4  # amax floor of e4m3 scale factors (upstream's clamp_min)
 _FMT_WHY = ' (the only format upstream fuses with SwiGLU)'
 _FWD_THREADS = 256
 _FWD_ELEMENTS = 16  # flat kernel: elements of each half per thread and step, in one 128-wide block
-_ROW_VECTORS = 8  # per-row kernel: up to 8 vectors of 16 bytes per thread
-_ROW_MAX_VECTORS = _FWD_THREADS * _ROW_VECTORS
-_CTAS_PER_SM = 8  # grid-stride grids: 8 CTAs of 256 threads fill an SM
+# per-row kernel: rows of up to 2048 16-byte vectors (hidden 16384 bf16, 8192 fp32), the capacity of its CTAs (a row is
+# 2^tpr_log2 threads of _FWD_ELEMENTS elements: 1024 threads for bf16, 512 for fp32)
+_ROW_MAX_VECTORS = 2048
 _CH_TOKENS, _CH_CHANNELS = 128, 64
 _BWD_THREADS, _BWD_ELEMS = 64, 16
 _INDEX_LIMIT = 2**31
@@ -178,19 +178,24 @@ def swiglu_forward_and_per_token_cast(
         kernel = find_kernel('quant.swiglu_forward_and_per_token_cast', spec, device)
         num_sms = config.get_num_sms(device)
         tpr_log2 = 0
+        threads = kernel.entry.launches[0].block
+        threads = threads[0] * threads[1] * threads[2]
         if per_row:
-            # 2^tpr_log2 threads per row, each with up to 8 vectors; 256 >> tpr_log2 rows per CTA and step.
-            tpr_log2 = (-(-vectors_per_row // _ROW_VECTORS) - 1).bit_length()
-            groups = -(-num_rows // (_FWD_THREADS >> tpr_log2))
-            num_ctas = min(groups, num_sms * _CTAS_PER_SM)
-            num_iters = -(-groups // num_ctas)
+            # The flat kernel's step with the row as its block: 2^tpr_log2 adjacent threads of _FWD_ELEMENTS
+            # elements (the last ones partly past the row's end), threads >> tpr_log2 rows per CTA and step.
+            tpr_log2 = (-(-hidden // _FWD_ELEMENTS) - 1).bit_length()
+            if 1 << tpr_log2 > threads:
+                raise ValueError(f'{op}: num_per_channels == hidden: the kernel of this build takes rows of up to '
+                                 f'{threads * _FWD_ELEMENTS} elements, got hidden {hidden}')
+            rows_per_step = threads >> tpr_log2
+            num_ctas = min(-(-num_rows // rows_per_step), num_sms * kernel.blocks_per_sm(device))
+            num_iters = -(-num_rows // (num_ctas * rows_per_step))
         else:
             # 128-wide blocks per CTA and step: a block is 128 / _FWD_ELEMENTS adjacent threads, and the CTA size is
             # the kernel's own (the bf16 kernel's CTAs are larger, see kernel_src/quant/swiglu.py). The grid is as
             # many CTAs per SM as fit at once (the kernel's register and shared-memory budget sets it), so none
             # waits for a second wave.
-            block = kernel.entry.launches[0].block
-            blocks_per_step = block[0] * block[1] * block[2] * _FWD_ELEMENTS // 128
+            blocks_per_step = threads * _FWD_ELEMENTS // 128
             total = num_rows * blocks_per_row
             num_ctas = min(-(-total // blocks_per_step), num_sms * kernel.blocks_per_sm(device))
             num_iters = -(-total // (num_ctas * blocks_per_step))
