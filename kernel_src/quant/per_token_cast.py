@@ -21,22 +21,20 @@ an amax. `per_row=True` (num_per_channels == hidden) is its own kernel (build_pe
 held in registers in chunks of 128 x ROW_VECTORS vectors (one chunk for bf16 rows up to 8192 channels and
 every float32 row; wider bf16 rows are read twice), the amax reduced through shared memory.
 
-The `aligned` variant assumes a 16-byte aligned pointer and row stride; the other loads unconditionally
-from indices clamped into x (bf16: each 16-byte run as the two aligned vectors that cover it, see
-unaligned_bf16; float32: element by element) and zeroes a masked vector's amax instead of its values. Every store is masked against the buffer dims, so no run-time argument can make it write
+The `aligned` variant assumes a 16-byte aligned pointer and row stride; the other loads element by
+element, unconditionally from indices clamped into x, and zeroes a masked vector's amax instead of its
+values. Every store is masked against the buffer dims, so no run-time argument can make it write
 out of bounds.
 """
 
 from tilelang import language as T
 
 from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
-from kernel_src.quant import unaligned_bf16
 from kernel_src.quant.addressing import unsigned_wide_mad
 from kernel_src.quant.common import (
     FORMATS, IN_DTYPES, MODE_CAST, MODE_PRECOMPUTED, MODE_SF_ONLY, SF_FORMATS, block_scale, e2m1_word,
 )
 from kernel_src.quant.token_sf import bf16_amax_into, cta_max, store_token_sf, token_sf_tensor
-from kernel_src.quant.unaligned_bf16 import run_clamped, run_reload, warp_any, window_assemble, window_load
 
 NUM_THREADS = 128
 NUM_VECTORS = 4  # vectors per thread in the flat layout: 64 bytes of loads in flight
@@ -114,20 +112,6 @@ def build(arch: Arch, in_dtype: str, fmt: str, sf_format: str, per_row: bool, al
                              >> T.Cast('uint64', row_shift))
             vecs[j] = v - rows[j] * vectors_per_row
 
-    # The unaligned bf16 variant reads each 16-byte run as the two aligned vectors covering it (two loads
-    # where element by element took eight); float32 runs keep their four element loads.
-    window_loads = not aligned and in_dtype == 'bfloat16'
-
-    # A vector's row and vector column clamped into x: the unaligned loads read them unconditionally.
-    def clamped_row(rows, j):
-        return T.Cast('int64', T.min(rows[j], num_tokens - 1))
-
-    def clamped_vec(vecs, j):
-        return T.min(vecs[j], hidden // epv - 1)
-
-    def run_address(x, rows, vecs, j):
-        return T.address_of(x[clamped_row(rows, j), clamped_vec(vecs, j) * epv])
-
     # bf16 is widened to float32 once (into `wide`) for the amax and the cast alike: converting at each use
     # left nvcc unpacking elements twice.
     widen = in_dtype != 'float32'
@@ -172,8 +156,7 @@ def build(arch: Arch, in_dtype: str, fmt: str, sf_format: str, per_row: bool, al
         round_sf: T.int32,
         mode: T.int32,
     ):
-        with T.Kernel(T.ceildiv(num_tokens * vectors_per_row, slots), threads=num_threads,
-                      prelude=unaligned_bf16.PRELUDE if window_loads else None) as pid:
+        with T.Kernel(T.ceildiv(num_tokens * vectors_per_row, slots), threads=num_threads) as pid:
             T.annotate_min_blocks_per_sm(FLAT_MIN_BLOCKS)
             T.assume(hidden % 16 == 0)
             if aligned:
@@ -199,8 +182,6 @@ def build(arch: Arch, in_dtype: str, fmt: str, sf_format: str, per_row: bool, al
                 out_sf_flat = T.Tensor(((out_sf.shape[0] - 1) * out_sf.strides[0] + (out_sf.shape[1] - 1) * out_sf.strides[1] + 1,),
                                        T.float32, out_sf.data)
 
-            if window_loads:
-                window = T.alloc_local((num_vectors, 8), T.uint32)
             locate(pid, tid, rows, vecs, vectors_per_row, row_magic, row_shift)
             for j in T.unroll(num_vectors):
                 if aligned:
@@ -212,12 +193,6 @@ def build(arch: Arch, in_dtype: str, fmt: str, sf_format: str, per_row: bool, al
                     else:
                         for e in T.vectorized(epv):
                             values[j, e] = T.cast(0, in_dtype)
-                elif window_loads:
-                    # Both aligned vectors covering the run (see unaligned_bf16), from the vector's row and
-                    # column clamped into x (a masked vector reads a valid one and its amax is zeroed below);
-                    # assembled below, once every load of the thread is in flight.
-                    window_load(run_address(x, rows, vecs, j), clamped_vec(vecs, j) == 0,
-                                clamped_vec(vecs, j) == hidden // epv - 1, T.address_of(window[j, 0]))
                 else:
                     # Element by element, unconditionally, from the vector's row and column clamped into x
                     # (a masked vector reads a valid one and its amax is zeroed below). Under the bounds `if`
@@ -225,21 +200,7 @@ def build(arch: Arch, in_dtype: str, fmt: str, sf_format: str, per_row: bool, al
                     # loads before the next vector's were issued: one round trip per vector (Nsight: 0.46
                     # issue, 15 cycles per instruction). Now all of a thread's loads are in flight at once.
                     for e in T.unroll(epv):
-                        values[j, e] = x[clamped_row(rows, j), clamped_vec(vecs, j) * epv + e]
-            if window_loads:
-                run_words = T.view(values, (num_vectors, epv // 2), T.uint32)
-                any_clamped = T.alloc_var(T.int32)
-                any_clamped = 0
-                for j in T.unroll(num_vectors):
-                    window_assemble(run_address(x, rows, vecs, j), T.address_of(window[j, 0]), T.address_of(run_words[j, 0]))
-                    any_clamped = any_clamped | run_clamped(run_address(x, rows, vecs, j), clamped_vec(vecs, j) == 0,
-                                                            clamped_vec(vecs, j) == hidden // epv - 1)
-                # Every lane gets here (no branch above), as the vote needs.
-                if warp_any(any_clamped != 0) != 0:
-                    for j in T.unroll(num_vectors):
-                        run_reload(run_address(x, rows, vecs, j),
-                                   run_clamped(run_address(x, rows, vecs, j), clamped_vec(vecs, j) == 0, clamped_vec(vecs, j) == hidden // epv - 1),
-                                   T.address_of(run_words[j, 0]))
+                        values[j, e] = x[T.Cast('int64', T.min(rows[j], num_tokens - 1)), T.min(vecs[j], hidden // epv - 1) * epv + e]
             wide = T.alloc_local((num_vectors, epv) if widen else (1,), T.float32)
             if widen and fp4:
                 # A bf16 is the top half of its float32: the even element of each word is the word shifted
