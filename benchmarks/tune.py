@@ -109,40 +109,6 @@ def per_channel_inputs(p):
     return tensors, dict(round_sf=0), ok, nbytes(*tensors.values())
 
 
-def swiglu_forward_inputs(p, kernel):
-    """benchmarks/run.py's case: H 2048, 128 per scale factor (row-major float32), weights, pos_to_expert, clamp 10 with
-    counters, round_sf; the persistent grid as the op sizes it."""
-    from tile_kernels_aot.quant._common import magic as _magic
-
-    dtype = getattr(torch, p['in_dtype'])
-    hidden = 2048
-    x = torch.randn(TOKENS, 2 * hidden, device='cuda').to(dtype)
-    p2tt = torch.arange(TOKENS, dtype=torch.int32, device='cuda')
-    weights = torch.rand(TOKENS // 8, 8, device='cuda')
-    p2e = torch.zeros(TOKENS, dtype=torch.int32, device='cuda')
-    count = torch.zeros(3, dtype=torch.int64, device='cuda')
-    out = torch.empty(TOKENS, hidden, dtype=torch.float8_e4m3fn, device='cuda')
-    out_sf = torch.empty(TOKENS, hidden // 128, device='cuda')
-    blocks_per_row = hidden // 128
-    block = kernel.entry.launches[0].block
-    blocks_per_step = block[0] * block[1] * block[2] * 16 // 128
-    total = TOKENS * blocks_per_row
-    num_ctas = min(-(-total // blocks_per_step), torch.cuda.get_device_properties(0).multi_processor_count * kernel.blocks_per_sm(0))
-    row_magic, row_shift = _magic(blocks_per_row)
-    scalars = dict(num_ctas=num_ctas, num_iters=-(-total // (num_ctas * blocks_per_step)), blocks_per_row=blocks_per_row, row_magic=row_magic,
-                   row_shift=row_shift, with_weight=1, with_pos_to_expert=1, use_clamp=1, count_clamp=1, round_sf=1, tpr_log2=0,
-                   clamp_value=10.0, sf_floor=1e-4)
-    tensors = {'x': x, 'out': out, 'out_sf': out_sf, 'pos_to_token_topk': p2tt, 'topk_weights': weights.view(-1), 'pos_to_expert': p2e,
-               'clamped_count': count}
-
-    def ok():  # after the first launch only (the counters accumulate)
-        ref_count = torch.zeros(3, dtype=torch.int64, device='cuda')
-        ref, ref_sf = reference.swiglu_forward_and_per_token_cast(x, 'e4m3', 128, p2tt, weights, p2e, round_sf=True, swiglu_clamp_value=10.0,
-                                                                  clamped_count=ref_count)
-        return torch.equal(out.view(torch.uint8), ref.view(torch.uint8)) and torch.equal(out_sf, ref_sf) and torch.equal(count, ref_count)
-    return tensors, scalars, ok, nbytes(x, p2tt, weights, p2e, out, out_sf)
-
-
 def swiglu_row_inputs(p, kernel):
     """benchmarks/run.py's SwiGLU forward case with one scale factor per row: H 2048, weights, pos_to_expert, clamp 10
     with counters; the grid as the op makes it (persistent, as many CTAs an SM as fit)."""
@@ -174,11 +140,10 @@ def swiglu_row_inputs(p, kernel):
 
 
 # Builders that size their launch from the loaded kernel take it as a second argument.
-NEEDS_KERNEL = {'tune.swiglu_forward', 'tune.swiglu_row'}
+NEEDS_KERNEL = {'tune.swiglu_row'}
 
 INPUTS = {'tune.transpose': transpose_inputs, 'tune.per_token_cast': cast_inputs, 'tune.topk_gate': topk_inputs, 'tune.reduce_fused': reduce_inputs,
-          'tune.cast_back': cast_back_inputs, 'tune.per_channel_cast_fused': per_channel_inputs, 'tune.swiglu_forward': swiglu_forward_inputs,
-          'tune.swiglu_row': swiglu_row_inputs}
+          'tune.cast_back': cast_back_inputs, 'tune.per_channel_cast_fused': per_channel_inputs, 'tune.swiglu_row': swiglu_row_inputs}
 
 
 def main() -> int:

@@ -63,12 +63,6 @@ PER_CHANNEL_CAST = variant('tune.per_channel_cast_fused', per_channel_cast.FUSED
     for r, lk, wk, vb in _CHANNEL_LAYOUTS
 ])
 
-# The flat SwiGLU forward's software pipeline: grid-stride steps whose x is copied into shared memory (cp.async) while
-# the thread computes an earlier one (0: loads into registers, used at once, as before the pipeline).
-SWIGLU_FORWARD = variant('tune.swiglu_forward', swiglu.FORWARD, {'prefetch_steps': 'p'}, lambda: [
-    dict(in_dtype=d, sf_format='f32', per_row=False, prefetch_steps=p) for d in ('bfloat16', 'float32') for p in (0, 1, 2)
-])
-
 # SwiGLU forward with one scale factor per row, fp32: the CTA size (256 holds rows up to 4096 at the flat kernel's 80
 # registers and 24 warps an SM; 512, shipped, 16 warps at 118 registers; 1024 would spill at 64 registers, which the
 # build refuses).
@@ -76,4 +70,4 @@ SWIGLU_ROW = variant('tune.swiglu_row', swiglu.FORWARD, {'row_fp32_threads': 't'
     dict(in_dtype='float32', sf_format='f32', per_row=True, row_fp32_threads=t) for t in (256, 512)
 ])
 
-DECLS = {d.name: d for d in (TRANSPOSE, PER_TOKEN_CAST, TOPK_GATE, REDUCE_FUSED, CAST_BACK, PER_CHANNEL_CAST, SWIGLU_FORWARD, SWIGLU_ROW)}
+DECLS = {d.name: d for d in (TRANSPOSE, PER_TOKEN_CAST, TOPK_GATE, REDUCE_FUSED, CAST_BACK, PER_CHANNEL_CAST, SWIGLU_ROW)}

@@ -16,9 +16,8 @@ q = e4m3_satfinite(v * multiplier).
   persistent grid-stride loop deals out: a block is 8 adjacent lanes, each holding 16 of its elements (2
   bf16 or 4 fp32 16-byte vectors; lane i: vectors i, i + 8, ...), so that one row lookup, one butterfly
   and one scale serve 16 elements a thread, and each load instruction reads whole 128-byte runs. One step
-  is computed per thread at a time (row lookups one step ahead), with 8 (bf16) or 6 (fp32) warps a scheduler;
-  the x of the next FWD_PREFETCH_STEPS steps is meanwhile copied into the thread's shared-memory slots (cp.async).
-  per_row is the same kernel with the row as the block (and no copy pipeline): 2^tpr_log2 adjacent lanes (a
+  is in flight per thread (row lookups one step ahead), with 8 (bf16) or 6 (fp32) warps a scheduler. per_row is
+  the same kernel with the row as the block: 2^tpr_log2 adjacent lanes (a
   run-time size, up to the CTA) of 16 elements each, the same element code, and the row amax across warps through
   named barriers (_ROW_MAX_PRELUDE).
 * swiglu_forward_and_per_channel_cast: bf16 input only; act is rounded to bf16 (the rounding point of
@@ -58,11 +57,6 @@ BLOCK = 128  # channels per scale factor of the flat forward
 FWD_MIN_BLOCKS = {'bfloat16': 4, 'float32': 3}
 # sm_100a's ptxas spilled the fp32 flat kernel at 80 registers (112 bytes a thread) where sm_90a's does not.
 FWD_MIN_BLOCKS_BY_TARGET = {('sm_100a', 'float32'): 2}
-# Flat kernel: grid-stride steps whose x is already on its way (cp.async into the thread's own shared-memory slots)
-# while the thread computes an earlier one; 0: each step's x is loaded into registers and used at once, so a thread
-# has no bytes in flight while it computes (see the loop). Each step ahead costs 64 (bf16) or 128 (fp32) bytes of
-# shared memory a thread: 64 KB for the 1024-thread bf16 CTA, beside its 42 KB silu table.
-FWD_PREFETCH_STEPS = {'bfloat16': 1, 'float32': 0}
 # Flat bf16 kernel: silu of the (clamped) gate from a shared-memory table instead of an exponential and a division
 # per element (_SILU_TABLE_PRELUDE). Every CTA builds the table once, so the flat bf16 kernel runs one CTA of 1024
 # threads an SM (the same 64 registers and 8 warps a scheduler as 4 CTAs of 256) and each thread builds 5 entries.
@@ -317,35 +311,6 @@ template <typename T> __device__ __forceinline__ void tk_prefetch_step_bf16(cons
 """.replace('TABLE_MINUS_LOW_OFFSETS', hex(-4 * TABLE_LOW_BITS * 0x10001 % 2**32))
 
 
-# The flat forward's software pipeline (FWD_PREFETCH_STEPS): a thread copies the x of a later step straight into
-# shared memory slots of its own (cp.async, 16 bytes each, LDGSTS) and reads each slot back itself once its group
-# has arrived, so no barrier is needed: wait_group makes a thread's own copies visible to it. The "memory" clobbers
-# keep nvcc from moving the slot's ordinary shared loads across the wait (before the data is there) or across the
-# next copy into the same slot (tilelang's own cp_async helpers have no clobber: they rely on a __syncthreads).
-# The weight is copied the same way (4 bytes, zero-filled for a negative index: +0.0, the weight of such a row).
-# Global sources are passed as base pointer and element index: with tl.enable_lower_ldgstg, tilelang rewrites a
-# global buffer element into its load intrinsic, so T.address_of of one does not lower.
-_CP_ASYNC_PRELUDE = """
-template <typename T> __device__ __forceinline__ void tk_cp_async_16(void* shared_dst, const T* global_base, long long index) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"((unsigned)__cvta_generic_to_shared(shared_dst)),
-               "l"(global_base + index) : "memory");
-}
-__device__ __forceinline__ void tk_cp_async_4_or_zero(void* shared_dst, const float* global_base, int index, int copy) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" :: "r"((unsigned)__cvta_generic_to_shared(shared_dst)),
-               "l"(global_base + index), "r"(copy ? 4 : 0) : "memory");
-}
-// A step's row and block, stored by the thread beside the weight its copy brings (words 0, 1 and 2 of its 16-byte
-// record), and read back with that weight as one LDS.128.
-__device__ __forceinline__ void tk_stage_row_block(void* shared_dst, int row, int block) { *(int2*)shared_dst = make_int2(row, block); }
-__device__ __forceinline__ void tk_unstage_step(const void* shared_src, int* row, int* block, float* weight) {
-  const int4 r = *(const int4*)shared_src;
-  row[0] = r.x; block[0] = r.y; weight[0] = __int_as_float(r.z);
-}
-__device__ __forceinline__ void tk_cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N> __device__ __forceinline__ void tk_cp_async_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory"); }
-"""
-
-
 def _clamped_swiglu(l, r, c):
     """act of float32 gate l and up r in the reference's order (IEEE division, expf), with the clamp always on,
     against c (+inf for no clamp: the same results), in three FMNMX.NAN.
@@ -386,10 +351,8 @@ def check_forward(in_dtype: str, sf_format: str, per_row: bool) -> None:
         raise ValueError('per_row (one scale factor per row) stores row-major float32 scale factors only')
 
 
-def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool, prefetch_steps: int | None = None,
-                  row_fp32_threads: int = ROW_FP32_THREADS) -> KernelProgram:
-    """prefetch_steps: the flat kernel's steps in flight ahead of the one computed (FWD_PREFETCH_STEPS: the default);
-    row_fp32_threads: the CTA size of the fp32 per_row kernel. Both are tuning knobs (benchmarks/tuning.py)."""
+def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool, row_fp32_threads: int = ROW_FP32_THREADS) -> KernelProgram:
+    """row_fp32_threads: the CTA size of the fp32 per_row kernel, a tuning knob (benchmarks/tuning.py)."""
     epv = 16 // IN_DTYPES[in_dtype]  # elements per 16-byte vector
     words = in_dtype == 'bfloat16'  # flat kernel: bf16 handled as 32-bit words (_BF16_WORDS_PRELUDE)
     packed = sf_format == 'ue8m0'
@@ -399,18 +362,9 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool, pref
     lanes = BLOCK // FWD_ELEMENTS
     lanes_log2 = lanes.bit_length() - 1
     table = words  # bf16: silu from the shared table (_SILU_TABLE_PRELUDE)
-    ahead = 0 if per_row else FWD_PREFETCH_STEPS[in_dtype] if prefetch_steps is None else prefetch_steps
-    assert ahead in (0, 1, 2), ahead
     threads = TABLE_THREADS if table else (row_fp32_threads if per_row else FWD_THREADS)
     min_blocks = max(1, FWD_MIN_BLOCKS_BY_TARGET.get((arch.target, in_dtype), FWD_MIN_BLOCKS[in_dtype]) * FWD_THREADS // threads)
     blocks_per_step = threads // lanes
-    # Pipeline slots: one more than the steps in flight where shared memory allows, so that a step's copies go to a
-    # slot whose last contents were read (and used) an iteration earlier; else (bf16 with 2 ahead: 3 slots and the
-    # table would take 234 KB of the SM's 227) the slot read at the top of an iteration is refilled right after (its
-    # LDS issue before the copies' LDGSTS, which write only once their data returns).
-    slot_bytes = threads * (2 * num_vectors * 16 + 16)
-    fixed_bytes = 4 * TABLE_WORDS if table else 0
-    num_slots = ahead + 1 if min_blocks * (fixed_bytes + (ahead + 1) * slot_bytes + 1024) <= 228 * 1024 else ahead
     num_warps = threads // 32
 
     num_rows = T.dynamic('num_rows')
@@ -525,7 +479,7 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool, pref
         sf_floor: T.float32,
     ):
         prelude = _NAN_MIN_MAX_PRELUDE + _FAST_DIV_PRELUDE + (_BF16_WORDS_PRELUDE + _SILU_TABLE_PRELUDE if words else '') + (
-            _CP_ASYNC_PRELUDE if ahead else '') + (_ROW_MAX_PRELUDE.replace('NUM_WARPS', str(num_warps)) if per_row else '')
+            _ROW_MAX_PRELUDE.replace('NUM_WARPS', str(num_warps)) if per_row else '')
         with T.Kernel(num_ctas, threads=threads, prelude=prelude) as pid:
             # The table kernel: one CTA an SM of 4x the threads, the same 64-register budget.
             T.annotate_min_blocks_per_sm(min_blocks)
@@ -558,10 +512,6 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool, pref
             # Only the row lookups run a step ahead (their values are used one step later, so the
             # dependent x loads never wait for them): iteration t looks up step t and loads and
             # computes step t - 1, whose lookups arrived during iteration t - 1.
-            # With ahead = FWD_PREFETCH_STEPS > 0, x no longer passes through registers while in flight: iteration
-            # t copies step t - 1 into shared memory (cp.async) and computes step t - 1 - ahead, so a thread
-            # keeps ahead steps (64 bytes each for bf16) in flight while it computes, at no register cost,
-            # where before its bytes in flight dropped to zero for the whole of its compute.
             next_row = T.alloc_local((1,), T.int32)
             next_block = T.alloc_local((1,), T.int32)
             next_live = T.alloc_local((1,), T.int32)
@@ -625,79 +575,24 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool, pref
             next_live[0] = 0
             next_expert[0] = 0
             next_index[0] = 0
-            if ahead > 0:
-                # The pipeline (_CP_ASYNC_PRELUDE): slot k of a thread holds the 2 * num_vectors vectors of a step
-                # (vector v of thread tid at ((k * 2 num_vectors + v) * threads + tid) * 16 bytes: a warp's
-                # 16-byte copies and LDS.128 read-backs of one vector cover 512 contiguous bytes, no bank
-                # conflict) and its weight. Step s lives in slot s % num_slots; at the top of iteration t, bit i
-                # of live_steps says whether step t - 2 - i is live (rows skipped by pos_to_expert are not copied).
-                staged = T.alloc_shared((num_slots, 2 * num_vectors, threads, epv), in_dtype)
-                # Per slot and thread: the step's row, block and weight (16-byte records, also conflict-free).
-                staged_step = T.alloc_shared((num_slots, threads, 4), T.int32)
-                step_row = T.alloc_local((1,), T.int32)
-                step_block = T.alloc_local((1,), T.int32)
-                step_weight_staged = T.alloc_local((1,), T.float32)
-                live_steps = T.alloc_local((1,), T.int32)
-                live_steps[0] = 0
-                step_row[0] = 0
-                step_block[0] = 0
-            for t in T.serial(num_iters + 1 + ahead):
-                if ahead > 0:
-                    # Iteration t copies step t - 1 (its lookups arrived during iteration t - 1) and computes
-                    # step t - 1 - ahead, the oldest in flight: wait for its group (each iteration commits
-                    # one, empty or not, so ahead - 1 newer ones may still be pending) and read its slot into
-                    # registers, before step t - 1's copies are issued (into the same slot if num_slots == ahead).
-                    slot = (t + 2 * num_slots - 1 - ahead) % num_slots  # step t - 1 - ahead's
-                    copy_slot = (t + num_slots - 1) % num_slots  # step t - 1's
-                    T.evaluate(T.call_extern('void', f'tk_cp_async_wait<{ahead - 1}>'))
-                    live = (live_steps[0] >> (ahead - 1)) & 1
-                    step_weight[0] = T.float32(1)
-                    if live != 0:
-                        for j in T.unroll(num_vectors):
-                            for e in T.vectorized(epv):
-                                gate[j, e] = staged[slot, j, tid, e]
-                        for j in T.unroll(num_vectors):
-                            for e in T.vectorized(epv):
-                                up[j, e] = staged[slot, num_vectors + j, tid, e]
-                        T.evaluate(T.call_extern('void', 'tk_unstage_step', T.address_of(staged_step[slot, tid, 0]), T.address_of(step_row[0]),
-                                                 T.address_of(step_block[0]), T.address_of(step_weight_staged[0])))
-                        if with_weight != 0:
-                            step_weight[0] = step_weight_staged[0]
-                    row = step_row[0]
-                    block = step_block[0]
-                    # Step t - 1's x (skipped rows are not read) and weight on their way.
-                    copy_live = T.Cast(T.int32, T.And(next_live[0] != 0, T.Or(with_pos_to_expert == 0, next_expert[0] >= 0)))
-                    if copy_live != 0:
-                        row_start = T.Cast(T.int64, next_row[0]) * width + next_block[0] * BLOCK + lane * epv
-                        for h in T.unroll(2):  # gate, up
-                            for j in T.unroll(num_vectors):
-                                T.evaluate(T.call_extern('void', 'tk_cp_async_16', T.address_of(staged[copy_slot, h * num_vectors + j, tid, 0]),
-                                                         x.data, row_start + h * hidden + j * lanes * epv))
-                        T.evaluate(T.call_extern('void', 'tk_stage_row_block', T.address_of(staged_step[copy_slot, tid, 0]), next_row[0],
-                                                 next_block[0]))
-                        if with_weight != 0:
-                            T.evaluate(T.call_extern('void', 'tk_cp_async_4_or_zero', T.address_of(staged_step[copy_slot, tid, 2]),
-                                                     topk_weights.data, T.max(next_index[0], 0), next_index[0] >= 0))
-                    T.evaluate(T.call_extern('void', 'tk_cp_async_commit'))
-                    live_steps[0] = ((live_steps[0] << 1) | copy_live) & ((1 << ahead) - 1)
-                else:
-                    # Step t - 1: its row and block (worked out once, with its lookups), and whether it is
-                    # processed. The block, not the column, is carried: block * 128 + lane * epv keeps the
-                    # vector alignment visible to tilelang, which then emits 16-byte loads and stores (the column
-                    # is written out at each use: bound to a name it becomes a let that the vectoriser does not
-                    # see through, and every access was split into single elements).
-                    row = next_row[0]
-                    block = next_block[0]
-                    live = T.Cast(T.int32, T.And(next_live[0] != 0, T.Or(with_pos_to_expert == 0, next_expert[0] >= 0)))
-                    index = next_index[0]
-                    step_weight[0] = T.float32(1)
-                    if live != 0:
-                        if per_row:
-                            load_row_step(x, gate, up, row, lane, tpr_log2)
-                        else:
-                            load_step(x, gate, up, row, block, lane)
-                        if with_weight != 0:
-                            step_weight[0] = T.if_then_else(index >= 0, topk_weights[T.max(index, 0)], T.float32(0))
+            for t in T.serial(num_iters + 1):
+                # Step t - 1: its row and block (worked out once, with its lookups), and whether it is
+                # processed. The block, not the column, is carried: block * 128 + lane * epv keeps the
+                # vector alignment visible to tilelang, which then emits 16-byte loads and stores (the column
+                # is written out at each use: bound to a name it becomes a let that the vectoriser does not
+                # see through, and every access was split into single elements).
+                row = next_row[0]
+                block = next_block[0]
+                live = T.Cast(T.int32, T.And(next_live[0] != 0, T.Or(with_pos_to_expert == 0, next_expert[0] >= 0)))
+                index = next_index[0]
+                step_weight[0] = T.float32(1)
+                if live != 0:
+                    if per_row:
+                        load_row_step(x, gate, up, row, lane, tpr_log2)
+                    else:
+                        load_step(x, gate, up, row, block, lane)
+                    if with_weight != 0:
+                        step_weight[0] = T.if_then_else(index >= 0, topk_weights[T.max(index, 0)], T.float32(0))
                 # Lookups of step t, issued now and read at the start of the next iteration. Steps past
                 # the last are not live (and their block index is not formed, so it never overflows).
                 if per_row:
@@ -713,7 +608,7 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool, pref
                         next_expert[0] = pos_to_expert[next_row[0]]
                     if with_weight != 0:
                         next_index[0] = pos_to_token_topk[next_row[0]]
-                # The SwiGLU of step t - 1 (t - 1 - ahead with the pipeline).
+                # The SwiGLU of step t - 1.
                 amax[0] = T.float32(0)
                 if live != 0:
                     # Clamp counts: the largest gate and |up| (two FMNMX an element rather than three
