@@ -109,41 +109,8 @@ def per_channel_inputs(p):
     return tensors, dict(round_sf=0), ok, nbytes(*tensors.values())
 
 
-def swiglu_row_inputs(p, kernel):
-    """benchmarks/run.py's SwiGLU forward case with one scale factor per row: H 2048, weights, pos_to_expert, clamp 10
-    with counters; the grid as the op makes it (persistent, as many CTAs an SM as fit)."""
-    from tile_kernels_aot import config
-
-    hidden, threads = 2048, p['row_fp32_threads']
-    x = torch.randn(TOKENS, 2 * hidden, device='cuda').to(getattr(torch, p['in_dtype']))
-    p2tt = torch.arange(TOKENS, dtype=torch.int32, device='cuda')
-    weights = torch.rand(TOKENS // 8, 8, device='cuda')
-    p2e = torch.zeros(TOKENS, dtype=torch.int32, device='cuda')
-    count = torch.zeros(3, dtype=torch.int64, device='cuda')
-    out = torch.empty(TOKENS, hidden, dtype=torch.float8_e4m3fn, device='cuda')
-    sf = torch.empty(TOKENS, 1, device='cuda')
-    tpr_log2 = (-(-hidden // 16) - 1).bit_length()
-    rows_per_step = threads >> tpr_log2
-    num_ctas = min(-(-TOKENS // rows_per_step), config.get_num_sms(0) * kernel.blocks_per_sm(0))
-    scalars = dict(num_ctas=num_ctas, num_iters=-(-TOKENS // (num_ctas * rows_per_step)), blocks_per_row=hidden // 128, row_magic=1,
-                   row_shift=0, with_weight=1, with_pos_to_expert=1, use_clamp=1, count_clamp=1, round_sf=1, tpr_log2=tpr_log2,
-                   clamp_value=10.0, sf_floor=1e-4)
-
-    def ok():
-        count_ref = torch.zeros(3, dtype=torch.int64, device='cuda')
-        ref, ref_sf = reference.swiglu_forward_and_per_token_cast(x, 'e4m3', hidden, p2tt, weights, p2e, False, True, False, 10.0,
-                                                                  count_ref)
-        return torch.equal(out.view(torch.uint8), ref.view(torch.uint8)) and torch.equal(sf, ref_sf) and torch.equal(count, count_ref)
-    tensors = {'x': x, 'out': out, 'out_sf': sf, 'pos_to_token_topk': p2tt, 'topk_weights': weights.view(-1), 'pos_to_expert': p2e,
-               'clamped_count': count}
-    return tensors, scalars, ok, nbytes(x, p2tt, weights, p2e, out, sf)
-
-
-# Builders that size their launch from the loaded kernel take it as a second argument.
-NEEDS_KERNEL = {'tune.swiglu_row'}
-
 INPUTS = {'tune.transpose': transpose_inputs, 'tune.per_token_cast': cast_inputs, 'tune.topk_gate': topk_inputs, 'tune.reduce_fused': reduce_inputs,
-          'tune.cast_back': cast_back_inputs, 'tune.per_channel_cast_fused': per_channel_inputs, 'tune.swiglu_row': swiglu_row_inputs}
+          'tune.cast_back': cast_back_inputs, 'tune.per_channel_cast_fused': per_channel_inputs}
 
 
 def main() -> int:
@@ -159,7 +126,7 @@ def main() -> int:
     for name, info in sorted(manifest.kernels.items()):
         for key, entry in sorted(info.entries.items()):
             kernel = LoadedKernel(entry, args.kernel_dir)
-            tensors, scalars, ok, moved = INPUTS[name](entry.params, kernel) if name in NEEDS_KERNEL else INPUTS[name](entry.params)
+            tensors, scalars, ok, moved = INPUTS[name](entry.params)
             run = lambda: kernel(0, tensors, scalars)  # noqa: E731
             run()
             torch.cuda.synchronize()

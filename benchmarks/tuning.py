@@ -7,7 +7,7 @@ Build them into their own folder and time them with benchmarks/tune.py; they nev
 
 from kernel_src.decl import KernelDecl, param
 from kernel_src.moe import reduce_fused, topk_gate
-from kernel_src.quant import cast_back, per_channel_cast, per_token_cast, swiglu
+from kernel_src.quant import cast_back, per_channel_cast, per_token_cast
 from kernel_src.transpose import batched_transpose
 
 
@@ -63,11 +63,4 @@ PER_CHANNEL_CAST = variant('tune.per_channel_cast_fused', per_channel_cast.FUSED
     for r, lk, wk, vb in _CHANNEL_LAYOUTS
 ])
 
-# SwiGLU forward with one scale factor per row, fp32: the CTA size (256 holds rows up to 4096 at the flat kernel's 80
-# registers and 24 warps an SM; 512, shipped, 16 warps at 118 registers; 1024 would spill at 64 registers, which the
-# build refuses).
-SWIGLU_ROW = variant('tune.swiglu_row', swiglu.FORWARD, {'row_fp32_threads': 't'}, lambda: [
-    dict(in_dtype='float32', sf_format='f32', per_row=True, row_fp32_threads=t) for t in (256, 512)
-])
-
-DECLS = {d.name: d for d in (TRANSPOSE, PER_TOKEN_CAST, TOPK_GATE, REDUCE_FUSED, CAST_BACK, PER_CHANNEL_CAST, SWIGLU_ROW)}
+DECLS = {d.name: d for d in (TRANSPOSE, PER_TOKEN_CAST, TOPK_GATE, REDUCE_FUSED, CAST_BACK, PER_CHANNEL_CAST)}

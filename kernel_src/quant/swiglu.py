@@ -45,11 +45,11 @@ E4M3_MAX = 448.0
 FWD_THREADS = 256
 FWD_ELEMENTS = 16  # flat kernel: elements of each half per thread and step (2 bf16 or 4 fp32 vectors), in one 128-wide block
 # per_row: the flat kernel's step with one row as its block, 2^tpr_log2 adjacent threads of 16 elements each (tpr_log2
-# a run-time argument). bf16 runs the silu-table kernel (1024 threads, 63 registers: rows up to 16384); fp32 needs 512
-# threads for rows up to 8192: one CTA of 16 warps an SM (118 registers; the flat fp32 kernel runs 3 CTAs of 256 at
-# 80), as 1024 threads would have to fit 64 registers and spilled 88 bytes. benchmarks/tuning.py times 256 (rows up
-# to 4096), 512 and 1024.
-ROW_FP32_THREADS = 512
+# a run-time argument), so a CTA of row_threads threads (a spec parameter) takes rows of up to 16 * row_threads. bf16
+# runs the silu-table kernel (1024 threads, 63 registers: rows up to 16384). fp32 ships two: 256 threads (rows up to
+# 4096) at the flat fp32 kernel's 80 registers and 3 CTAs an SM, 48.7 us at H 2048, and 512 (rows up to 8192), which
+# needs 118 registers, so one CTA of 16 warps an SM, 57.7 us at H 2048 (GPU run 2 of docs/gpu-runs/2026-11-30-h200-f.md);
+# 1024 threads would have to fit 64 registers and spilled. The op takes the smallest CTA that holds the row.
 BLOCK = 128  # channels per scale factor of the flat forward
 # Flat kernel: CTAs per SM the register allocation must allow (the op asks the driver how many fit and makes its
 # persistent grid that many per SM): bf16 fits 64 registers (8 warps a scheduler); fp32 holds twice the loaded
@@ -61,6 +61,7 @@ FWD_MIN_BLOCKS_BY_TARGET = {('sm_100a', 'float32'): 2}
 # per element (_SILU_TABLE_PRELUDE). Every CTA builds the table once, so the flat bf16 kernel runs one CTA of 1024
 # threads an SM (the same 64 registers and 8 warps a scheduler as 4 CTAs of 256) and each thread builds 5 entries.
 TABLE_THREADS = 1024
+ROW_THREADS = {'bfloat16': (TABLE_THREADS,), 'float32': (256, 512)}  # per_row CTA sizes (see above)
 TABLE_LOW_EXP, TABLE_HIGH_EXP = -16, 4  # the window of gate magnitudes the table holds: [2^-16, 2^4)
 TABLE_LOW_BITS = (127 + TABLE_LOW_EXP) << 7
 TABLE_HIGH_BITS = (127 + TABLE_HIGH_EXP) << 7
@@ -342,17 +343,20 @@ def track_division_range(div_range, a):
     div_range[1] = T.min(div_range[1], T.abs(a))
 
 
-def check_forward(in_dtype: str, sf_format: str, per_row: bool) -> None:
+def check_forward(in_dtype: str, sf_format: str, per_row: bool, row_threads: int) -> None:
     if in_dtype not in IN_DTYPES:
         raise ValueError(f'in_dtype must be one of {sorted(IN_DTYPES)}, got {in_dtype!r}')
     if sf_format not in SF_FORMATS:
         raise ValueError(f'sf_format must be one of {SF_FORMATS}, got {sf_format!r}')
     if per_row and sf_format != 'f32':
         raise ValueError('per_row (one scale factor per row) stores row-major float32 scale factors only')
+    allowed = ROW_THREADS[in_dtype] if per_row else (0,)
+    if row_threads not in allowed:
+        raise ValueError(f'row_threads must be one of {allowed} for {in_dtype} with per_row={per_row}, got {row_threads}')
 
 
-def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool, row_fp32_threads: int = ROW_FP32_THREADS) -> KernelProgram:
-    """row_fp32_threads: the CTA size of the fp32 per_row kernel, a tuning knob (benchmarks/tuning.py)."""
+def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool, row_threads: int) -> KernelProgram:
+    """row_threads: the per_row kernel's CTA size (0 for the flat kernel, whose CTA size is fixed)."""
     epv = 16 // IN_DTYPES[in_dtype]  # elements per 16-byte vector
     words = in_dtype == 'bfloat16'  # flat kernel: bf16 handled as 32-bit words (_BF16_WORDS_PRELUDE)
     packed = sf_format == 'ue8m0'
@@ -362,7 +366,7 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool, row_
     lanes = BLOCK // FWD_ELEMENTS
     lanes_log2 = lanes.bit_length() - 1
     table = words  # bf16: silu from the shared table (_SILU_TABLE_PRELUDE)
-    threads = TABLE_THREADS if table else (row_fp32_threads if per_row else FWD_THREADS)
+    threads = row_threads if per_row else TABLE_THREADS if table else FWD_THREADS
     min_blocks = max(1, FWD_MIN_BLOCKS_BY_TARGET.get((arch.target, in_dtype), FWD_MIN_BLOCKS[in_dtype]) * FWD_THREADS // threads)
     blocks_per_step = threads // lanes
     num_warps = threads // 32
@@ -748,8 +752,9 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool, row_
 def prebuilt_forward():
     for in_dtype in IN_DTYPES:
         for sf_format in SF_FORMATS:
-            yield dict(in_dtype=in_dtype, sf_format=sf_format, per_row=False)
-        yield dict(in_dtype=in_dtype, sf_format='f32', per_row=True)
+            yield dict(in_dtype=in_dtype, sf_format=sf_format, per_row=False, row_threads=0)
+        for row_threads in ROW_THREADS[in_dtype]:
+            yield dict(in_dtype=in_dtype, sf_format='f32', per_row=True, row_threads=row_threads)
 
 
 def check_channel(transpose: bool) -> None:
@@ -1184,7 +1189,8 @@ PASS_CONFIGS = {'tl.disable_warp_specialized': True, 'tl.enable_lower_ldgstg': T
 
 FORWARD = KernelDecl(
     name='quant.swiglu_forward_and_per_token_cast',
-    params=(param('in_dtype', 'str', ''), param('sf_format', 'str', 'sf'), param('per_row', 'bool', 'row')),
+    params=(param('in_dtype', 'str', ''), param('sf_format', 'str', 'sf'), param('per_row', 'bool', 'row'),
+            param('row_threads', 'int', 'rt')),
     factory=build_forward,
     prebuilt=prebuilt_forward,
     check=check_forward,

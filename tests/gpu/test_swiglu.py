@@ -22,7 +22,9 @@ CLAMPS = (None, 10.0, 0.5)
 # (gpt-oss's 2880 is not a multiple of 128), and upstream's test sizes (its hidden list halved).
 MODEL_HIDDEN = (768, 1408, 1536, 2048, 14336, 16384)
 UPSTREAM_FWD_HIDDEN = (1024, 1280, 1536, 2048, 3072, 3584)
-FWD_HIDDEN = tuple(sorted(set(MODEL_HIDDEN) | set(UPSTREAM_FWD_HIDDEN)))
+# 4096 and 8192: the widest rows of the fp32 per-row kernels (256 and 512 threads).
+FWD_HIDDEN = tuple(sorted(set(MODEL_HIDDEN) | set(UPSTREAM_FWD_HIDDEN) | {4096, 8192}))
+FWD_ELEMENTS = 16  # elements of a row a thread of the per-row kernel takes
 # Per-channel (hidden % 64) and backward (hidden % num_per_channels): upstream's sizes (its %64 and %256
 # lists) and the model sizes, gpt-oss's 2880 included (a multiple of 64 and of 32, not of 128).
 CHANNEL_HIDDEN = tuple(sorted({576, 2048, 2560, 3072, 4096, 6144, 7168, 2880} | set(MODEL_HIDDEN)))
@@ -92,11 +94,35 @@ def check_forward(x: torch.Tensor, npc: int, p2e, p2tt, weights, clamp, layout, 
             assert_bitwise_equal(count, count_ref)
 
 
+def row_width(spec: dict, preferred: int) -> int:
+    """`preferred` where the op serves that width with `spec`, else the widest row spec's kernel takes: per_row specs
+    differ by CTA size, and the op gives a row to the smallest CTA that holds it (tile_kernels_aot.quant.swiglu)."""
+    return preferred if serves(spec, preferred) else spec['row_threads'] * FWD_ELEMENTS
+
+
+def serves(spec: dict, hidden: int) -> bool:
+    """Whether the op runs rows of `hidden` elements with `spec`."""
+    if not spec['per_row']:
+        return True
+    from tile_kernels_aot._select import prebuilt_specs
+
+    fitting = [s['row_threads'] for s in prebuilt_specs('quant.swiglu_forward_and_per_token_cast', 0)
+               if s['per_row'] and s['in_dtype'] == spec['in_dtype'] and s['row_threads'] * FWD_ELEMENTS >= hidden]
+    return bool(fitting) and min(fitting) == spec['row_threads']
+
+
+def served_widths(widths) -> list:
+    """(spec, hidden) params: each installed spec with each of `widths` the op serves with it."""
+    return [pytest.param(p.values[0], hidden, id=f'{p.id}-hidden={hidden}', marks=p.marks)
+            for p in installed_specs('quant.swiglu_forward_and_per_token_cast') for hidden in widths
+            if p.values[0] is None or serves(p.values[0], hidden)]
+
+
 @pytest.mark.parametrize('num_tokens', TOKEN_COUNTS)
 @pytest.mark.parametrize('spec', installed_specs('quant.swiglu_forward_and_per_token_cast'))
 def test_forward_per_token_cast(spec, num_tokens, restore_num_sms):
     dtype = DTYPES[spec['in_dtype']]
-    hidden = 2048
+    hidden = row_width(spec, 2048)
     p2e, p2tt, _, weights = fused_rows(num_tokens)
     x = swiglu_input(p2e.shape[0], hidden, dtype)
     npc = hidden if spec['per_row'] else 128
@@ -105,12 +131,9 @@ def test_forward_per_token_cast(spec, num_tokens, restore_num_sms):
             check_forward(x, npc, p2e, p2tt, weights, clamp, layout, counts=clamp is not None)
 
 
-@pytest.mark.parametrize('hidden', FWD_HIDDEN)
-@pytest.mark.parametrize('spec', installed_specs('quant.swiglu_forward_and_per_token_cast'))
+@pytest.mark.parametrize('spec, hidden', served_widths(FWD_HIDDEN))
 def test_forward_per_token_cast_hidden_sizes(spec, hidden, restore_num_sms):
     dtype = DTYPES[spec['in_dtype']]
-    if spec['per_row'] and hidden > (16384 if dtype == torch.bfloat16 else 8192):
-        pytest.skip('one scale factor per row is built for rows of up to 16384 bf16 / 8192 fp32 elements')
     p2e, p2tt, _, weights = fused_rows(63)
     x = swiglu_input(p2e.shape[0], hidden, dtype)
     npc = hidden if spec['per_row'] else 128
@@ -122,7 +145,7 @@ def test_forward_per_token_cast_hidden_sizes(spec, hidden, restore_num_sms):
 def test_forward_per_token_cast_optional_inputs(spec):
     """Without weights, without pos_to_expert (every row written), and with a custom sf_clamp_min."""
     dtype = DTYPES[spec['in_dtype']]
-    hidden = 1536
+    hidden = row_width(spec, 1536)
     npc = hidden if spec['per_row'] else 128
     x = swiglu_input(4001, hidden, dtype)
     x[7] = 0  # an all-zero row: its scale factor is the floor's
@@ -285,6 +308,10 @@ def test_errors_name_the_argument():
         q.swiglu_forward_and_per_token_cast(x, 'e4m3', 128, pos_to_expert=torch.zeros(7, dtype=torch.int32, device='cuda'))
     with pytest.raises(ValueError, match='x must be contiguous'):
         q.swiglu_forward_and_per_token_cast(torch.randn(8, 1024, device='cuda').bfloat16()[:, :512], 'e4m3', 128)
+    with pytest.raises(ValueError, match='supports hidden up to 8192 for float32'):
+        q.swiglu_forward_and_per_token_cast(torch.randn(2, 2 * 8320, device='cuda'), 'e4m3', 8320)
+    with pytest.raises(ValueError, match='supports hidden up to 16384 for bfloat16'):
+        q.swiglu_forward_and_per_token_cast(torch.randn(2, 2 * 16512, device='cuda').bfloat16(), 'e4m3', 16512)
     with pytest.raises(ValueError, match='multiple of 128 rows'):
         q.swiglu_forward_and_per_channel_cast_and_transpose(x, 'e4m3', 128)
     with pytest.raises(ValueError, match='num_per_tokens'):

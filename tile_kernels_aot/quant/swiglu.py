@@ -27,7 +27,7 @@ from typing import Optional
 import torch
 
 from tile_kernels_aot import _checks, config
-from tile_kernels_aot._select import find_kernel
+from tile_kernels_aot._select import find_kernel, prebuilt_specs
 from tile_kernels_aot.quant._common import (
     IN_DTYPES, QuantTensor, alloc_sf, check_bool, check_e4m3, check_sf_flags, dtype_name, magic, sf_format, unpack_quant,
 )
@@ -35,10 +35,8 @@ from tile_kernels_aot.quant._common import (
 _E4M3_FLOOR = 1e-4  # amax floor of e4m3 scale factors (upstream's clamp_min)
 _FMT_WHY = ' (the only format upstream fuses with SwiGLU)'
 _FWD_THREADS = 256
+_FWD_KERNEL = 'quant.swiglu_forward_and_per_token_cast'
 _FWD_ELEMENTS = 16  # flat kernel: elements of each half per thread and step, in one 128-wide block
-# per-row kernel: rows of up to 2048 16-byte vectors (hidden 16384 bf16, 8192 fp32), the capacity of its CTAs (a row is
-# 2^tpr_log2 threads of _FWD_ELEMENTS elements: 1024 threads for bf16, 512 for fp32)
-_ROW_MAX_VECTORS = 2048
 _CH_TOKENS, _CH_CHANNELS = 128, 64
 _BWD_THREADS, _BWD_ELEMS = 64, 16
 _INDEX_LIMIT = 2**31
@@ -143,9 +141,6 @@ def swiglu_forward_and_per_token_cast(
         raise ValueError(f'{op}: use_tma_aligned_col_major_sf needs num_per_channels == 128, got {num_per_channels}')
     if packed and not (col_major and round_sf):
         raise ValueError(f'{op}: use_packed_ue8m0 needs use_tma_aligned_col_major_sf=True and round_sf=True')
-    if per_row and hidden > _ROW_MAX_VECTORS * (16 // x.element_size()):
-        raise ValueError(f'{op}: num_per_channels == hidden supports hidden up to {_ROW_MAX_VECTORS * 16 // x.element_size()} '
-                         f'for {dtype_name(x.dtype)} input, got {hidden}')
     _contiguous(op, 'x', x)
     tensors = {'x': x}
     with_weight = pos_to_token_topk is not None
@@ -166,6 +161,17 @@ def swiglu_forward_and_per_token_cast(
             raise ValueError(f'{op}: clamped_count must have 3 entries, got {clamped_count.shape[0]}')
         tensors['clamped_count'] = clamped_count
     device = _checks.on_one_cuda_device(op, **tensors)
+    spec = dict(in_dtype=IN_DTYPES[x.dtype], sf_format=sf_format(packed), per_row=per_row, row_threads=0)
+    if per_row:
+        # The per-row kernels of this dtype installed for the device, by CTA size: a row is 2^tpr_log2 threads of
+        # _FWD_ELEMENTS elements, so the smallest CTA that holds the row serves it (more warps an SM).
+        capacities = sorted(s['row_threads'] for s in prebuilt_specs(_FWD_KERNEL, device)
+                            if s['per_row'] and s['in_dtype'] == spec['in_dtype'])
+        fitting = [t for t in capacities if t * _FWD_ELEMENTS >= hidden]
+        if not fitting:
+            raise ValueError(f'{op}: num_per_channels == hidden supports hidden up to {max(capacities, default=0) * _FWD_ELEMENTS} '
+                             f'for {dtype_name(x.dtype)} input, got {hidden}')
+        spec['row_threads'] = fitting[0]
     if x.data_ptr() % 16:
         raise ValueError(f'{op}: x.data_ptr() must be 16-byte aligned, got {x.data_ptr():#x}')
 
@@ -174,8 +180,7 @@ def swiglu_forward_and_per_token_cast(
     blocks_per_row = hidden // 128
     num_blocks = 1 if per_row else blocks_per_row
     if num_rows:
-        spec = dict(in_dtype=IN_DTYPES[x.dtype], sf_format=sf_format(packed), per_row=per_row)
-        kernel = find_kernel('quant.swiglu_forward_and_per_token_cast', spec, device)
+        kernel = find_kernel(_FWD_KERNEL, spec, device)
         num_sms = config.get_num_sms(device)
         tpr_log2 = 0
         threads = kernel.entry.launches[0].block
@@ -184,9 +189,6 @@ def swiglu_forward_and_per_token_cast(
             # The flat kernel's step with the row as its block: 2^tpr_log2 adjacent threads of _FWD_ELEMENTS
             # elements (the last ones partly past the row's end), threads >> tpr_log2 rows per CTA and step.
             tpr_log2 = (-(-hidden // _FWD_ELEMENTS) - 1).bit_length()
-            if 1 << tpr_log2 > threads:
-                raise ValueError(f'{op}: num_per_channels == hidden: the kernel of this build takes rows of up to '
-                                 f'{threads * _FWD_ELEMENTS} elements, got hidden {hidden}')
             rows_per_step = threads >> tpr_log2
             num_ctas = min(-(-num_rows // rows_per_step), num_sms * kernel.blocks_per_sm(device))
             num_iters = -(-num_rows // (num_ctas * rows_per_step))
