@@ -2,7 +2,7 @@
 # One GPU session on a machine with a GPU and no network: install the wheels built here (dist/), run
 # the GPU tests and the benchmarks from a copy of the checkout outside it (so that imports resolve to
 # the installed wheels, not to the source tree), and leave every log under $OUT.
-#   bash .ci/gpu-session.sh [tests] [bench] [tune] [cold] [pip] [host] [upstream] [profile] [ncu]   (default: tests bench tune cold)
+#   bash .ci/gpu-session.sh [tests] [bench] [tune] [cold] [pip] [host] [upstream] [profile] [ncu] [sanitize]   (default: tests bench tune cold)
 set -uo pipefail
 OUT=${OUT:-/tmp/tk-out}
 SITE=/tmp/tk-site
@@ -54,6 +54,16 @@ for step in $steps; do
                 --section SchedulerStats --section WarpStateStats --section InstructionStats \
                 python3 -m benchmarks.ncu_profile ${NCU_SELECT:-} ${NCU_UPSTREAM:+--upstream $NCU_UPSTREAM} > "$OUT/ncu.log" 2>&1
            grep -E "profiled:|Duration|DRAM Throughput|Memory Throughput|Issue Slots Busy|Registers Per|Achieved Occupancy|No Eligible" "$OUT/ncu.log" | tail -n 120 ;;
+    sanitize) # every spec once under compute-sanitizer: SANITIZE_TOOLS (default memcheck racecheck synccheck), SANITIZE_KERNELS (a glob)
+           : > "$OUT/sanitize.log"
+           for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck}; do
+             echo "## $tool" >> "$OUT/sanitize.log"
+             timeout 240 compute-sanitizer --tool $tool --error-exitcode 1 python3 -m benchmarks.sanitize --kernels "${SANITIZE_KERNELS:-*}" \
+               > /tmp/tk-sanitize.txt 2>&1
+             rc=$?; [ $rc -ne 0 ] && { status=1; echo "## $tool: FAILED (exit $rc)" >> "$OUT/sanitize.log"; }
+             grep -v '^ran ' /tmp/tk-sanitize.txt | tail -n 20 >> "$OUT/sanitize.log"
+           done
+           tail -n 60 "$OUT/sanitize.log" ;;
     host)  timeout 120 python3 -m benchmarks.host_profile 2>&1 | tee "$OUT/host_profile.log" | head -n 45 ;;
   esac
 done
