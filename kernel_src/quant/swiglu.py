@@ -908,26 +908,32 @@ def build_channel(arch: Arch, transpose: bool) -> KernelProgram:
                     else:
                         values[i, j] = pair_f32[j]
                     amax2[j] = T.max(amax2[j], T.abs(pair_f32[j]))
-            # The segment's amax: the two halves of the lane pair.
-            for j in T.unroll(2):
-                amax2[j] = T.max(amax2[j], T.shfl_xor(amax2[j], 1))
+            # The segment's amax: the two halves of the lane pair. From here on lane h works on channel 2p + h only
+            # (its amax, the block's amax across segments, the scale factor and its store, one block_scale where
+            # each lane computed both channels'), and takes the partner's multiplier with one shuffle. max() is
+            # NaN-skipping, commutative and associative here (amax starts at +0), so the order of the maxima does
+            # not change a bit.
+            own_amax = T.alloc_var(T.float32)
+            own_amax = T.max(T.if_then_else(h == 0, amax2[0], amax2[1]),
+                             T.shfl_xor(T.if_then_else(h == 0, amax2[1], amax2[0]), 1))
             if npt_log2 == 7:  # blocks of 128 tokens: the four segments together
-                if h == 0:
-                    for j in T.unroll(2):
-                        amax_shared[s, 2 * p + j] = amax2[j]
+                amax_shared[s, 2 * p + h] = own_amax
                 T.sync_threads()
-                for j in T.unroll(2):
-                    for k in T.unroll(num_segments):
-                        amax2[j] = T.max(amax2[j], amax_shared[k, 2 * p + j])
-            for j in T.unroll(2):
-                block_scale(amax2[j], T.float32(1e-4), E4M3_MAX, round_sf, False, sf2, multiplier2, j)
+                for k in T.unroll(num_segments):
+                    own_amax = T.max(own_amax, amax_shared[k, 2 * p + h])
+            block_scale(own_amax, T.float32(1e-4), E4M3_MAX, round_sf, False, sf2, multiplier2, 0)
+            own_multiplier = T.alloc_var(T.float32)
+            own_multiplier = multiplier2[0]
+            partner_multiplier = T.alloc_var(T.float32)
+            partner_multiplier = T.shfl_xor(own_multiplier, 1)
+            multiplier2[0] = T.if_then_else(h == 0, own_multiplier, partner_multiplier)
+            multiplier2[1] = T.if_then_else(h == 0, partner_multiplier, own_multiplier)
             # Lane h writes the scale factor of channel 2p + h: a warp's 32 lanes write 32 consecutive floats.
-            own_sf = T.if_then_else(h == 0, sf2[0], sf2[1])
             if npt_log2 == 7:
                 if s == 0:
-                    out_sf[pid_t, h0 + 2 * p + h] = own_sf
+                    out_sf[pid_t, h0 + 2 * p + h] = sf2[0]
             else:
-                out_sf[pid_t * num_segments + s, h0 + 2 * p + h] = own_sf
+                out_sf[pid_t * num_segments + s, h0 + 2 * p + h] = sf2[0]
             # Products first, then the casts as a vectorised loop: one conversion instruction per pair.
             if transpose:
                 for j in T.unroll(2):
