@@ -32,7 +32,8 @@ owned a 32-channel chunk made each instruction touch twice the sectors it filled
 
 `aligned` variants need a 16-byte aligned input pointer and row stride and hidden % 32 == 0. The cast's
 moves 16 bytes per access; the other loads element by element and masks each group of 8 channels, so any
-hidden divisible by 8 works. The cast back reads words one by one in both (a group's 12 bytes are only
+hidden divisible by 8 works, and stores 16-byte vectors as the aligned one does when hidden % 32 == 0 (a
+run-time branch: `out` is always ours and 16-byte aligned), words otherwise. The cast back reads words one by one in both (a group's 12 bytes are only
 4-byte aligned); its aligned variant just drops the column mask, a chunk never crossing a row end.
 """
 
@@ -132,6 +133,15 @@ def build_cast(arch: Arch, in_dtype: str, sf_format: str, aligned: bool) -> Kern
                 values[i, e] = x[row, group * 8 + e]
 
     @T.macro
+    def store_vectors(out, row, tid, staged):
+        """The row's staged words to `out` in 16-byte vectors, adjacent across lanes (needs hidden % 32 == 0)."""
+        for m in T.unroll(groups * 3 // 4):
+            vector = m * NUM_THREADS + tid
+            if vector * 4 < hidden // 8 * 3:
+                for k in T.vectorized(4):
+                    out[row, vector * 4 + k] = staged[vector * 4 + k]
+
+    @T.macro
     def row_multiplier(amax, tid, row, red, round_sf, out_sf, multiplier):
         """multiplier[0] of the row from each thread's amax[0] (a butterfly, then the warps through shared
         memory); thread 0 stores the row's scale factor."""
@@ -218,11 +228,12 @@ def build_cast(arch: Arch, in_dtype: str, sf_format: str, aligned: bool) -> Kern
                             staged[group * 3 + k] = words[k]  # lanes 3 words apart: no bank conflicts
                 T.sync_threads()
                 if aligned:
-                    for m in T.unroll(groups * 3 // 4):
-                        vector = m * NUM_THREADS + tid
-                        if vector * 4 < hidden // 8 * 3:
-                            for k in T.vectorized(4):
-                                out[row, vector * 4 + k] = staged[vector * 4 + k]
+                    store_vectors(out, row, tid, staged)
+                elif hidden % CHUNK == 0:
+                    # `out` is ours (contiguous, 16-byte aligned): whenever its rows are whole 16-byte vectors
+                    # (hidden % 32 == 0, uniform) the unaligned input takes the aligned store, a quarter of
+                    # the store instructions and their guards and addresses.
+                    store_vectors(out, row, tid, staged)
                 else:
                     for m in T.unroll(groups * 3):
                         word = m * NUM_THREADS + tid
