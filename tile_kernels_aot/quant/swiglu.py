@@ -175,8 +175,6 @@ def swiglu_forward_and_per_token_cast(
     if x.data_ptr() % 16:
         raise ValueError(f'{op}: x.data_ptr() must be 16-byte aligned, got {x.data_ptr():#x}')
 
-    epv = 16 // x.element_size()
-    vectors_per_row = hidden // epv
     blocks_per_row = hidden // 128
     num_blocks = 1 if per_row else blocks_per_row
     if num_rows:
