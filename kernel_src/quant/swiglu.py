@@ -158,22 +158,27 @@ __device__ __forceinline__ int tk_opaque_zero() { int z; asm volatile("mov.u32 %
 """.replace('FAST_DIV_MAX', FAST_DIV_MAX.hex()).replace('FAST_DIV_MIN_BELOW', FAST_DIV_MIN_BELOW.hex())
 
 
-# per_row: the row amax across the warps of a row (rows wider than a warp), after the butterfly within each warp.
-# A named barrier (bar.sync id, count) joins only the warps of one row group (ids 1.. ; 0 is __syncthreads), so
-# warps of other rows never wait; a group is the row's warps, or 4 warps holding several rows (so that at most 8
-# ids are used). The partials go through one of two buffers by step parity: the next step's barrier keeps a fast
-# warp from overwriting values a slow one still reads. Written in CUDA, so tilelang's shared-memory sync pass does
-# not put a __syncthreads of the whole CTA around them. max(), as T.max: NaN skipped; the order does not matter.
+# per_row: the row amax of rows of a warp or more (2^tpr_log2 >= 32 lanes). amax is a max of |act| from +0 through max(),
+# which skips NaN: +0 or above (+inf included), never NaN or -0, so its bits as unsigned integers order as the floats and
+# one redux.sync.max.u32 (__reduce_max_sync) is the warp's max, bit for bit the max a butterfly of FMNMX gives (a max of
+# the same values). That replaced 5 shuffles and maxes behind uniform branches, and the loop over the row's warps below.
+# Rows wider than a warp: a named barrier (bar.sync id, count) joins only the warps of one row group (ids 1.. ; 0 is
+# __syncthreads), so warps of other rows never wait; a group is the row's warps, or 4 warps holding several rows (so
+# that at most 8 ids are used). The partials go through one of two buffers by step parity: the next step's barrier
+# keeps a fast warp from overwriting values a slow one still reads. Lane i then reads the partial of the row's warp
+# i mod (its warps), at most 32 of them, and a second redux gives the row's max. Written in CUDA, so tilelang's
+# shared-memory sync pass does not put a __syncthreads of the whole CTA around them.
 _ROW_MAX_PRELUDE = """
-__device__ __forceinline__ float tk_row_max_across_warps(float* partials, float warp_max, int tid, int tpr_log2, int parity) {
-  float* slot = partials + parity * NUM_WARPS;
+__device__ __forceinline__ float tk_row_max_wide(float* partials, float amax, int tid, int tpr_log2, int parity) {
+  const unsigned warp_max = __reduce_max_sync(0xffffffffu, __float_as_uint(amax));
+  if (tpr_log2 == 5) return __uint_as_float(warp_max);
+  unsigned* slot = reinterpret_cast<unsigned*>(partials) + parity * NUM_WARPS;
   if ((tid & 31) == 0) slot[tid >> 5] = warp_max;
   const int group_log2 = max(tpr_log2, 7);
   asm volatile("bar.sync %0, %1;" :: "r"(1 + (tid >> group_log2)), "r"(1 << group_log2) : "memory");
-  const float* row = slot + ((tid >> tpr_log2) << (tpr_log2 - 5));
-  float m = warp_max;
-  for (int w = 0; w < (1 << (tpr_log2 - 5)); ++w) m = max(m, row[w]);
-  return m;
+  const int row_warps_log2 = tpr_log2 - 5;
+  const unsigned partial = slot[((tid >> tpr_log2) << row_warps_log2) + (tid & 31 & ((1 << row_warps_log2) - 1))];
+  return __uint_as_float(__reduce_max_sync(0xffffffffu, partial));
 }
 // One per-row step of a bf16 lane into L2: its 2 gate and 2 up vectors (columns col and col + 8 * 2^tpr_log2).
 template <typename T> __device__ __forceinline__ void tk_prefetch_row_step_bf16(const T* x, int row, int width, int hidden, int lane,
@@ -711,14 +716,14 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool, row_
                 # Block amax: a butterfly over the block's lanes (adjacent; every lane takes part: a
                 # skipped or missing row is a whole number of blocks, all with amax 0).
                 if per_row:
-                    # Row amax: a butterfly over the row's lanes within a warp, then (rows wider than a warp)
-                    # over its warps (_ROW_MAX_PRELUDE). Every thread takes part (uniform branches).
-                    for s in T.unroll(5):
-                        if s < tpr_log2:
-                            amax[0] = T.max(amax[0], T.shfl_xor(amax[0], 1 << s))
-                    if tpr_log2 > 5:
-                        amax[0] = T.call_extern('float32', 'tk_row_max_across_warps', T.address_of(row_partials[0]), amax[0], tid, tpr_log2,
-                                                t & 1)
+                    # Row amax: rows of a warp or more by warp reductions (_ROW_MAX_PRELUDE), narrower rows by a
+                    # butterfly over their lanes. Every thread takes part (uniform branches).
+                    if tpr_log2 >= 5:
+                        amax[0] = T.call_extern('float32', 'tk_row_max_wide', T.address_of(row_partials[0]), amax[0], tid, tpr_log2, t & 1)
+                    else:
+                        for s in T.unroll(4):
+                            if s < tpr_log2:
+                                amax[0] = T.max(amax[0], T.shfl_xor(amax[0], 1 << s))
                 else:
                     for s in T.unroll(lanes_log2):
                         amax[0] = T.max(amax[0], T.shfl_xor(amax[0], 1 << s))
