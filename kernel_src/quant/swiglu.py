@@ -426,13 +426,21 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool, row_
             for e in T.vectorized(epv):
                 up[j, e] = x[T.Cast(T.int64, row), hidden + block * BLOCK + (j * lanes + lane) * epv + e]
 
+    # per_row: the op takes the smallest 2^tpr_log2 lanes whose 16 elements each cover the row, so that
+    # 2^tpr_log2 > hidden / 32 (hidden >= 128, tpr_log2 >= 3): a lane's first half of vectors, columns below
+    # epv * (num_vectors / 2) * 2^tpr_log2 = 8 * 2^tpr_log2 < hidden, is always inside the row, and only the second half
+    # is tested (with j a loop variable, nvcc folds the test of the first half away after unrolling; without it each
+    # of those vectors paid a compare, filler moves and a branch around its store a step).
+    def vector_in_row(j, lane, tpr_log2):
+        return T.Or(j < num_vectors // 2, ((j << tpr_log2) + lane) * epv < hidden)
+
     @T.macro
     def load_row_step(x, gate, up, row, lane, tpr_log2):
         """per_row: load_step with the row as the block, 2^tpr_log2 lanes (vector j of lane i at j * 2^tpr_log2 + i).
         A vector past the row's end gets gate 1 and up 0: inside the silu table's window and the fast division's
         range, so it sends no step to the exact path; the amax, the clamp recount and the stores skip it."""
         for j in T.unroll(num_vectors):
-            if ((j << tpr_log2) + lane) * epv < hidden:
+            if vector_in_row(j, lane, tpr_log2):
                 for e in T.vectorized(epv):
                     gate[j, e] = x[T.Cast(T.int64, row), ((j << tpr_log2) + lane) * epv + e]
                 for e in T.vectorized(epv):
@@ -686,7 +694,7 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool, row_
                     if per_row:
                         # Not the filler past the row's end: its act is 0 for c >= 0, not for a negative c.
                         for j in T.unroll(num_vectors):
-                            if ((j << tpr_log2) + lane) * epv < hidden:
+                            if vector_in_row(j, lane, tpr_log2):
                                 for e in T.unroll(epv):
                                     amax[0] = T.max(amax[0], T.abs(act[j, e]))
                     else:
@@ -709,7 +717,7 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool, row_
                             for j in T.unroll(num_vectors):
                                 if per_row:
                                     # Only the row's own vectors, not the filler past its end.
-                                    if ((j << tpr_log2) + lane) * epv < hidden:
+                                    if vector_in_row(j, lane, tpr_log2):
                                         count_vector(gate, up, counts, clamp_c, j)
                                 else:
                                     count_vector(gate, up, counts, clamp_c, j)
@@ -740,7 +748,7 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool, row_
                         for e in T.vectorized(epv):
                             quantized[e] = T.Cast(T.float8_e4m3fn, act[j, e])
                         if per_row:
-                            if ((j << tpr_log2) + lane) * epv < hidden:
+                            if vector_in_row(j, lane, tpr_log2):
                                 for e in T.vectorized(epv):
                                     out[T.Cast(T.int64, row), ((j << tpr_log2) + lane) * epv + e] = quantized[e]
                         else:
