@@ -48,7 +48,7 @@ FWD_ELEMENTS = 16  # flat kernel: elements of each half per thread and step (2 b
 # a run-time argument), so a CTA of row_threads threads (a spec parameter) takes rows of up to 16 * row_threads. bf16
 # runs the silu-table kernel (1024 threads, 63 registers: rows up to 16384). fp32 ships two: 256 threads (rows up to
 # 4096) at the flat fp32 kernel's 80 registers and 3 CTAs an SM, 48.7 us at H 2048, and 512 (rows up to 8192), which
-# needs 118 registers, so one CTA of 16 warps an SM, 57.7 us at H 2048 (GPU run 2 of docs/gpu-runs/2026-11-30-h200-f.md);
+# needs about 120 registers, so one CTA of 16 warps an SM, 57.7 us at H 2048 (GPU run 2 of docs/gpu-runs/2026-11-30-h200-f.md);
 # 1024 threads would have to fit 64 registers and spilled. The op takes the smallest CTA that holds the row.
 BLOCK = 128  # channels per scale factor of the flat forward
 # Flat kernel: CTAs per SM the register allocation must allow (the op asks the driver how many fit and makes its
