@@ -253,14 +253,12 @@ def swiglu_forward_case(spec, tokens):
     """DeepSeek-V3's expert width (2048), weights, pos_to_expert, clamp 10 with counters: the full path. A per-row
     spec that the op does not use at 2048 (a larger CTA: the op takes the smallest that holds the row) runs at the
     widest row it takes."""
-    from tile_kernels_aot._select import prebuilt_specs
+    from tile_kernels_aot.quant.swiglu import per_row_threads
 
     dtype = {'bfloat16': torch.bfloat16, 'float32': torch.float32}[spec['in_dtype']]
     hidden = 2048
-    if spec['per_row']:
-        smaller = [s for s in prebuilt_specs('quant.swiglu_forward_and_per_token_cast') if s['per_row'] and s['in_dtype'] == spec['in_dtype']
-                   and hidden <= s['row_threads'] * 16 < spec['row_threads'] * 16]
-        hidden = spec['row_threads'] * 16 if smaller else hidden
+    if spec['per_row'] and per_row_threads(spec['in_dtype'], hidden, 0) != spec['row_threads']:
+        hidden = spec['row_threads'] * 16  # the widest row the spec's kernel takes
     npc = hidden if spec['per_row'] else 128
     packed = spec['sf_format'] == 'ue8m0'
     x = torch.randn(tokens, 2 * hidden, device='cuda').to(dtype)

@@ -249,8 +249,9 @@ def write_manifests(jobs: list[Job], build_dir: Path, tools: dict) -> dict[str, 
             data = cubin_path.read_bytes()
             if cubin_sm(data) != target_sm(arch.target):
                 raise BuildError(f'{job.label}: cubin ELF says sm_{cubin_sm(data)}, expected {arch.target}')
-            if frame_bytes(data):
-                raise BuildError(f'{job.label}: ptxas gave each thread {frame_bytes(data)} bytes of local memory (register spills '
+            local_bytes = frame_bytes(data)
+            if local_bytes:
+                raise BuildError(f'{job.label}: ptxas gave each thread {local_bytes} bytes of local memory (register spills '
                                  'or a local array in memory); raise its register cap (fewer CTAs per SM) or restructure')
             entry = entry_from_plain(dict(
                 kernel=job.decl.name, key=job.key, params=job.params, target=arch.target,

@@ -102,13 +102,9 @@ def row_width(spec: dict, preferred: int) -> int:
 
 def serves(spec: dict, hidden: int) -> bool:
     """Whether the op runs rows of `hidden` elements with `spec`."""
-    if not spec['per_row']:
-        return True
-    from tile_kernels_aot._select import prebuilt_specs
+    from tile_kernels_aot.quant.swiglu import per_row_threads
 
-    fitting = [s['row_threads'] for s in prebuilt_specs('quant.swiglu_forward_and_per_token_cast', 0)
-               if s['per_row'] and s['in_dtype'] == spec['in_dtype'] and s['row_threads'] * FWD_ELEMENTS >= hidden]
-    return bool(fitting) and min(fitting) == spec['row_threads']
+    return not spec['per_row'] or per_row_threads(spec['in_dtype'], hidden, 0) == spec['row_threads']
 
 
 def served_widths(widths) -> list:

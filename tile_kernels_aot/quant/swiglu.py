@@ -34,7 +34,6 @@ from tile_kernels_aot.quant._common import (
 
 _E4M3_FLOOR = 1e-4  # amax floor of e4m3 scale factors (upstream's clamp_min)
 _FMT_WHY = ' (the only format upstream fuses with SwiGLU)'
-_FWD_THREADS = 256
 _FWD_KERNEL = 'quant.swiglu_forward_and_per_token_cast'
 _FWD_ELEMENTS = 16  # flat kernel: elements of each half per thread and step, in one 128-wide block
 _CH_TOKENS, _CH_CHANNELS = 128, 64
@@ -77,6 +76,18 @@ def _index_tensor(op: str, name: str, t: object, length: int) -> torch.Tensor:
 def _contiguous(op: str, name: str, t: torch.Tensor) -> None:
     if not t.is_contiguous():
         raise ValueError(f'{op}: {name} must be contiguous, got shape {tuple(t.shape)} and strides {t.stride()}')
+
+
+def _per_row_sizes(in_dtype: str, device: int) -> list[int]:
+    """The CTA sizes of the per-row forward kernels installed for the device, smallest first."""
+    return sorted(s['row_threads'] for s in prebuilt_specs(_FWD_KERNEL, device) if s['per_row'] and s['in_dtype'] == in_dtype)
+
+
+def per_row_threads(in_dtype: str, hidden: int, device: int) -> int:
+    """The CTA size of the per-row forward kernel that serves rows of `hidden` elements (0: none holds them). A row is
+    2^tpr_log2 threads of _FWD_ELEMENTS elements, and the smallest installed CTA that holds it wins (more warps an
+    SM); the GPU tests and benchmarks ask it which widths each per-row spec serves."""
+    return next((t for t in _per_row_sizes(in_dtype, device) if t * _FWD_ELEMENTS >= hidden), 0)
 
 
 def swiglu_forward_and_per_token_cast(
@@ -163,15 +174,11 @@ def swiglu_forward_and_per_token_cast(
     device = _checks.on_one_cuda_device(op, **tensors)
     spec = dict(in_dtype=IN_DTYPES[x.dtype], sf_format=sf_format(packed), per_row=per_row, row_threads=0)
     if per_row:
-        # The per-row kernels of this dtype installed for the device, by CTA size: a row is 2^tpr_log2 threads of
-        # _FWD_ELEMENTS elements, so the smallest CTA that holds the row serves it (more warps an SM).
-        capacities = sorted(s['row_threads'] for s in prebuilt_specs(_FWD_KERNEL, device)
-                            if s['per_row'] and s['in_dtype'] == spec['in_dtype'])
-        fitting = [t for t in capacities if t * _FWD_ELEMENTS >= hidden]
-        if not fitting:
-            raise ValueError(f'{op}: num_per_channels == hidden supports hidden up to {max(capacities, default=0) * _FWD_ELEMENTS} '
-                             f'for {dtype_name(x.dtype)} input, got {hidden}')
-        spec['row_threads'] = fitting[0]
+        spec['row_threads'] = per_row_threads(spec['in_dtype'], hidden, device)
+        if not spec['row_threads']:
+            widest = max(_per_row_sizes(spec['in_dtype'], device), default=0) * _FWD_ELEMENTS
+            raise ValueError(f'{op}: num_per_channels == hidden supports hidden up to {widest} for {dtype_name(x.dtype)} input, '
+                             f'got {hidden}')
     if x.data_ptr() % 16:
         raise ValueError(f'{op}: x.data_ptr() must be 16-byte aligned, got {x.data_ptr():#x}')
 
