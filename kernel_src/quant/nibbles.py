@@ -3,18 +3,26 @@ bytes) and per_token_requant (codes to the high bytes of halves) share.
 
 A code's magnitude (its low 3 bits, 0..7) indexes an eight-byte table held in two words, which one byte
 permute (PRMT, __byte_perm) reads for four codes at once; a second permute and a shift move the codes'
-sign bits (bit 3 of each nibble) to bit 7 of their bytes. So every table byte must leave bit 7 free
-(at most 0x7F), and a negative code is its magnitude's byte with bit 7 set: the sign of an e4m3 byte and of
-a half's high byte alike, -0 included.
+sign bits (bit 3 of each nibble) to bit 7 of their bytes, where they flip bit 7 of the looked-up byte: the
+sign of an e4m3 byte and of a half's high byte alike, -0 included. Decoding tables leave bit 7 free (a
+negative code is its magnitude's byte with the sign set); per_token_requant's per-chunk tables may have it
+set (a negative scale), and then the input's sign flips it, as negating a product flips its sign.
+
+The same lookup gives per_token_requant's e2m1 -> e2m1 re-encoding eight codes at a time
+(e2m1_word_through_table), and the largest magnitude of a chunk's codes (largest_magnitude).
 
 Its own module (not common.py), so that a change here re-lowers only its users.
 """
 
 from tilelang import language as T
 
+from kernel_src.quant.common import _let as let  # a TIR Let, private to the quant helpers
+
 CODE_MAGNITUDES = 0x77777777  # the magnitude bits of eight nibbles
 SIGN_BITS_EVEN = 0x00800080  # bit 7 of output bytes 0 and 2, fed from bit 3 of their input byte (shifted up by 4)
 SIGN_BITS_ODD = 0x80008000  # bit 7 of output bytes 1 and 3, which is bit 7 of their input byte
+CODE_SIGNS = 0x88888888  # the sign bits of eight nibbles
+PRESENCE_LOW, PRESENCE_HIGH = 0x08040201, 0x80402010  # byte m of the pair is 1 << m
 
 
 def table_word(byte_values) -> int:
@@ -30,4 +38,35 @@ def table_bytes_of_codes(word, magnitudes, table_low, table_high, half):
     looked_up = T.call_extern('uint32', '__byte_perm', table_low, table_high, selector)
     # Input bytes 2 * half and 2 * half + 1, each twice: [b, b, b', b'].
     doubled = T.call_extern('uint32', '__byte_perm', word, T.uint32(0), T.Cast('uint32', 0x1100 + 0x2222 * half))
-    return looked_up | ((doubled << T.uint32(4)) & T.uint32(SIGN_BITS_EVEN)) | (doubled & T.uint32(SIGN_BITS_ODD))
+    return looked_up ^ ((doubled << T.uint32(4)) & T.uint32(SIGN_BITS_EVEN)) ^ (doubled & T.uint32(SIGN_BITS_ODD))
+
+
+def _perm(low, high, selector):
+    return T.call_extern('uint32', '__byte_perm', low, high, selector)
+
+
+def e2m1_word_through_table(word, magnitudes, codes_low, codes_high):
+    """uint32 of eight e2m1 codes: nibble i is table[magnitude of nibble i of `word`] with its sign bit
+    flipped where nibble i is negative, for a table of eight codes (0..15) whose bytes 0..3 are codes_low
+    and 4..7 codes_high (magnitudes = word & CODE_MAGNITUDES). Twelve instructions for eight codes.
+
+    Four lookups: the codes of nibbles 0-3 and 4-7 as they are (a code in the low half of each byte), and
+    of nibbles 1-4 and 5-7 from the table shifted up a nibble; OR-ing the pairs puts the codes of nibbles
+    2k and 2k + 1 in one byte (bytes 0 and 2 of each), and one permute gathers those four bytes."""
+    shifted_low, shifted_high = codes_low << T.uint32(4), codes_high << T.uint32(4)
+    first = _perm(codes_low, codes_high, magnitudes) | _perm(shifted_low, shifted_high, magnitudes >> T.uint32(4))
+    second = _perm(codes_low, codes_high, magnitudes >> T.uint32(16)) | _perm(shifted_low, shifted_high, magnitudes >> T.uint32(20))
+    return _perm(first, second, T.uint32(0x6420)) ^ (word & T.uint32(CODE_SIGNS))
+
+
+def largest_magnitude(magnitude_words):
+    """int32 0..7: the largest e2m1 magnitude among the nibbles of the given words (each word & CODE_MAGNITUDES):
+    a byte with bit m set for each magnitude m present, by one lookup per four codes, then its top bit."""
+    present = None
+    for magnitudes in magnitude_words:
+        for half in range(2):
+            bits = _perm(T.uint32(PRESENCE_LOW), T.uint32(PRESENCE_HIGH), magnitudes >> T.uint32(16 * half))
+            present = bits if present is None else present | bits
+    top_bit = lambda byte: T.int32(31) - T.call_extern('int32', '__clz', T.Cast('int32', byte))  # noqa: E731
+    return let('present', 'uint32', present, lambda p: let(
+        'present_halves', 'uint32', p | (p >> T.uint32(16)), lambda h: top_bit((h | (h >> T.uint32(8))) & T.uint32(0xFF))))

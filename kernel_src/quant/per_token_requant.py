@@ -21,8 +21,10 @@ import struct
 from tilelang import language as T
 
 from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
-from kernel_src.quant.common import FORMATS, SF_FORMATS, block_scale, e2m1_word
-from kernel_src.quant.nibbles import CODE_MAGNITUDES, table_bytes_of_codes, table_word
+from kernel_src.quant.common import FORMATS, SF_FORMATS, block_scale, e2m1_top_nibble, e2m1_word
+from kernel_src.quant.nibbles import (
+    CODE_MAGNITUDES, e2m1_word_through_table, largest_magnitude, table_bytes_of_codes, table_word,
+)
 from kernel_src.quant.token_sf import store_token_sf, token_sf_tensor
 
 NUM_THREADS = 128
@@ -30,17 +32,28 @@ CHUNK = 32  # logical elements per thread
 # CTAs per SM the register allocation must allow, where it costs no spills. e4m3 to e4m3 took 53 registers
 # unbounded (56 allocated: 9 CTAs, 36 KB of loads in flight per SM, one 32-byte chunk a thread); 48 give 10
 # CTAs and 40 KB, as upstream's kernel (48 registers, 10 CTAs of 4 KB), with packed UE8M0 input scale factors;
-# with float32 ones 48 spill 8 bytes, and the e2m1 paths take 80: those are left alone.
-MIN_BLOCKS = {('e4m3', 'e4m3', 'ue8m0'): 10}
+# with float32 ones 48 spill 8 bytes, and e4m3 -> e2m1 takes 80: those are left alone. An e2m1 chunk is only
+# 16 bytes, and its table path needs few registers: 16 CTAs (32 registers, the SM's 2048 threads) keep 32 KB
+# in flight, where the 80 registers the per-element path took allowed 6 CTAs and 12 KB.
+MIN_BLOCKS = {('e4m3', 'e4m3', 'ue8m0'): 10, **{('e2m1', fmt, sf): 16 for fmt in FORMATS for sf in SF_FORMATS}}
 
 # e2m1 input decoded through halves: every e2m1 magnitude (0, 0.5, 1, 1.5, 2, 3, 4, 6) is a half whose low
 # byte is zero, so four codes' high bytes come from one byte-table lookup (kernel_src.quant.nibbles), two
 # permutes interleave them with zero bytes into half pairs, and one conversion per element gives the exact
 # float32. About three instructions an element, where decoding each code's fields into float32 bits took eight.
-E2M1_HALVES = [struct.pack('<e', v) for v in (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)]
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # by magnitude code
+E2M1_HALVES = [struct.pack('<e', v) for v in E2M1_VALUES]
 assert all(h[0] == 0 and h[1] < 0x80 for h in E2M1_HALVES)
 HALF_TABLE_LOW = table_word(h[1] for h in E2M1_HALVES[:4])
 HALF_TABLE_HIGH = table_word(h[1] for h in E2M1_HALVES[4:])
+EXPONENT_BITS = 0x7F800000
+
+
+def e2m1_value(magnitude):
+    """float32 value of an e2m1 magnitude code 0..7: m / 2 below 2, else 2^(m / 2 - 1) * (1 + (m & 1) / 2),
+    whose float32 bits are (m + 252) << 22 (exponent 126 + m / 2, the odd codes' mantissa bit at 22)."""
+    return T.Select(magnitude < 2, T.Cast('float32', magnitude) * T.float32(0.5),
+                    T.reinterpret(T.Cast('uint32', magnitude + 252) << T.uint32(22), T.float32))
 
 
 def check(in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) -> None:
@@ -70,6 +83,25 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) 
                         T.dynamic('sf_stride_t'), T.dynamic('sf_stride_k'))
     in_dtype = T.int8 if in_fp4 else T.float8_e4m3fn
     out_dtype = T.int8 if out_fp4 else T.float8_e4m3fn
+
+    @T.macro
+    def encode_word(values, w, codes):
+        """The codes of values[8 w .. 8 w + 8): one word of e2m1 codes (built whole, see per_token_cast), or two of
+        e4m3 bytes (one two-value conversion per pair)."""
+        if out_fp4:
+            codes[w] = e2m1_word([values[8 * w + e] for e in range(8)])
+        else:
+            result = T.view(codes, (CHUNK,), T.float8_e4m3fn)
+            for e in T.vectorized(8):
+                result[8 * w + e] = T.Cast(T.float8_e4m3fn, values[8 * w + e])
+
+    @T.macro
+    def encode_one_by_one(values, factor, codes):
+        """codes of values * factor, element by element."""
+        for e in T.unroll(CHUNK):
+            values[e] = values[e] * factor
+        for w in T.unroll(CHUNK // 8):
+            encode_word(values, w, codes)
 
     @T.prim_func
     def per_token_requant(
@@ -116,54 +148,81 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) 
             else:
                 for e in T.vectorized(in_bytes):
                     data[e] = T.cast(0, in_dtype)
-            # float32 of the codes: e4m3 in a vectorised loop (one conversion instruction per pair).
             if in_fp4:
                 words = T.view(data, (in_bytes // 4,), T.uint32)
-                half_pairs = T.alloc_local((CHUNK // 2,), T.uint32)
+                magnitudes = T.alloc_local((in_bytes // 4,), T.uint32)
                 for w in T.unroll(in_bytes // 4):
-                    magnitudes = words[w] & T.uint32(CODE_MAGNITUDES)
-                    for half in T.unroll(2):
-                        high_bytes = table_bytes_of_codes(words[w], magnitudes, T.uint32(HALF_TABLE_LOW), T.uint32(HALF_TABLE_HIGH), half)
-                        # [0, b0, 0, b1] and [0, b2, 0, b3]: byte 4 of a permute is the zero operand's.
-                        half_pairs[4 * w + 2 * half] = T.call_extern('uint32', '__byte_perm', high_bytes, T.uint32(0), T.uint32(0x1404))
-                        half_pairs[4 * w + 2 * half + 1] = T.call_extern('uint32', '__byte_perm', high_bytes, T.uint32(0), T.uint32(0x3424))
-                decoded = T.view(half_pairs, (CHUNK,), T.float16)
-                for e in T.vectorized(CHUNK):
-                    values[e] = T.Cast('float32', decoded[e])
+                    magnitudes[w] = words[w] & T.uint32(CODE_MAGNITUDES)
+                # The largest |q| of the chunk is the value of its largest magnitude code.
+                largest = T.alloc_var(T.int32)
+                largest = largest_magnitude([magnitudes[w] for w in range(in_bytes // 4)])
+                amax[0] = e2m1_value(largest)
             else:
                 for e in T.vectorized(CHUNK):
                     values[e] = T.Cast('float32', data[e])
-            amax[0] = T.float32(0)
-            for e in T.unroll(CHUNK):
-                amax[0] = T.max(amax[0], T.abs(values[e]))
+                amax[0] = T.float32(0)
+                for e in T.unroll(CHUNK):
+                    amax[0] = T.max(amax[0], T.abs(values[e]))
             amax[0] = amax[0] * scale[0]
             for s in T.unroll(2):  # blocks of 64 or 128 elements span 2 or 4 lanes
                 if s < npc_log2 - 5:
                     amax[0] = T.max(amax[0], T.shfl_xor(amax[0], 1 << s))
             block_scale(amax[0], T.float32(floor), fmax, round_sf, packed, sf, multiplier, 0)
+            factor = T.alloc_var(T.float32)
             factor = scale[0] * multiplier[0]
 
             block = col >> npc_log2
             if active and (tid & ((1 << (npc_log2 - 5)) - 1)) == 0:
                 store_token_sf(out_sf, packed, row, block, sf[0], (block + 1) << npc_log2 >= hidden, num_sf_blocks, num_sf_words)
-            for e in T.unroll(CHUNK):
-                values[e] = values[e] * factor
-            if out_fp4:
-                # Eight codes per word, built whole and stored as bytes (see per_token_cast).
-                codes = T.alloc_local((CHUNK // 8,), T.uint32)
-                for w in T.unroll(CHUNK // 8):
-                    codes[w] = e2m1_word([values[8 * w + e] for e in range(8)])
-                code_bytes = T.view(codes, (out_bytes,), T.int8)
-                if active:
-                    for e in T.vectorized(out_bytes):
-                        out[row, col // 2 + e] = code_bytes[e]
+            codes = T.alloc_local((out_bytes // 4,), T.uint32)
+            if in_fp4:
+                if (T.reinterpret(factor, T.uint32) & T.uint32(EXPONENT_BITS)) != T.uint32(EXPONENT_BITS):
+                    # A finite factor: q * factor takes eight values (and their negations) in the chunk, so
+                    # its codes come from a table of the eight magnitudes' outputs, looked up four codes at a
+                    # time (kernel_src.quant.nibbles). A negative q flips the output's sign bit, as it flips
+                    # the sign of the product: exact for any finite factor, negative or zero too. A
+                    # non-finite one (an all-zero chunk with a large input scale, see
+                    # tile_kernels_aot.reference) makes 0 * factor a NaN, whose code has no sign: that chunk
+                    # takes the per-element path.
+                    outputs = T.alloc_local((8,), T.float32)
+                    for m, value in enumerate(E2M1_VALUES):
+                        outputs[m] = T.float32(value) * factor
+                    table = T.alloc_local((2,), T.uint32)
+                    if out_fp4:
+                        for half in T.unroll(2):
+                            table[half] = T.uint32(0)
+                            for i in T.unroll(4):
+                                table[half] = table[half] | ((e2m1_top_nibble(outputs[4 * half + i]) >> T.uint32(28)) << T.uint32(8 * i))
+                        for w in T.unroll(in_bytes // 4):
+                            codes[w] = e2m1_word_through_table(words[w], magnitudes[w], table[0], table[1])
+                    else:
+                        table_bytes = T.view(table, (8,), T.float8_e4m3fn)
+                        for m in T.vectorized(8):  # one two-value conversion per pair
+                            table_bytes[m] = T.Cast(T.float8_e4m3fn, outputs[m])
+                        for w in T.unroll(in_bytes // 4):
+                            for half in T.unroll(2):
+                                codes[2 * w + half] = table_bytes_of_codes(words[w], magnitudes[w], table[0], table[1], half)
+                else:
+                    # Word by word: the float32 of eight codes through halves (see HALF_TABLE_LOW), times the
+                    # factor, encoded. Eight values live at a time, not the chunk's 32, so that this rare path
+                    # does not set the register count (and so the CTAs per SM) of the table path.
+                    for w in T.unroll(in_bytes // 4):
+                        half_pairs = T.alloc_local((4,), T.uint32)
+                        for half in T.unroll(2):
+                            high_bytes = table_bytes_of_codes(words[w], magnitudes[w], T.uint32(HALF_TABLE_LOW), T.uint32(HALF_TABLE_HIGH), half)
+                            # [0, b0, 0, b1] and [0, b2, 0, b3]: byte 4 of a permute is the zero operand's.
+                            half_pairs[2 * half] = T.call_extern('uint32', '__byte_perm', high_bytes, T.uint32(0), T.uint32(0x1404))
+                            half_pairs[2 * half + 1] = T.call_extern('uint32', '__byte_perm', high_bytes, T.uint32(0), T.uint32(0x3424))
+                        decoded = T.view(half_pairs, (8,), T.float16)
+                        for e in T.vectorized(8):
+                            values[8 * w + e] = T.Cast('float32', decoded[e]) * factor
+                        encode_word(values, w, codes)
             else:
-                result = T.alloc_local((CHUNK,), T.float8_e4m3fn)
-                for e in T.vectorized(CHUNK):  # one two-value conversion per pair
-                    result[e] = T.Cast(T.float8_e4m3fn, values[e])
-                if active:
-                    for e in T.vectorized(out_bytes):
-                        out[row, col + e] = result[e]
+                encode_one_by_one(values, factor, codes)
+            code_bytes = T.view(codes, (out_bytes,), out_dtype)
+            if active:
+                for e in T.vectorized(out_bytes):
+                    out[row, (col // 2 if out_fp4 else col) + e] = code_bytes[e]
 
     return KernelProgram(per_token_requant, alignment={'x': 16, 'x_sf': 1 if in_packed else 4, 'out': 16, 'out_sf': 1 if packed else 4})
 

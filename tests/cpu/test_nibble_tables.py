@@ -2,7 +2,9 @@
 permutes) in its two uses, replayed on the CPU for every 16-bit group of four codes:
 * per_block_cast_lossless: the e4m3 bytes of the codes' values times 2^d, for every d the kernel accepts
   (its device assert rejects the others), against torch's own float8_e4m3fn conversion;
-* per_token_requant: the halves whose high bytes the table gives, against the e2m1 values themselves.
+* per_token_requant: the halves whose high bytes the table gives, against the e2m1 values themselves; its
+  re-encoding of eight codes through a per-chunk table of codes (e2m1_word_through_table), and the largest
+  magnitude of a chunk (largest_magnitude, e2m1_value).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ def table_bytes(words: torch.Tensor, table_low: int, table_high: int, half: int)
     magnitudes = words & nibbles.CODE_MAGNITUDES
     looked_up = byte_perm(torch.full_like(words, table_low), table_high, magnitudes >> (16 * half))
     doubled = byte_perm(words, 0, 0x1100 + 0x2222 * half)
-    return looked_up | (((doubled << 4) & 0xFFFFFFFF) & nibbles.SIGN_BITS_EVEN) | (doubled & nibbles.SIGN_BITS_ODD)
+    return looked_up ^ (((doubled << 4) & 0xFFFFFFFF) & nibbles.SIGN_BITS_EVEN) ^ (doubled & nibbles.SIGN_BITS_ODD)
 
 
 def every_group_of_four_codes() -> torch.Tensor:
@@ -73,3 +75,49 @@ def test_requant_halves_are_the_e2m1_values():
     got = as_int32.view(torch.float16).float()  # [n, 8]: little-endian halves, element 0 first
     want = SIGNED_VALUES[codes_of(words)]
     assert torch.equal(got.view(torch.int32), want.view(torch.int32))  # bit for bit: -0.0 kept
+
+
+def random_words(count: int = 1 << 16) -> torch.Tensor:
+    return torch.randint(0, 1 << 32, (count,), dtype=torch.int64, generator=torch.Generator().manual_seed(3))
+
+
+@pytest.mark.parametrize('seed', range(8))
+def test_requant_e2m1_word_through_table(seed):
+    """Every code through a random table of eight codes (any sign), with the input's sign flipping the
+    code's: the nibble-level definition, against e2m1_word_through_table's permutes."""
+    table = torch.randint(0, 16, (8,), generator=torch.Generator().manual_seed(seed))
+    codes_low, codes_high = (nibbles.table_word(int(c) for c in table[4 * h:4 * h + 4]) for h in range(2))
+    words = torch.cat([every_group_of_four_codes(), random_words()])
+    magnitudes = words & nibbles.CODE_MAGNITUDES
+    shifted_low, shifted_high = (codes_low << 4) & 0xFFFFFFFF, (codes_high << 4) & 0xFFFFFFFF
+    first = byte_perm(torch.full_like(words, codes_low), codes_high, magnitudes) | byte_perm(torch.full_like(words, shifted_low), shifted_high, magnitudes >> 4)
+    second = byte_perm(torch.full_like(words, codes_low), codes_high, magnitudes >> 16) | byte_perm(torch.full_like(words, shifted_low), shifted_high, magnitudes >> 20)
+    got = byte_perm(first, second, 0x6420) ^ (words & nibbles.CODE_SIGNS)
+    inputs = codes_of(words)
+    want_codes = table[inputs & 7] ^ (inputs & 8)
+    want = sum(want_codes[:, i] << (4 * i) for i in range(8))
+    assert torch.equal(got, want)
+
+
+def test_requant_largest_magnitude():
+    chunks = random_words(4 * 20000).view(-1, 4)
+    # Chunks whose largest magnitude is each of 0..7, not only 7.
+    chunks = chunks & (torch.arange(chunks.shape[0])[:, None] % 8 * 0x11111111 | nibbles.CODE_SIGNS)
+    present = torch.zeros(chunks.shape[0], dtype=torch.int64)
+    for w in range(4):
+        for half in range(2):
+            present |= byte_perm(torch.full_like(present, nibbles.PRESENCE_LOW), nibbles.PRESENCE_HIGH,
+                                 (chunks[:, w] & nibbles.CODE_MAGNITUDES) >> (16 * half))
+    halves = present | (present >> 16)
+    folded = (halves | (halves >> 8)) & 0xFF
+    got = 31 - (32 - torch.floor(torch.log2(folded.double())).long() - 1)  # 31 - __clz
+    want = torch.stack([codes_of(chunks[:, w]) & 7 for w in range(4)], dim=1).amax(dim=(1, 2))
+    assert torch.equal(got, want)
+    assert set(want.tolist()) == set(range(8))
+
+
+def test_requant_e2m1_value():
+    for m, value in enumerate(requant.E2M1_VALUES):
+        bits = ((m + 252) << 22) & 0xFFFFFFFF
+        got = m * 0.5 if m < 2 else torch.tensor(bits, dtype=torch.int64).to(torch.int32).view(torch.float32).item()
+        assert got == value == E2M1_VALUES[m]
