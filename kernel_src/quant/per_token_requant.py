@@ -14,6 +14,10 @@ butterfly of shuffles over num_per_channels / 32 lanes. A chunk lies inside one 
 block width is a power of two of at least 32). Compile time: the two formats and the two scale-factor
 storages (float32 in any strides, or packed UE8M0 bytes); run time: hidden, the block sizes (as shifts),
 round_sf and the strides. Every access is masked against the buffer dims.
+
+e2m1 input: a chunk's 32 codes hold at most eight magnitudes, so its amax is the value of the largest one and,
+for a finite factor, its output codes come from a table of the eight magnitudes' outputs (see the kernel);
+e4m3 input goes element by element.
 """
 
 import struct
