@@ -22,8 +22,8 @@ held in registers in chunks of 128 x ROW_VECTORS vectors (one chunk for bf16 row
 every float32 row; wider bf16 rows are read twice), the amax reduced through shared memory.
 
 The `aligned` variant assumes a 16-byte aligned pointer and row stride; the other loads element by
-element (bf16: by the aligned 4-byte words that hold them), unconditionally from indices clamped into x, and zeroes a masked vector's amax instead of its
-values. Every store is masked against the buffer dims, so no run-time argument can make it write
+element (bf16: by the aligned 4-byte words that hold them), unconditionally from indices clamped into x,
+and zeroes a masked vector's amax instead of its values. Every store is masked against the buffer dims, so no run-time argument can make it write
 out of bounds.
 """
 
@@ -218,8 +218,8 @@ def build(arch: Arch, in_dtype: str, fmt: str, sf_format: str, per_row: bool, al
                             values[j, e] = T.cast(0, in_dtype)
                 else:
                     # Element by element (bf16: as aligned words, _UNALIGNED_BF16_PRELUDE), unconditionally, from the
-                    # vector's row and column clamped into x
-                    # (a masked vector reads a valid one and its amax is zeroed below). Under the bounds `if`
+                    # vector's row and column clamped into x (a masked vector reads a valid one and its amax is
+                    # zeroed below). Under the bounds `if`
                     # nvcc merged each vector's halves (PRMT) inside the branch, so each vector waited for its
                     # loads before the next vector's were issued: one round trip per vector (Nsight: 0.46
                     # issue, 15 cycles per instruction). Now all of a thread's loads are in flight at once.

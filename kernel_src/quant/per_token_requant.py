@@ -37,10 +37,14 @@ CHUNK = 32  # logical elements per thread
 # unbounded (56 allocated: 9 CTAs, 36 KB of loads in flight per SM, one 32-byte chunk a thread); 48 give 10
 # CTAs and 40 KB, as upstream's kernel (48 registers, 10 CTAs of 4 KB), with packed UE8M0 input scale factors;
 # with float32 ones 48 spill 8 bytes. e4m3 -> e2m1 took 80 registers (6 CTAs, 24 KB); 64 give 8 CTAs without a
-# spill (48 spill). An e2m1 chunk is only
-# 16 bytes, and its table path needs few registers: 16 CTAs (32 registers, the SM's 2048 threads) keep 32 KB
-# in flight, where the 80 registers the per-element path took allowed 6 CTAs and 12 KB.
-MIN_BLOCKS = {('e4m3', 'e4m3', 'ue8m0'): 10, **{('e4m3', 'e2m1', sf): 8 for sf in SF_FORMATS}, **{('e2m1', fmt, sf): 16 for fmt in FORMATS for sf in SF_FORMATS}}
+# spill (48 spill). An e2m1 chunk is only 16 bytes, and its table path needs few registers: 16 CTAs (32 registers,
+# the SM's 2048 threads) keep 32 KB in flight, where the 80 registers the per-element path took allowed 6 CTAs
+# and 12 KB.
+MIN_BLOCKS = {
+    ('e4m3', 'e4m3', 'ue8m0'): 10,
+    **{('e4m3', 'e2m1', sf): 8 for sf in SF_FORMATS},
+    **{('e2m1', fmt, sf): 16 for fmt in FORMATS for sf in SF_FORMATS},
+}
 
 # e2m1 input decoded through halves: every e2m1 magnitude (0, 0.5, 1, 1.5, 2, 3, 4, 6) is a half whose low
 # byte is zero, so four codes' high bytes come from one byte-table lookup (kernel_src.quant.nibbles), two

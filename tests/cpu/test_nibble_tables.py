@@ -110,7 +110,7 @@ def test_requant_largest_magnitude():
                                  (chunks[:, w] & nibbles.CODE_MAGNITUDES) >> (16 * half))
     halves = present | (present >> 16)
     folded = (halves | (halves >> 8)) & 0xFF
-    got = 31 - (32 - torch.floor(torch.log2(folded.double())).long() - 1)  # 31 - __clz
+    got = folded.double().log2().floor().long()  # the top set bit: 31 - __clz
     want = torch.stack([codes_of(chunks[:, w]) & 7 for w in range(4)], dim=1).amax(dim=(1, 2))
     assert torch.equal(got, want)
     assert set(want.tolist()) == set(range(8))

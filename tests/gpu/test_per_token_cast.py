@@ -231,7 +231,6 @@ def test_per_token_cast_of_quantised_input(spec, num_tokens, hidden):
                     assert calc_diff(back, x.float()) < 2e-3  # a sanity check: the bitwise comparison is the test
 
 
-
 @pytest.mark.parametrize('spec', installed_specs('quant.per_token_requant', where=lambda s: s['in_fmt'] == 'e2m1'))
 def test_per_token_cast_of_e2m1_with_extreme_scale_factors(spec):
     """e2m1 input re-encodes a chunk through a table of its eight magnitudes' outputs when the chunk's factor
