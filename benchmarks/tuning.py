@@ -7,7 +7,7 @@ Build them into their own folder and time them with benchmarks/tune.py; they nev
 
 from kernel_src.decl import KernelDecl, param
 from kernel_src.moe import reduce_fused, topk_gate
-from kernel_src.quant import cast_back, per_channel_cast, per_token_cast, per_token_requant
+from kernel_src.quant import cast_back, per_channel_cast, per_token_cast
 from kernel_src.transpose import batched_transpose
 
 
@@ -66,12 +66,4 @@ PER_CHANNEL_CAST = variant('tune.per_channel_cast_fused', per_channel_cast.FUSED
     for r, lk, wk, vb in _CHANNEL_LAYOUTS
 ])
 
-# per_token_requant: chunks a thread (all loaded before any is encoded) against CTAs an SM, each pair at the
-# register count that fills the SM without a spill (sm_90a).
-PER_TOKEN_REQUANT = variant('tune.per_token_requant', per_token_requant.DECL, {'chunks_per_thread': 'c', 'min_blocks': 'mb'}, lambda: [
-    dict(in_fmt=i, fmt=f, in_sf_format=sf, sf_format=sf, chunks_per_thread=c, min_blocks=mb)
-    for i, f in (('e2m1', 'e2m1'), ('e2m1', 'e4m3'), ('e4m3', 'e2m1')) for sf in ('f32', 'ue8m0')
-    for c, mb in (((1, 16), (2, 12), (3, 10), (4, 8)) if i == 'e2m1' else ((1, 8), (2, 5)))
-])
-
-DECLS = {d.name: d for d in (TRANSPOSE, PER_TOKEN_CAST, TOPK_GATE, REDUCE_FUSED, CAST_BACK, PER_CHANNEL_CAST, PER_TOKEN_REQUANT)}
+DECLS = {d.name: d for d in (TRANSPOSE, PER_TOKEN_CAST, TOPK_GATE, REDUCE_FUSED, CAST_BACK, PER_CHANNEL_CAST)}

@@ -40,11 +40,10 @@ CHUNK = 32  # logical elements per thread
 # spill (48 spill). An e2m1 chunk is only 16 bytes, and its table path needs few registers: 16 CTAs (32 registers,
 # the SM's 2048 threads) keep 32 KB in flight, where the 80 registers the per-element path took allowed 6 CTAs
 # and 12 KB.
-CHUNKS_PER_THREAD = {'e4m3': 1, 'e2m1': 2}  # by input format
 MIN_BLOCKS = {
     ('e4m3', 'e4m3', 'ue8m0'): 10,
     **{('e4m3', 'e2m1', sf): 8 for sf in SF_FORMATS},
-    **{('e2m1', fmt, sf): 12 for fmt in FORMATS for sf in SF_FORMATS},
+    **{('e2m1', fmt, sf): 16 for fmt in FORMATS for sf in SF_FORMATS},
 }
 
 # e2m1 input decoded through halves: every e2m1 magnitude (0, 0.5, 1, 1.5, 2, 3, 4, 6) is a half whose low
@@ -73,13 +72,7 @@ def check(in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) -> None:
             raise ValueError(f'{name} must be one of {sorted(allowed)}, got {value!r}')
 
 
-def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str,
-          chunks_per_thread: int = 0, min_blocks: int = -1) -> KernelProgram:
-    """`chunks_per_thread` and `min_blocks` (0: no bound) override the shipped CHUNKS_PER_THREAD / MIN_BLOCKS
-    (benchmarks.tuning)."""
-    chunks = chunks_per_thread or CHUNKS_PER_THREAD[in_fmt]
-    if min_blocks < 0:
-        min_blocks = MIN_BLOCKS.get((in_fmt, fmt, in_sf_format), 0)
+def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) -> KernelProgram:
     in_fp4, out_fp4 = in_fmt == 'e2m1', fmt == 'e2m1'
     in_packed, packed = in_sf_format == 'ue8m0', sf_format == 'ue8m0'
     fmax, floor = FORMATS[fmt]
@@ -101,23 +94,23 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str,
     out_dtype = T.int8 if out_fp4 else T.float8_e4m3fn
 
     @T.macro
-    def encode_word(values, codes, j, w):
-        """Chunk j's codes of values[8 w .. 8 w + 8): one word of e2m1 codes (built whole, see per_token_cast), or
-        two of e4m3 bytes (one two-value conversion per pair)."""
+    def encode_word(values, w, codes):
+        """The codes of values[8 w .. 8 w + 8): one word of e2m1 codes (built whole, see per_token_cast), or two of
+        e4m3 bytes (one two-value conversion per pair)."""
         if out_fp4:
-            codes[j, w] = e2m1_word([values[8 * w + e] for e in range(8)])
+            codes[w] = e2m1_word([values[8 * w + e] for e in range(8)])
         else:
-            result = T.view(codes, (chunks, CHUNK), T.float8_e4m3fn)
+            result = T.view(codes, (CHUNK,), T.float8_e4m3fn)
             for e in T.vectorized(8):
-                result[j, 8 * w + e] = T.Cast(T.float8_e4m3fn, values[8 * w + e])
+                result[8 * w + e] = T.Cast(T.float8_e4m3fn, values[8 * w + e])
 
     @T.macro
-    def encode_one_by_one(values, factor, codes, j):
-        """Chunk j's codes of values * factor, element by element."""
+    def encode_one_by_one(values, factor, codes):
+        """codes of values * factor, element by element."""
         for e in T.unroll(CHUNK):
             values[e] = values[e] * factor
         for w in T.unroll(CHUNK // 8):
-            encode_word(values, codes, j, w)
+            encode_word(values, w, codes)
 
     @T.prim_func
     def per_token_requant(
@@ -133,121 +126,112 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str,
         in_block_k_log2: T.int32,
         round_sf: T.int32,
     ):
-        with T.Kernel(T.ceildiv(num_tokens * chunks_per_row, NUM_THREADS * chunks), threads=NUM_THREADS) as pid:
+        with T.Kernel(T.ceildiv(num_tokens * chunks_per_row, NUM_THREADS), threads=NUM_THREADS) as pid:
             T.assume(in_width % in_bytes == 0)
             T.assume(row_stride % 16 == 0)
-            if min_blocks:
-                T.annotate_min_blocks_per_sm(min_blocks)
+            if (in_fmt, fmt, in_sf_format) in MIN_BLOCKS:
+                T.annotate_min_blocks_per_sm(MIN_BLOCKS[in_fmt, fmt, in_sf_format])
             tid = T.get_thread_binding()
-            data = T.alloc_local((chunks, in_bytes), in_dtype)
+            data = T.alloc_local((in_bytes,), in_dtype)
             values = T.alloc_local((CHUNK,), T.float32)
-            scale = T.alloc_local((chunks,), T.float32)  # the input scale factor of each chunk
-            amax = T.alloc_local((chunks,), T.float32)
-            sf = T.alloc_local((chunks,), T.float32)
-            multiplier = T.alloc_local((chunks,), T.float32)
-            factor = T.alloc_local((chunks,), T.float32)
-            # Chunk j of the thread: row and first column, as expressions (a column kept in a local array would
-            # hide its alignment from the vectoriser).
-            chunk_index = lambda j: (pid * chunks + j) * NUM_THREADS + tid  # noqa: E731
-            row_of = lambda c: T.Cast('int32', (T.Cast('uint64', T.Cast('uint32', c)) * T.Cast('uint64', T.Cast('uint32', row_magic))) >> T.Cast('uint64', row_shift))  # noqa: E731
-            col_of = lambda c: (c - row_of(c) * chunks_per_row) * CHUNK  # noqa: E731
+            scale = T.alloc_local((1,), T.float32)  # the input scale factor of the chunk
+            amax = T.alloc_local((1,), T.float32)
+            sf = T.alloc_local((1,), T.float32)
+            multiplier = T.alloc_local((1,), T.float32)
+            c = pid * NUM_THREADS + tid
+            row = T.Cast('int32', (T.Cast('uint64', T.Cast('uint32', c)) * T.Cast('uint64', T.Cast('uint32', row_magic))) >> T.Cast('uint64', row_shift))
+            col = (c - row * chunks_per_row) * CHUNK
+            active = T.And(row < num_tokens, col < hidden)
+            in_row = row >> in_block_m_log2
+            in_block = col >> in_block_k_log2
 
-            # Every chunk's loads first, so that a thread has all its bytes in flight at once.
-            for j in T.unroll(chunks):
-                row = row_of(chunk_index(j))
-                col = col_of(chunk_index(j))
-                active = T.And(row < num_tokens, col < hidden)
-                in_row = row >> in_block_m_log2
-                in_block = col >> in_block_k_log2
-                scale[j] = T.float32(0)
-                if active:
-                    for e in T.vectorized(in_bytes):
-                        data[j, e] = x[row, (col // 2 if in_fp4 else col) + e]
-                    if in_packed:
-                        if (in_block >> 2) < num_in_sf_words and in_row * 4 < in_sf_row_bytes:
-                            scale[j] = T.reinterpret(T.Cast('uint32', x_sf[in_block >> 2, in_row * 4 + (in_block & 3)]) << T.uint32(23), T.float32)
-                    elif in_row < num_in_sf_rows and in_block < num_in_sf_blocks:
-                        scale[j] = x_sf[in_row, in_block]
-                else:
-                    for e in T.vectorized(in_bytes):
-                        data[j, e] = T.cast(0, in_dtype)
+            scale[0] = T.float32(0)
+            if active:
+                for e in T.vectorized(in_bytes):
+                    data[e] = x[row, (col // 2 if in_fp4 else col) + e]
+                if in_packed:
+                    if (in_block >> 2) < num_in_sf_words and in_row * 4 < in_sf_row_bytes:
+                        scale[0] = T.reinterpret(T.Cast('uint32', x_sf[in_block >> 2, in_row * 4 + (in_block & 3)]) << T.uint32(23), T.float32)
+                elif in_row < num_in_sf_rows and in_block < num_in_sf_blocks:
+                    scale[0] = x_sf[in_row, in_block]
+            else:
+                for e in T.vectorized(in_bytes):
+                    data[e] = T.cast(0, in_dtype)
+            if in_fp4:
+                words = T.view(data, (in_bytes // 4,), T.uint32)
+                magnitudes = T.alloc_local((in_bytes // 4,), T.uint32)
+                for w in T.unroll(in_bytes // 4):
+                    magnitudes[w] = words[w] & T.uint32(CODE_MAGNITUDES)
+                # The largest |q| of the chunk is the value of its largest magnitude code.
+                largest = T.alloc_var(T.int32)
+                largest = largest_magnitude([magnitudes[w] for w in range(in_bytes // 4)])
+                amax[0] = e2m1_value(largest)
+            else:
+                for e in T.vectorized(CHUNK):
+                    values[e] = T.Cast('float32', data[e])
+                amax[0] = T.float32(0)
+                for e in T.unroll(CHUNK):
+                    amax[0] = T.max(amax[0], T.abs(values[e]))
+            amax[0] = amax[0] * scale[0]
+            for s in T.unroll(2):  # blocks of 64 or 128 elements span 2 or 4 lanes
+                if s < npc_log2 - 5:
+                    amax[0] = T.max(amax[0], T.shfl_xor(amax[0], 1 << s))
+            block_scale(amax[0], T.float32(floor), fmax, round_sf, packed, sf, multiplier, 0)
+            factor = T.alloc_var(T.float32)
+            factor = scale[0] * multiplier[0]
 
-            words = T.view(data, (chunks, in_bytes // 4), T.uint32)
-            magnitudes = T.alloc_local((chunks, in_bytes // 4), T.uint32)
-            codes = T.alloc_local((chunks, out_bytes // 4), T.uint32)
-            for j in T.unroll(chunks):
-                row = row_of(chunk_index(j))
-                col = col_of(chunk_index(j))
-                active = T.And(row < num_tokens, col < hidden)
-                if in_fp4:
-                    for w in T.unroll(in_bytes // 4):
-                        magnitudes[j, w] = words[j, w] & T.uint32(CODE_MAGNITUDES)
-                    # The largest |q| of the chunk is the value of its largest magnitude code.
-                    amax[j] = e2m1_value(largest_magnitude([magnitudes[j, w] for w in range(in_bytes // 4)]))
-                else:
-                    for e in T.vectorized(CHUNK):
-                        values[e] = T.Cast('float32', data[j, e])
-                    amax[j] = T.float32(0)
-                    for e in T.unroll(CHUNK):
-                        amax[j] = T.max(amax[j], T.abs(values[e]))
-                amax[j] = amax[j] * scale[j]
-                for s in T.unroll(2):  # blocks of 64 or 128 elements span 2 or 4 lanes
-                    if s < npc_log2 - 5:
-                        amax[j] = T.max(amax[j], T.shfl_xor(amax[j], 1 << s))
-                block_scale(amax[j], T.float32(floor), fmax, round_sf, packed, sf, multiplier, j)
-                factor[j] = scale[j] * multiplier[j]
-
-                block = col >> npc_log2
-                if active and (tid & ((1 << (npc_log2 - 5)) - 1)) == 0:
-                    store_token_sf(out_sf, packed, row, block, sf[j], (block + 1) << npc_log2 >= hidden, num_sf_blocks, num_sf_words)
-                if in_fp4:
-                    if (T.reinterpret(factor[j], T.uint32) & T.uint32(EXPONENT_BITS)) != T.uint32(EXPONENT_BITS):
-                        # A finite factor: q * factor takes eight values (and their negations) in the chunk, so
-                        # its codes come from a table of the eight magnitudes' outputs, looked up four codes at a
-                        # time (kernel_src.quant.nibbles). A negative q flips the output's sign bit, as it flips
-                        # the sign of the product: exact for any finite factor, negative or zero too. A
-                        # non-finite one (an all-zero chunk with a large input scale, see
-                        # tile_kernels_aot.reference) makes 0 * factor a NaN, whose code has no sign: that chunk
-                        # takes the per-element path.
-                        outputs = T.alloc_local((8,), T.float32)
-                        for m, value in enumerate(E2M1_VALUES):
-                            outputs[m] = T.float32(value) * factor[j]
-                        table = T.alloc_local((2,), T.uint32)
-                        if out_fp4:
-                            for half in T.unroll(2):
-                                table[half] = T.uint32(0)
-                                for i in T.unroll(4):
-                                    table[half] = table[half] | ((e2m1_top_nibble(outputs[4 * half + i]) >> T.uint32(28)) << T.uint32(8 * i))
-                            for w in T.unroll(in_bytes // 4):
-                                codes[j, w] = e2m1_word_through_table(words[j, w], magnitudes[j, w], table[0], table[1])
-                        else:
-                            table_bytes = T.view(table, (8,), T.float8_e4m3fn)
-                            for m in T.vectorized(8):  # one two-value conversion per pair
-                                table_bytes[m] = T.Cast(T.float8_e4m3fn, outputs[m])
-                            for w in T.unroll(in_bytes // 4):
-                                for half in T.unroll(2):
-                                    codes[j, 2 * w + half] = table_bytes_of_codes(words[j, w], magnitudes[j, w], table[0], table[1], half)
-                    else:
-                        # Word by word: the float32 of eight codes through halves (see HALF_TABLE_LOW), times the
-                        # factor, encoded. Eight values live at a time, not the chunk's 32, so that this rare path
-                        # does not set the register count (and so the CTAs per SM) of the table path.
+            block = col >> npc_log2
+            if active and (tid & ((1 << (npc_log2 - 5)) - 1)) == 0:
+                store_token_sf(out_sf, packed, row, block, sf[0], (block + 1) << npc_log2 >= hidden, num_sf_blocks, num_sf_words)
+            codes = T.alloc_local((out_bytes // 4,), T.uint32)
+            if in_fp4:
+                if (T.reinterpret(factor, T.uint32) & T.uint32(EXPONENT_BITS)) != T.uint32(EXPONENT_BITS):
+                    # A finite factor: q * factor takes eight values (and their negations) in the chunk, so
+                    # its codes come from a table of the eight magnitudes' outputs, looked up four codes at a
+                    # time (kernel_src.quant.nibbles). A negative q flips the output's sign bit, as it flips
+                    # the sign of the product: exact for any finite factor, negative or zero too. A
+                    # non-finite one (an all-zero chunk with a large input scale, see
+                    # tile_kernels_aot.reference) makes 0 * factor a NaN, whose code has no sign: that chunk
+                    # takes the per-element path.
+                    outputs = T.alloc_local((8,), T.float32)
+                    for m, value in enumerate(E2M1_VALUES):
+                        outputs[m] = T.float32(value) * factor
+                    table = T.alloc_local((2,), T.uint32)
+                    if out_fp4:
+                        for half in T.unroll(2):
+                            table[half] = T.uint32(0)
+                            for i in T.unroll(4):
+                                table[half] = table[half] | ((e2m1_top_nibble(outputs[4 * half + i]) >> T.uint32(28)) << T.uint32(8 * i))
                         for w in T.unroll(in_bytes // 4):
-                            half_pairs = T.alloc_local((4,), T.uint32)
+                            codes[w] = e2m1_word_through_table(words[w], magnitudes[w], table[0], table[1])
+                    else:
+                        table_bytes = T.view(table, (8,), T.float8_e4m3fn)
+                        for m in T.vectorized(8):  # one two-value conversion per pair
+                            table_bytes[m] = T.Cast(T.float8_e4m3fn, outputs[m])
+                        for w in T.unroll(in_bytes // 4):
                             for half in T.unroll(2):
-                                high_bytes = table_bytes_of_codes(words[j, w], magnitudes[j, w], T.uint32(HALF_TABLE_LOW), T.uint32(HALF_TABLE_HIGH), half)
-                                # [0, b0, 0, b1] and [0, b2, 0, b3]: byte 4 of a permute is the zero operand's.
-                                half_pairs[2 * half] = T.call_extern('uint32', '__byte_perm', high_bytes, T.uint32(0), T.uint32(0x1404))
-                                half_pairs[2 * half + 1] = T.call_extern('uint32', '__byte_perm', high_bytes, T.uint32(0), T.uint32(0x3424))
-                            decoded = T.view(half_pairs, (8,), T.float16)
-                            for e in T.vectorized(8):
-                                values[8 * w + e] = T.Cast('float32', decoded[e]) * factor[j]
-                            encode_word(values, codes, j, w)
+                                codes[2 * w + half] = table_bytes_of_codes(words[w], magnitudes[w], table[0], table[1], half)
                 else:
-                    encode_one_by_one(values, factor[j], codes, j)
-                code_bytes = T.view(codes, (chunks, out_bytes), out_dtype)
-                if active:
-                    for e in T.vectorized(out_bytes):
-                        out[row, (col // 2 if out_fp4 else col) + e] = code_bytes[j, e]
+                    # Word by word: the float32 of eight codes through halves (see HALF_TABLE_LOW), times the
+                    # factor, encoded. Eight values live at a time, not the chunk's 32, so that this rare path
+                    # does not set the register count (and so the CTAs per SM) of the table path.
+                    for w in T.unroll(in_bytes // 4):
+                        half_pairs = T.alloc_local((4,), T.uint32)
+                        for half in T.unroll(2):
+                            high_bytes = table_bytes_of_codes(words[w], magnitudes[w], T.uint32(HALF_TABLE_LOW), T.uint32(HALF_TABLE_HIGH), half)
+                            # [0, b0, 0, b1] and [0, b2, 0, b3]: byte 4 of a permute is the zero operand's.
+                            half_pairs[2 * half] = T.call_extern('uint32', '__byte_perm', high_bytes, T.uint32(0), T.uint32(0x1404))
+                            half_pairs[2 * half + 1] = T.call_extern('uint32', '__byte_perm', high_bytes, T.uint32(0), T.uint32(0x3424))
+                        decoded = T.view(half_pairs, (8,), T.float16)
+                        for e in T.vectorized(8):
+                            values[8 * w + e] = T.Cast('float32', decoded[e]) * factor
+                        encode_word(values, w, codes)
+            else:
+                encode_one_by_one(values, factor, codes)
+            code_bytes = T.view(codes, (out_bytes,), out_dtype)
+            if active:
+                for e in T.vectorized(out_bytes):
+                    out[row, (col // 2 if out_fp4 else col) + e] = code_bytes[e]
 
     return KernelProgram(per_token_requant, alignment={'x': 16, 'x_sf': 1 if in_packed else 4, 'out': 16, 'out_sf': 1 if packed else 4})
 

@@ -273,6 +273,9 @@ __device__ __forceinline__ int tk_reach_exceeds(unsigned reach, float c) {
   const float low = __uint_as_float(reach << 16);
   return !(high <= c && low <= c);
 }
+__device__ __forceinline__ int tk_up_clamp_is_identity(unsigned reach, float c) {
+  return !tk_reach_exceeds(reach, c) && c > 0.0f;
+}
 """.replace('TABLE_HIGH_BITS', hex(TABLE_HIGH_BITS)).replace('TABLE_LOW_BITS', hex(TABLE_LOW_BITS)).replace(
     'DIV_MAX_BITS', hex(_bf16_bits(FAST_DIV_MAX))).replace('DIV_MIN_BITS', hex(_bf16_bits(FAST_DIV_MIN))).replace(
     'FAST_DIV_MIN', FAST_DIV_MIN.hex())
@@ -640,24 +643,39 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool, row_
                         # The gate's magnitude bits for the table's window test, and the clamp-count reach.
                         gate_bits[0] = T.uint32(0)
                         gate_bits[1] = T.uint32(0xFFFFFFFF)
-                        gate_bits[2] = T.uint32(0x80008000)  # -0.0 in both halves: the signed 16-bit minimum
+                        # gate_bits[2]: the clamp-count reach (the signed 16-bit maximum of the gates and |up|s,
+                        # from -0.0 in both halves, the signed minimum), or without counters the largest |up| bits.
+                        # Either at or below c (and c > 0) makes the clamp of every up of the step an identity.
+                        gate_bits[2] = T.if_then_else(count_clamp != 0, T.uint32(0x80008000), T.uint32(0))
                         for j in T.unroll(num_vectors):
                             T.evaluate(T.call_extern('void', 'tk_track_gate_bits_bf16x8', T.address_of(gate[j, 0]),
                                                      T.address_of(gate_bits[0]), T.address_of(gate_bits[1])))
                             if count_clamp != 0:
                                 T.evaluate(T.call_extern('void', 'tk_track_reach_bf16x8', T.address_of(gate[j, 0]),
                                                          T.address_of(up[j, 0]), T.address_of(gate_bits[2])))
+                            else:
+                                T.evaluate(T.call_extern('void', 'tk_track_magnitude_bf16x8', T.address_of(up[j, 0]),
+                                                         T.address_of(gate_bits[2])))
                         if T.call_extern('int32', 'tk_gate_bits_in_table', gate_bits[0], gate_bits[1]) != 0:
                             # silu(min(g, c)) of every gate from the table (the test above keeps every offset
-                            # inside it), then the exact path's products: silu * clamped up * weight.
-                            for j in T.unroll(num_vectors):
-                                T.evaluate(T.call_extern('void', 'tk_silu_lookup_bf16x8', T.address_of(gate[j, 0]),
-                                                         T.address_of(silu_table[0]), T.address_of(act[j, 0])))
-                                T.evaluate(T.call_extern('void', 'tk_widen_bf16x8', T.address_of(up[j, 0]), T.address_of(up_wide[0])))
-                                for e in T.unroll(epv):
-                                    r = T.call_extern('float32', 'tk_min_nan', T.call_extern('float32', 'tk_max_nan', up_wide[e], -clamp_c),
-                                                      clamp_c)
-                                    act[j, e] = act[j, e] * r * step_weight[0]
+                            # inside it), then the exact path's products: silu * clamped up * weight, without
+                            # the up clamp's two FMNMX an element where the step shows it is an identity.
+                            if T.call_extern('int32', 'tk_up_clamp_is_identity', gate_bits[2], clamp_c) != 0:
+                                for j in T.unroll(num_vectors):
+                                    T.evaluate(T.call_extern('void', 'tk_silu_lookup_bf16x8', T.address_of(gate[j, 0]),
+                                                             T.address_of(silu_table[0]), T.address_of(act[j, 0])))
+                                    T.evaluate(T.call_extern('void', 'tk_widen_bf16x8', T.address_of(up[j, 0]), T.address_of(up_wide[0])))
+                                    for e in T.unroll(epv):
+                                        act[j, e] = act[j, e] * up_wide[e] * step_weight[0]
+                            else:
+                                for j in T.unroll(num_vectors):
+                                    T.evaluate(T.call_extern('void', 'tk_silu_lookup_bf16x8', T.address_of(gate[j, 0]),
+                                                             T.address_of(silu_table[0]), T.address_of(act[j, 0])))
+                                    T.evaluate(T.call_extern('void', 'tk_widen_bf16x8', T.address_of(up[j, 0]), T.address_of(up_wide[0])))
+                                    for e in T.unroll(epv):
+                                        r = T.call_extern('float32', 'tk_min_nan', T.call_extern('float32', 'tk_max_nan', up_wide[e], -clamp_c),
+                                                          clamp_c)
+                                        act[j, e] = act[j, e] * r * step_weight[0]
                         else:
                             # A gate outside the window (zero, tiny, large, inf, NaN: rare): the exact path.
                             for j in T.unroll(num_vectors):
@@ -792,6 +810,12 @@ def build_channel(arch: Arch, transpose: bool) -> KernelProgram:
         hit the same bank (2-way conflicts on every load)."""
         return T.bitwise_xor(chunk, ((token // 16) % 2) * (CH_CHANNELS // 16))
 
+    def swizzled_byte(token, offset):
+        """Where byte `offset` of token `token`'s e4m3 row (64 channels) lies in quantized_shared: the halves swap on
+        bit 4 of the token, for the reason of swizzled_chunk (a lane pair's tokens lie 16 apart). A sum modulo the
+        row rather than an XOR: the vectoriser sees that a 16-byte run stays aligned and whole."""
+        return (offset + ((token // 16) % 2) * (CH_CHANNELS // 2)) % CH_CHANNELS
+
     @T.macro
     def swiglu_vector(gate, up, gate_f32, up_f32, act_f32, act, act_shared, clamp_c, idx, i, fast, clamp):
         """act of the thread's vector i (8 channels of token idx // 8), rounded to bf16, into act_shared; fast: with
@@ -834,6 +858,7 @@ def build_channel(arch: Arch, transpose: bool) -> KernelProgram:
             tid = T.get_thread_binding()
             act_shared = T.alloc_shared((CH_TOKENS, CH_CHANNELS), T.bfloat16)
             amax_shared = T.alloc_shared((num_segments, CH_CHANNELS), T.float32)
+            quantized_shared = None if transpose else T.alloc_shared((CH_TOKENS, CH_CHANNELS), T.float8_e4m3fn)
             gate = T.alloc_local((loads, 8), T.bfloat16)
             up = T.alloc_local((loads, 8), T.bfloat16)
             act = T.alloc_local((8,), T.bfloat16)
@@ -892,8 +917,8 @@ def build_channel(arch: Arch, transpose: bool) -> KernelProgram:
             # shared load is one 32-bit word (two channels, 16 a thread where one channel took 32 16-bit loads),
             # and each transposed store instruction writes 16 whole 32-byte sectors (the two lanes of a pair
             # write the two halves of a channel's 32 tokens together) where a lane's 32 tokens took two
-            # instructions that each wrote half of 32 sectors; untransposed, one 16-bit store writes two
-            # channels of a token (16 a thread where one channel took 32 byte stores).
+            # instructions that each wrote half of 32 sectors; untransposed, the e4m3 codes go through shared
+            # memory to whole rows (quantized_shared, below).
             lane = tid % 32
             h = lane % 2
             p = ((tid // 32) % 2) * 16 + lane // 2
@@ -965,9 +990,21 @@ def build_channel(arch: Arch, transpose: bool) -> KernelProgram:
                 for i in T.unroll(HALF):
                     for j in T.vectorized(2):
                         quantized[i, j] = T.Cast(T.float8_e4m3fn, values[i, j])
+                # Through shared memory to the rows: a lane holds two channels of 16 tokens, whose 2-byte stores
+                # to global memory took 16 instructions a thread (a warp's 64 bytes each); from the tile, two
+                # 16-byte stores a thread write whole rows of the block (a warp's 512 bytes each). 27.0 -> 26.6 us
+                # at 8192 x 2048 (docs/gpu-runs/2026-12-01-h200.md, run 2).
                 for i in T.unroll(HALF):
+                    token = s * CH_SEGMENT + h * HALF + i
                     for j in T.vectorized(2):
-                        out[t0 + s * CH_SEGMENT + h * HALF + i, h0 + 2 * p + j] = quantized[i, j]
+                        quantized_shared[token, swizzled_byte(token, 2 * p) + j] = quantized[i, j]
+                T.sync_threads()
+                for k in T.unroll(CH_TOKENS * CH_CHANNELS // 16 // CH_THREADS):
+                    idx = k * CH_THREADS + tid
+                    row = idx // (CH_CHANNELS // 16)
+                    chunk = idx % (CH_CHANNELS // 16)
+                    for e in T.vectorized(16):
+                        out[t0 + row, h0 + chunk * 16 + e] = quantized_shared[row, swizzled_byte(row, chunk * 16) + e]
 
     return KernelProgram(swiglu_forward_and_per_channel_cast, alignment={'x': 16, 'out': 16, 'out_sf': 4})
 
