@@ -408,6 +408,21 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool, row_
                 T.atomic_add(clamped_count[tid], total)
 
     @T.macro
+    def table_step(gate, up, act, up_wide, silu_table, step_weight, clamp_c, clamp_up):
+        """act of the step from the silu table (_SILU_TABLE_PRELUDE): silu * up * weight, with up clamped to
+        [-c, c] where clamp_up (a compile-time flag: False only where tk_up_clamp_is_identity passed)."""
+        for j in T.unroll(num_vectors):
+            T.evaluate(T.call_extern('void', 'tk_silu_lookup_bf16x8', T.address_of(gate[j, 0]),
+                                     T.address_of(silu_table[0]), T.address_of(act[j, 0])))
+            T.evaluate(T.call_extern('void', 'tk_widen_bf16x8', T.address_of(up[j, 0]), T.address_of(up_wide[0])))
+            for e in T.unroll(epv):
+                if clamp_up:
+                    r = T.call_extern('float32', 'tk_min_nan', T.call_extern('float32', 'tk_max_nan', up_wide[e], -clamp_c), clamp_c)
+                    act[j, e] = act[j, e] * r * step_weight[0]
+                else:
+                    act[j, e] = act[j, e] * up_wide[e] * step_weight[0]
+
+    @T.macro
     def count_vector(gate, up, counts, clamp_c, j):
         """The exact clamp counts of vector j."""
         for e in T.unroll(epv):
@@ -661,21 +676,9 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool, row_
                             # inside it), then the exact path's products: silu * clamped up * weight, without
                             # the up clamp's two FMNMX an element where the step shows it is an identity.
                             if T.call_extern('int32', 'tk_up_clamp_is_identity', gate_bits[2], clamp_c) != 0:
-                                for j in T.unroll(num_vectors):
-                                    T.evaluate(T.call_extern('void', 'tk_silu_lookup_bf16x8', T.address_of(gate[j, 0]),
-                                                             T.address_of(silu_table[0]), T.address_of(act[j, 0])))
-                                    T.evaluate(T.call_extern('void', 'tk_widen_bf16x8', T.address_of(up[j, 0]), T.address_of(up_wide[0])))
-                                    for e in T.unroll(epv):
-                                        act[j, e] = act[j, e] * up_wide[e] * step_weight[0]
+                                table_step(gate, up, act, up_wide, silu_table, step_weight, clamp_c, False)
                             else:
-                                for j in T.unroll(num_vectors):
-                                    T.evaluate(T.call_extern('void', 'tk_silu_lookup_bf16x8', T.address_of(gate[j, 0]),
-                                                             T.address_of(silu_table[0]), T.address_of(act[j, 0])))
-                                    T.evaluate(T.call_extern('void', 'tk_widen_bf16x8', T.address_of(up[j, 0]), T.address_of(up_wide[0])))
-                                    for e in T.unroll(epv):
-                                        r = T.call_extern('float32', 'tk_min_nan', T.call_extern('float32', 'tk_max_nan', up_wide[e], -clamp_c),
-                                                          clamp_c)
-                                        act[j, e] = act[j, e] * r * step_weight[0]
+                                table_step(gate, up, act, up_wide, silu_table, step_weight, clamp_c, True)
                         else:
                             # A gate outside the window (zero, tiny, large, inf, NaN: rare): the exact path.
                             for j in T.unroll(num_vectors):
