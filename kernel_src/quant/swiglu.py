@@ -643,6 +643,16 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool, row_
                         next_expert[0] = pos_to_expert[next_row[0]]
                     if with_weight != 0:
                         next_index[0] = pos_to_token_topk[next_row[0]]
+                    if table:
+                        # Step t's x into L2 while step t - 1 computes, so that its loads next iteration wait on
+                        # L2, not DRAM, with no registers held for it. A row that pos_to_expert skips is fetched
+                        # too (its entry has not arrived yet): padding rows, a small share.
+                        if per_row:
+                            T.evaluate(T.call_extern('void', 'tk_prefetch_row_step_bf16', x.data, next_row[0], width, hidden,
+                                                     lane, tpr_log2))
+                        else:
+                            T.evaluate(T.call_extern('void', 'tk_prefetch_step_bf16', x.data, next_row[0], width, hidden,
+                                                     next_block[0] * BLOCK + lane * epv))
                 # The SwiGLU of step t - 1.
                 amax[0] = T.float32(0)
                 if live != 0:
