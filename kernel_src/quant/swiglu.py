@@ -61,7 +61,6 @@ FWD_MIN_BLOCKS_BY_TARGET = {('sm_100a', 'float32'): 2}
 # per element (_SILU_TABLE_PRELUDE). Every CTA builds the table once, so the flat bf16 kernel runs one CTA of 1024
 # threads an SM (the same 64 registers and 8 warps a scheduler as 4 CTAs of 256) and each thread builds 5 entries.
 TABLE_THREADS = 1024
-PREFETCH_AHEAD = 2  # flat bf16 kernel: steps past the one being loaded whose x is prefetched into L2
 ROW_THREADS = {'bfloat16': (TABLE_THREADS,), 'float32': (256, 512)}  # per_row CTA sizes (see above)
 TABLE_LOW_EXP, TABLE_HIGH_EXP = -16, 4  # the window of gate magnitudes the table holds: [2^-16, 2^4)
 TABLE_LOW_BITS = (127 + TABLE_LOW_EXP) << 7
@@ -645,15 +644,13 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool, row_
                     if with_weight != 0:
                         next_index[0] = pos_to_token_topk[next_row[0]]
                 if table and not per_row:
-                    # Step t + PREFETCH_AHEAD - 1's x into L2 while step t - 1 computes, so that its loads wait on
-                    # L2, not DRAM, with no registers held for it. A row that pos_to_expert skips is fetched too
-                    # (its entry is not known yet): padding rows, a small share.
-                    ahead = T.min(t + PREFETCH_AHEAD - 1, num_iters - 1)
-                    ahead_blk = (ahead * num_ctas + pid) * blocks_per_step + (tid >> lanes_log2)
-                    ahead_row = T.Cast(T.int32, (T.Cast(T.int64, ahead_blk) * row_magic) >> T.Cast(T.int64, row_shift))
-                    if T.And(t + PREFETCH_AHEAD - 1 < num_iters, ahead_row < num_rows):
-                        T.evaluate(T.call_extern('void', 'tk_prefetch_step_bf16', x.data, ahead_row, width, hidden,
-                                                 (ahead_blk - ahead_row * blocks_per_row) * BLOCK + lane * epv))
+                    # Step t's x into L2 while step t - 1 computes, so that its loads next iteration wait on L2,
+                    # not DRAM, with no registers held for it (two steps ahead, or the per-row kernel, measured no
+                    # faster). A row that pos_to_expert skips is fetched too (its entry is not known yet): padding
+                    # rows, a small share.
+                    if next_live[0] != 0:
+                        T.evaluate(T.call_extern('void', 'tk_prefetch_step_bf16', x.data, next_row[0], width, hidden,
+                                                 next_block[0] * BLOCK + lane * epv))
                 # The SwiGLU of step t - 1.
                 amax[0] = T.float32(0)
                 if live != 0:
