@@ -25,8 +25,8 @@ MODE_CAST, MODE_SF_ONLY, MODE_PRECOMPUTED = 0, 1, 2  # the run-time `mode` of th
 # subnormal a becomes 0, code 0 as well.
 E2M1_CLAMP = 6.0  # the largest e2m1 magnitude; every |v| above 5 has code 7
 E2M1_ROUNDING_SCALE = 2.0**-22  # a * this, added to 2^e, lands a's e2m1 step on the last mantissa bit
-E2M1_EXPONENT_MASK = 0x7F800000
-E2M1_SIGN_BIT = 0x80000000
+FLOAT32_EXPONENT_MASK = 0x7F800000
+FLOAT32_SIGN_BIT = 0x80000000
 # bits(s) * (2^28 + 2^6): the 2^28 term moves k (s's low mantissa bits) to bits 28..31, the 2^6 term moves
 # s's biased exponent 127 + e to bit 29 up, i.e. adds 2 * (127 + e) = 14 + 2e (mod 16) to the top nibble;
 # the offset's 2 in the top nibble cancels the 14 (mod 16), leaving the magnitude code 0..7, and the sign
@@ -36,7 +36,7 @@ E2M1_TOP_NIBBLE_MULTIPLIER = (1 << 28) + (1 << 6)
 E2M1_TOP_NIBBLE_OFFSET = 0x20000000
 
 
-def _let(name, dtype, value, body):
+def let(name, dtype, value, body):
     """body(x) with x bound once to value (a TIR Let: one local in the lowered code, not value pasted at
     each use of x, which nvcc then fails to fold back into one instruction)."""
     var = tirx.Var(name, dtype)
@@ -51,13 +51,13 @@ def e2m1_top_nibble(v):
     clamped = lambda a: T.if_then_else(a > T.float32(E2M1_CLAMP), T.float32(E2M1_CLAMP), a)
 
     def magnitude_top_nibble(a):
-        binade = T.reinterpret(T.max(a, T.float32(1)), T.uint32) & T.uint32(E2M1_EXPONENT_MASK)
+        binade = T.reinterpret(T.max(a, T.float32(1)), T.uint32) & T.uint32(FLOAT32_EXPONENT_MASK)
         rounded = a * T.float32(E2M1_ROUNDING_SCALE) + T.reinterpret(binade, T.float32)
         return T.reinterpret(rounded, T.uint32) * T.uint32(E2M1_TOP_NIBBLE_MULTIPLIER) + T.uint32(E2M1_TOP_NIBBLE_OFFSET)
 
-    magnitude = _let('e2m1_abs', 'float32', clamped(T.abs(v)), magnitude_top_nibble)
+    magnitude = let('e2m1_abs', 'float32', clamped(T.abs(v)), magnitude_top_nibble)
     # Bit 31 of `magnitude` is 0 (codes 0..7), so v's sign bit is selected in (one LOP3), not added.
-    return magnitude | (T.reinterpret(v, T.uint32) & T.uint32(E2M1_SIGN_BIT))
+    return magnitude | (T.reinterpret(v, T.uint32) & T.uint32(FLOAT32_SIGN_BIT))
 
 
 def e2m1_code(v):

@@ -16,7 +16,7 @@ Its own module (not common.py), so that a change here re-lowers only its users.
 
 from tilelang import language as T
 
-from kernel_src.quant.common import _let as let  # a TIR Let, private to the quant helpers
+from kernel_src.quant.common import let
 
 CODE_MAGNITUDES = 0x77777777  # the magnitude bits of eight nibbles
 SIGN_BITS_EVEN = 0x00800080  # bit 7 of output bytes 0 and 2, fed from bit 3 of their input byte (shifted up by 4)

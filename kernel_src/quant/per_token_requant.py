@@ -25,7 +25,7 @@ import struct
 from tilelang import language as T
 
 from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
-from kernel_src.quant.common import FORMATS, SF_FORMATS, block_scale, e2m1_top_nibble, e2m1_word
+from kernel_src.quant.common import FLOAT32_EXPONENT_MASK, FORMATS, SF_FORMATS, block_scale, e2m1_top_nibble, e2m1_word
 from kernel_src.quant.nibbles import (
     CODE_MAGNITUDES, e2m1_word_through_table, largest_magnitude, table_bytes_of_codes, table_word,
 )
@@ -55,7 +55,6 @@ E2M1_HALVES = [struct.pack('<e', v) for v in E2M1_VALUES]
 assert all(h[0] == 0 and h[1] < 0x80 for h in E2M1_HALVES)
 HALF_TABLE_LOW = table_word(h[1] for h in E2M1_HALVES[:4])
 HALF_TABLE_HIGH = table_word(h[1] for h in E2M1_HALVES[4:])
-EXPONENT_BITS = 0x7F800000
 
 
 def e2m1_value(magnitude):
@@ -185,7 +184,7 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) 
                 store_token_sf(out_sf, packed, row, block, sf[0], (block + 1) << npc_log2 >= hidden, num_sf_blocks, num_sf_words)
             codes = T.alloc_local((out_bytes // 4,), T.uint32)
             if in_fp4:
-                if (T.reinterpret(factor, T.uint32) & T.uint32(EXPONENT_BITS)) != T.uint32(EXPONENT_BITS):
+                if (T.reinterpret(factor, T.uint32) & T.uint32(FLOAT32_EXPONENT_MASK)) != T.uint32(FLOAT32_EXPONENT_MASK):
                     # A finite factor: q * factor takes eight values (and their negations) in the chunk, so
                     # its codes come from a table of the eight magnitudes' outputs, looked up four codes at a
                     # time (kernel_src.quant.nibbles). A negative q flips the output's sign bit, as it flips

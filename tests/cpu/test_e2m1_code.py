@@ -28,12 +28,12 @@ def emulated_e2m1_codes(bits: torch.Tensor) -> torch.Tensor:
     clamp = torch.tensor(common.E2M1_CLAMP, dtype=torch.float32)
     one = torch.ones((), dtype=torch.float32)
     a = torch.where(a > clamp, clamp, a)
-    binade = torch.fmax(a, one).view(torch.int32) & common.E2M1_EXPONENT_MASK
+    binade = torch.fmax(a, one).view(torch.int32) & common.FLOAT32_EXPONENT_MASK
     rounded = a * common.E2M1_ROUNDING_SCALE + binade.view(torch.float32)
     rounded_bits = torch.where(rounded.isnan(), torch.tensor(0x7FFFFFFF, dtype=torch.int32), rounded.view(torch.int32))
     magnitude = (rounded_bits.long() * common.E2M1_TOP_NIBBLE_MULTIPLIER + common.E2M1_TOP_NIBBLE_OFFSET) & 0xFFFFFFFF
-    assert not (magnitude & common.E2M1_SIGN_BIT).any()  # the sign bit is free for v's
-    return (magnitude | (bits.long() & common.E2M1_SIGN_BIT)) >> 28
+    assert not (magnitude & common.FLOAT32_SIGN_BIT).any()  # the sign bit is free for v's
+    return (magnitude | (bits.long() & common.FLOAT32_SIGN_BIT)) >> 28
 
 
 def reference_e2m1_codes(bits: torch.Tensor) -> torch.Tensor:
