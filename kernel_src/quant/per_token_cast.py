@@ -48,10 +48,11 @@ ROW_VECTORS = {'bfloat16': 8, 'float32': 16}
 # Resident CTAs per SM asked of ptxas (__launch_bounds__'s second argument). Both kernels are latency-bound
 # (Nsight: issue 0.47 per_row, 0.70 flat e2m1) and every load of a CTA is issued at once, so the bytes in
 # flight per SM grow with the resident CTAs. Flat bf16 e2m1 took 96 registers (5 CTAs), capped 80 with no
-# spill (6 CTAs); the e4m3 kernels are already under 80 (63), so the cap does not touch them. The unaligned
-# kernels fit 64 registers (8 CTAs) without a spill, where the aligned bf16 e2m1 one spills 8 bytes on sm_100a.
+# spill (6 CTAs); the aligned e4m3 kernels are already under 80 (63), so the cap does not touch them. The
+# unaligned e2m1 kernels fit 64 registers (8 CTAs) without a spill; at 64 the aligned bf16 e2m1 kernel spills
+# 8 bytes on sm_100a and the unaligned bf16 e4m3 one 16 bytes.
 ROW_MIN_BLOCKS = {'bfloat16': 8, 'float32': 5}
-FLAT_MIN_BLOCKS = {True: 6, False: 8}  # by `aligned`
+FLAT_MIN_BLOCKS = {(False, 'e2m1'): 8}  # by (aligned, fmt); 6 for the rest
 
 # The unaligned bf16 kernel's loads: a vector's eight elements at a 2-byte aligned address as the five aligned
 # words that cover them (four when the address is 4-byte aligned: the fifth load repeats the fourth), funnelled
@@ -113,7 +114,7 @@ def build(arch: Arch, in_dtype: str, fmt: str, sf_format: str, per_row: bool, al
     packed = sf_format == 'ue8m0'
     fmax, floor = FORMATS[fmt]
     num_vectors = num_vectors or NUM_VECTORS
-    min_blocks = FLAT_MIN_BLOCKS[aligned]
+    min_blocks = FLAT_MIN_BLOCKS.get((aligned, fmt), 6)
     slots = num_threads * num_vectors
     group_log2 = (num_vectors - 1).bit_length()  # lanes that share the scale work, log2
     group = 1 << group_log2
