@@ -52,7 +52,7 @@ ROW_VECTORS = {'bfloat16': 8, 'float32': 16}
 # unaligned e2m1 kernels fit 64 registers (8 CTAs) without a spill; at 64 the aligned bf16 e2m1 kernel spills
 # 8 bytes on sm_100a and the unaligned bf16 e4m3 one 16 bytes.
 ROW_MIN_BLOCKS = {'bfloat16': 8, 'float32': 5}
-FLAT_MIN_BLOCKS = {(False, 'e2m1'): 8}  # by (aligned, fmt); 6 for the rest
+FLAT_MIN_BLOCKS, UNALIGNED_E2M1_MIN_BLOCKS = 6, 8
 
 # The unaligned bf16 kernel's loads: a vector's eight elements at a 2-byte aligned address as the five aligned
 # words that cover them (four when the address is 4-byte aligned: the fifth load repeats the fourth), funnelled
@@ -114,7 +114,7 @@ def build(arch: Arch, in_dtype: str, fmt: str, sf_format: str, per_row: bool, al
     packed = sf_format == 'ue8m0'
     fmax, floor = FORMATS[fmt]
     num_vectors = num_vectors or NUM_VECTORS
-    min_blocks = FLAT_MIN_BLOCKS.get((aligned, fmt), 6)
+    min_blocks = UNALIGNED_E2M1_MIN_BLOCKS if not aligned and fmt == 'e2m1' else FLAT_MIN_BLOCKS
     slots = num_threads * num_vectors
     group_log2 = (num_vectors - 1).bit_length()  # lanes that share the scale work, log2
     group = 1 << group_log2
