@@ -25,6 +25,11 @@ CODE_SIGNS = 0x88888888  # the sign bits of eight nibbles
 PRESENCE_LOW, PRESENCE_HIGH = 0x08040201, 0x80402010  # byte m of the pair is 1 << m
 
 
+def byte_perm(low, high, selector):
+    """__byte_perm (PRMT): byte i of the result is byte (selector >> 4 i) & 7 of the eight bytes [low, high]."""
+    return T.call_extern('uint32', '__byte_perm', low, high, selector)
+
+
 def table_word(byte_values) -> int:
     """The uint32 holding four table bytes, the first in the low byte."""
     return sum(b << (8 * i) for i, b in enumerate(byte_values))
@@ -35,14 +40,10 @@ def table_bytes_of_codes(word, magnitudes, table_low, table_high, half):
     of `word` (output byte i from nibble 4 * half + i), with `magnitudes` = word & CODE_MAGNITUDES and the
     table's bytes 0..3 in table_low, 4..7 in table_high."""
     selector = magnitudes >> T.Cast('uint32', 16 * half)  # __byte_perm reads the low 16 bits
-    looked_up = T.call_extern('uint32', '__byte_perm', table_low, table_high, selector)
+    looked_up = byte_perm(table_low, table_high, selector)
     # Input bytes 2 * half and 2 * half + 1, each twice: [b, b, b', b'].
-    doubled = T.call_extern('uint32', '__byte_perm', word, T.uint32(0), T.Cast('uint32', 0x1100 + 0x2222 * half))
+    doubled = byte_perm(word, T.uint32(0), T.Cast('uint32', 0x1100 + 0x2222 * half))
     return looked_up ^ ((doubled << T.uint32(4)) & T.uint32(SIGN_BITS_EVEN)) ^ (doubled & T.uint32(SIGN_BITS_ODD))
-
-
-def _perm(low, high, selector):
-    return T.call_extern('uint32', '__byte_perm', low, high, selector)
 
 
 def e2m1_word_through_table(word, magnitudes, codes_low, codes_high):
@@ -54,9 +55,9 @@ def e2m1_word_through_table(word, magnitudes, codes_low, codes_high):
     of nibbles 1-4 and 5-7 from the table shifted up a nibble; OR-ing the pairs puts the codes of nibbles
     2k and 2k + 1 in one byte (bytes 0 and 2 of each), and one permute gathers those four bytes."""
     shifted_low, shifted_high = codes_low << T.uint32(4), codes_high << T.uint32(4)
-    first = _perm(codes_low, codes_high, magnitudes) | _perm(shifted_low, shifted_high, magnitudes >> T.uint32(4))
-    second = _perm(codes_low, codes_high, magnitudes >> T.uint32(16)) | _perm(shifted_low, shifted_high, magnitudes >> T.uint32(20))
-    return _perm(first, second, T.uint32(0x6420)) ^ (word & T.uint32(CODE_SIGNS))
+    first = byte_perm(codes_low, codes_high, magnitudes) | byte_perm(shifted_low, shifted_high, magnitudes >> T.uint32(4))
+    second = byte_perm(codes_low, codes_high, magnitudes >> T.uint32(16)) | byte_perm(shifted_low, shifted_high, magnitudes >> T.uint32(20))
+    return byte_perm(first, second, T.uint32(0x6420)) ^ (word & T.uint32(CODE_SIGNS))
 
 
 def largest_magnitude(magnitude_words):
@@ -65,7 +66,7 @@ def largest_magnitude(magnitude_words):
     present = None
     for magnitudes in magnitude_words:
         for half in range(2):
-            bits = _perm(T.uint32(PRESENCE_LOW), T.uint32(PRESENCE_HIGH), magnitudes >> T.uint32(16 * half))
+            bits = byte_perm(T.uint32(PRESENCE_LOW), T.uint32(PRESENCE_HIGH), magnitudes >> T.uint32(16 * half))
             present = bits if present is None else present | bits
     top_bit = lambda byte: T.int32(31) - T.call_extern('int32', '__clz', T.Cast('int32', byte))  # noqa: E731
     return let('present', 'uint32', present, lambda p: let(

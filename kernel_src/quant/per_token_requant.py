@@ -27,7 +27,7 @@ from tilelang import language as T
 from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
 from kernel_src.quant.common import FLOAT32_EXPONENT_MASK, FORMATS, SF_FORMATS, block_scale, e2m1_top_nibble, e2m1_word
 from kernel_src.quant.nibbles import (
-    CODE_MAGNITUDES, e2m1_word_through_table, largest_magnitude, table_bytes_of_codes, table_word,
+    CODE_MAGNITUDES, byte_perm, e2m1_word_through_table, largest_magnitude, table_bytes_of_codes, table_word,
 )
 from kernel_src.quant.token_sf import store_token_sf, token_sf_tensor
 
@@ -219,8 +219,8 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) 
                         for half in T.unroll(2):
                             high_bytes = table_bytes_of_codes(words[w], magnitudes[w], T.uint32(HALF_TABLE_LOW), T.uint32(HALF_TABLE_HIGH), half)
                             # [0, b0, 0, b1] and [0, b2, 0, b3]: byte 4 of a permute is the zero operand's.
-                            half_pairs[2 * half] = T.call_extern('uint32', '__byte_perm', high_bytes, T.uint32(0), T.uint32(0x1404))
-                            half_pairs[2 * half + 1] = T.call_extern('uint32', '__byte_perm', high_bytes, T.uint32(0), T.uint32(0x3424))
+                            half_pairs[2 * half] = byte_perm(high_bytes, T.uint32(0), T.uint32(0x1404))
+                            half_pairs[2 * half + 1] = byte_perm(high_bytes, T.uint32(0), T.uint32(0x3424))
                         decoded = T.view(half_pairs, (8,), T.float16)
                         for e in T.vectorized(8):
                             values[8 * w + e] = T.Cast('float32', decoded[e]) * factor
