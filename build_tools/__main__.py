@@ -1,4 +1,4 @@
-"""python -m build_tools --arch {sm90,sm100,all} [--kernels PATTERN] [--specs FILE] [--jobs N] [--out DIR]"""
+"""python -m build_tools --arch {sm90,sm100,all} [--kernels PATTERN] [--specs FILE] [--jobs N] [--out DIR] [--no-wheels]"""
 
 from __future__ import annotations
 
@@ -26,6 +26,9 @@ def parse_args(argv: list[str] | None = None) -> BuildArgs:
     parser.add_argument('--out', type=Path, default=REPO_ROOT / 'dist', help='where the wheels go (default: dist/)')
     parser.add_argument('--build-dir', type=Path, default=REPO_ROOT / 'build', help='intermediate files (default: build/)')
     parser.add_argument('--no-wheels', action='store_true', help='stop after the manifests')
+    parser.add_argument('--partial-wheels', action='store_true',
+                        help='package wheels even when --kernels or --only-specs leave kernels or specs out (such an '
+                             'arch wheel, installed, replaces the full one)')
     parser.add_argument('--registry', default='kernel_src.registry', help='module whose DECLS to build (default: kernel_src.registry)')
     ns = parser.parse_args(argv)
     names = [n.strip() for n in ns.arch.split(',') if n.strip()]
@@ -38,6 +41,7 @@ def parse_args(argv: list[str] | None = None) -> BuildArgs:
     return BuildArgs(
         archs=archs, kernels=tuple(p.strip() for p in ns.kernels.split(',') if p.strip()), specs_file=ns.specs,
         jobs=ns.jobs, out=ns.out, build_dir=ns.build_dir, wheels=not ns.no_wheels, prebuilt=not ns.only_specs, registry=ns.registry,
+        partial_wheels=ns.partial_wheels,
     )
 
 

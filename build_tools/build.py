@@ -43,6 +43,10 @@ class BuildArgs:
     wheels: bool = True
     prebuilt: bool = True  # False: only the specs from specs_file
     registry: str = 'kernel_src.registry'  # module with DECLS; tests point it at fixture kernels
+    # Wheels from a build that leaves out kernels or prebuilt specs (--kernels, --only-specs). The loader takes one
+    # arch package per target, so such a wheel, installed, replaces the release's and every kernel it lacks is gone:
+    # the build refuses it unless asked for (--partial-wheels).
+    partial_wheels: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,9 +116,16 @@ def plan(args: BuildArgs) -> list[Job]:
     extra = read_specs_file(args.specs_file, decls) if args.specs_file else {}
     if not args.prebuilt and not extra:
         raise BuildError('--only-specs needs a --specs file that names at least one spec')
+    selected = select_decls(args.kernels, decls)
+    if args.wheels and not args.partial_wheels and (len(selected) < len(decls) or not args.prebuilt):
+        left_out = f'{len(decls) - len(selected)} of the {len(decls)} kernels' if len(selected) < len(decls) else 'the prebuilt specs'
+        raise BuildError(f'this build leaves out {left_out} (--kernels / --only-specs), so its arch wheel would replace an '
+                         'installed one without them. Build every kernel (drop --kernels and --only-specs: only stale '
+                         'specs are lowered again), or add --no-wheels and point TILE_KERNELS_AOT_KERNEL_DIRS at the '
+                         'build folder, or add --partial-wheels if a wheel of only these kernels is what you want')
     jobs: dict[tuple[str, str, str], Job] = {}
     for arch in args.archs:
-        for decl in select_decls(args.kernels, decls):
+        for decl in selected:
             for params in (decl.specs() if args.prebuilt else []) + extra.get(decl.name, []):
                 job = Job(decl, params, arch)
                 jobs.setdefault(job.ident, job)

@@ -22,7 +22,7 @@ def build_subset(root: Path, **overrides):
     specs = root / 'specs.json'
     specs.parent.mkdir(parents=True, exist_ok=True)
     specs.write_text(json.dumps(SUBSET))
-    args = dict(archs=ARCHS, specs_file=specs, prebuilt=False, jobs=2, out=root / 'dist', build_dir=root / 'build')
+    args = dict(archs=ARCHS, specs_file=specs, prebuilt=False, partial_wheels=True, jobs=2, out=root / 'dist', build_dir=root / 'build')
     args.update(overrides)
     return build(BuildArgs(**args))
 

@@ -131,7 +131,7 @@ def test_lowering_failure_names_the_kernel_and_writes_no_wheel(tmp_path):
 
     with pytest.raises(BuildError) as info:
         build(BuildArgs(archs=(Arch('sm_90a'),), kernels=('test.broken_lowering',), registry='tests.cpu.fixture_kernels',
-                        jobs=1, out=tmp_path / 'dist', build_dir=tmp_path / 'build'))
+                        partial_wheels=True, jobs=1, out=tmp_path / 'dist', build_dir=tmp_path / 'build'))
     message = str(info.value)
     assert 'test.broken_lowering[size=3] for sm_90a' in message and 'deliberately broken factory' in message
     assert not (tmp_path / 'dist').exists()
@@ -144,7 +144,7 @@ def test_nvcc_failure_names_the_binary_and_writes_no_wheel(tmp_path):
 
     with pytest.raises(BuildError) as info:
         build(BuildArgs(archs=(Arch('sm_90a'),), kernels=('test.broken_nvcc',), registry='tests.cpu.fixture_kernels',
-                        jobs=1, out=tmp_path / 'dist', build_dir=tmp_path / 'build'))
+                        partial_wheels=True, jobs=1, out=tmp_path / 'dist', build_dir=tmp_path / 'build'))
     assert 'sm_90a/cubins/test.broken_nvcc/e8-k2.cubin' in str(info.value)
     assert not (tmp_path / 'dist').exists()
 
@@ -161,6 +161,21 @@ def test_bad_specs_file_is_rejected_with_the_reason(tmp_path):
     bad.write_text(json.dumps([{'kernel': 'moe.nope', 'params': {}}]))
     with pytest.raises(BuildError, match="unknown kernel 'moe.nope'"):
         plan(BuildArgs(archs=(Arch('sm_90a'),), specs_file=bad))
+
+
+def test_partial_build_refuses_wheels_unless_asked():
+    """An arch wheel of some kernels only would replace the installed one, losing the rest (one arch package per
+    target): --kernels and --only-specs build folders for TILE_KERNELS_AOT_KERNEL_DIRS, wheels only on request."""
+    from build_tools.__main__ import parse_args
+    from build_tools.build import plan
+    from build_tools.util import BuildError
+
+    with pytest.raises(BuildError, match=r'leaves out \d+ of the \d+ kernels .* --no-wheels'):
+        plan(parse_args(['--arch', 'sm90', '--kernels', 'moe.topk_gate']))
+    specs = plan(parse_args(['--arch', 'sm90', '--kernels', 'moe.topk_gate', '--no-wheels']))
+    assert {job.decl.name for job in specs} == {'moe.topk_gate'}
+    assert plan(parse_args(['--arch', 'sm90', '--kernels', 'moe.topk_gate', '--partial-wheels'])) == specs
+    assert len(plan(parse_args(['--arch', 'sm90']))) > len(specs)  # the whole set needs no flag
 
 
 def test_kernel_sources_are_the_module_and_its_kernel_src_imports():
