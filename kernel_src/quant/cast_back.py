@@ -17,6 +17,7 @@ from tilelang import language as T
 
 from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
 from kernel_src.quant.common import SF_FORMATS
+from kernel_src.quant.nibbles import byte_perm
 
 NUM_THREADS = 128
 NUM_UNITS = 8  # 16-byte output vectors a thread
@@ -52,9 +53,8 @@ def e2m1_quad_as_e4m3(codes, quad):
     shift by 4 plus a shift by 8) carries each code's sign bit (bits 3, 7, 19, 23 there) to bit 7 of its byte
     (7, 15, 23, 31), no carry from the other partial products reaching those bits; a mask and an or finish
     (one LOP3)."""
-    magnitudes = T.call_extern('uint32', '__byte_perm', T.uint32(E2M1_MAGNITUDES_AS_E4M3[0]), T.uint32(E2M1_MAGNITUDES_AS_E4M3[1]),
-                               codes >> T.Cast('uint32', 16 * quad))
-    spread = T.call_extern('uint32', '__byte_perm', codes, T.uint32(0), T.Cast('uint32', SIGN_SPREAD_SELECTOR + SIGN_SPREAD_QUAD_STEP * quad))
+    magnitudes = byte_perm(T.uint32(E2M1_MAGNITUDES_AS_E4M3[0]), T.uint32(E2M1_MAGNITUDES_AS_E4M3[1]), codes >> T.Cast('uint32', 16 * quad))
+    spread = byte_perm(codes, T.uint32(0), T.Cast('uint32', SIGN_SPREAD_SELECTOR + SIGN_SPREAD_QUAD_STEP * quad))
     signs = ((spread & T.uint32(SPREAD_SIGN_BITS)) * T.uint32(SIGN_CARRY_MULTIPLIER)) & T.uint32(E4M3_SIGN_BITS)
     return signs | magnitudes
 

@@ -264,18 +264,15 @@ __device__ __forceinline__ void tk_track_magnitude_bf16x8(const void* src, unsig
   largest[0] = __vimax3_u16x2(__vimax3_u16x2(largest[0], w[0] & 0x7fff7fffu, w[1] & 0x7fff7fffu), w[2] & 0x7fff7fffu,
                               w[3] & 0x7fff7fffu);
 }
+// Both bf16 halves of w, read as floats, at most c (a NaN half, or a NaN c, is not).
+__device__ __forceinline__ int tk_halves_at_most(unsigned w, float c) {
+  return __uint_as_float(w & 0xffff0000u) <= c && __uint_as_float(w << 16) <= c;
+}
 __device__ __forceinline__ int tk_clamps_are_identity(unsigned gate_largest, unsigned up_largest, float c) {
-  const unsigned m = __vmaxu2(gate_largest, up_largest);
-  return __uint_as_float(m & 0xffff0000u) <= c && __uint_as_float(m << 16) <= c && c > 0.0f;
+  return tk_halves_at_most(__vmaxu2(gate_largest, up_largest), c) && c > 0.0f;
 }
-__device__ __forceinline__ int tk_reach_exceeds(unsigned reach, float c) {
-  const float high = __uint_as_float(reach & 0xffff0000u);
-  const float low = __uint_as_float(reach << 16);
-  return !(high <= c && low <= c);
-}
-__device__ __forceinline__ int tk_up_clamp_is_identity(unsigned reach, float c) {
-  return !tk_reach_exceeds(reach, c) && c > 0.0f;
-}
+__device__ __forceinline__ int tk_reach_exceeds(unsigned reach, float c) { return !tk_halves_at_most(reach, c); }
+__device__ __forceinline__ int tk_up_clamp_is_identity(unsigned reach, float c) { return tk_halves_at_most(reach, c) && c > 0.0f; }
 """.replace('TABLE_HIGH_BITS', hex(TABLE_HIGH_BITS)).replace('TABLE_LOW_BITS', hex(TABLE_LOW_BITS)).replace(
     'DIV_MAX_BITS', hex(_bf16_bits(FAST_DIV_MAX))).replace('DIV_MIN_BITS', hex(_bf16_bits(FAST_DIV_MIN))).replace(
     'FAST_DIV_MIN', FAST_DIV_MIN.hex())
