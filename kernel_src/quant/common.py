@@ -4,6 +4,8 @@ The helpers build plain TIR expressions (not macros), so a kernel calls them any
 values, and the lowered code is what it would be had the kernel written them inline.
 """
 
+import math
+
 from tilelang import language as T
 from tvm import tirx  # after tilelang, which puts its bundled tvm on the path
 
@@ -75,6 +77,32 @@ def e2m1_word(values):
     return word
 
 
+def pow2_scale_carry(fmax: float) -> tuple[int, int]:
+    """(carry, f) of pow2_scale_exponent for fmax = F * 2^f, F in (1, 2): carry = 2^23 - 1 - F's mantissa bits."""
+    fraction, exponent = math.frexp(fmax)  # fmax = fraction * 2^exponent, fraction in [1/2, 1)
+    significand, f = 2 * fraction, exponent - 1
+    mantissa = (significand - 1) * 2**23
+    assert 1 < significand < 2 and mantissa == int(mantissa), f'{fmax}: needs a significand in (1, 2) of 23 bits'
+    return (1 << 23) - 1 - int(mantissa), f
+
+
+def pow2_scale_exponent(clamped, fmax: float):
+    """ceil_pow2_exponent(clamped / fmax) for a positive clamped, without the division (round_sf's scale factor,
+    and the UE8M0 byte). With fmax = F * 2^f (F in (1, 2)) and clamped = M * 2^E (M in [1, 2)), the quotient is
+    (M / F) * 2^(E - f) with M / F in (1/2, 2): the power of two at or above it is 2^(E - f) where M <= F, else
+    2^(E - f + 1). The float32 quotient gives the same: rounding keeps a quotient at or below 2^(E - f) there
+    (a power of two is representable), and the smallest M above F, F + 2^-23, puts it 2^-23 / F above, more
+    than half an ulp. M > F is one add: clamped's bits plus 2^23 - 1 - (F's mantissa bits) carry into the
+    exponent field exactly then. A quotient below the normal range (clamped < fmax * 2^-126) has exponent 1,
+    as ceil_pow2_exponent gives for the subnormal quotient (the casts' floors keep the quotient normal; a
+    quotient that underflowed to zero gave no power of two at all); an infinite clamped keeps 255, as inf / fmax.
+    tests/cpu/test_pow2_scale.py checks it against the division over every mantissa."""
+    carry, f = pow2_scale_carry(fmax)
+    bits = T.reinterpret(clamped, T.int32)
+    exponent = T.max(((bits + carry) >> 23) - f, 1)
+    return T.Cast(T.uint32, T.if_then_else(bits >= FLOAT32_EXPONENT_MASK, 255, exponent))
+
+
 def ceil_pow2_exponent(sf):
     """The biased exponent (uint32) of the power of two at or above a positive normal float32 sf:
     (bits - 1) >> 23, plus one. It is round_sf's scale factor and, as a byte, its UE8M0 code."""
@@ -101,10 +129,10 @@ def block_scale(amax, sf_floor, fmax, round_sf, packed, sf, multiplier, j):
     A kernel scalar passed to a macro takes the name of the macro's parameter in the lowered kernel: pass
     the floor scalar as `sf_floor` and round_sf as `round_sf`, the names the ops bind."""
     clamped = T.max(amax, sf_floor)
-    sf_f = T.alloc_var(T.float32)
-    sf_f = clamped / T.float32(fmax)
     if packed or round_sf != 0:
-        exponent = ceil_pow2_exponent(sf_f)
+        # The power of two from clamped's bits (pow2_scale_exponent): the same exponent as rounding up
+        # clamped / fmax, without the division's ~10 instructions and slow-path branch.
+        exponent = pow2_scale_exponent(clamped, fmax)
         multiplier[j] = inverse_pow2(exponent)
         if packed:
             sf[j] = T.Cast(T.float32, exponent)
@@ -112,4 +140,4 @@ def block_scale(amax, sf_floor, fmax, round_sf, packed, sf, multiplier, j):
             sf[j] = pow2(exponent)
     else:
         multiplier[j] = T.float32(fmax) / clamped
-        sf[j] = sf_f
+        sf[j] = clamped / T.float32(fmax)
