@@ -57,6 +57,18 @@ HALF_TABLE_LOW = table_word(h[1] for h in E2M1_HALVES[:4])
 HALF_TABLE_HIGH = table_word(h[1] for h in E2M1_HALVES[4:])
 
 
+def pow2_code_table(shift: int) -> tuple[int, int]:
+    """The e2m1 -> e2m1 table (two words of four code bytes, see e2m1_word_through_table) of the factor 2^shift:
+    code m goes to the code of E2M1_VALUES[m] * 2^shift, exact on the grid or saturated to 6 (code 7)."""
+    codes = [E2M1_VALUES.index(v * 2**shift) if v * 2**shift <= 6 else 7 for v in E2M1_VALUES]
+    return table_word(codes[:4]), table_word(codes[4:])
+
+
+# per chunk with UE8M0 scale factors in and out, the factor is 2^shift, shift = -ceil(log2(largest value / 6))
+# for a chunk whose amax sets its scale: 0..3 for a largest value of 6 or 4, 3 or 2, 1.5 or 1, 0.5.
+POW2_CODE_TABLES = [pow2_code_table(shift) for shift in range(4)]
+
+
 def e2m1_value(magnitude):
     """float32 value of an e2m1 magnitude code 0..7: m / 2 below 2, else 2^(m / 2 - 1) * (1 + (m & 1) / 2),
     whose float32 bits are (m + 252) << 22 (exponent 126 + m / 2, the odd codes' mantissa bit at 22)."""
@@ -102,6 +114,14 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) 
             result = T.view(codes, (CHUNK,), T.float8_e4m3fn)
             for e in T.vectorized(8):
                 result[8 * w + e] = T.Cast(T.float8_e4m3fn, values[8 * w + e])
+
+    @T.macro
+    def encode_table(outputs, table):
+        """The e2m1 -> e2m1 table of a chunk: the codes of the eight magnitudes' outputs, four code bytes a word."""
+        for half in T.unroll(2):
+            table[half] = T.uint32(0)
+            for i in T.unroll(4):
+                table[half] = table[half] | ((e2m1_top_nibble(outputs[4 * half + i]) >> T.uint32(28)) << T.uint32(8 * i))
 
     @T.macro
     def encode_one_by_one(values, factor, codes):
@@ -197,10 +217,21 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) 
                         outputs[m] = T.float32(value) * factor
                     table = T.alloc_local((2,), T.uint32)
                     if out_fp4:
-                        for half in T.unroll(2):
-                            table[half] = T.uint32(0)
-                            for i in T.unroll(4):
-                                table[half] = table[half] | ((e2m1_top_nibble(outputs[4 * half + i]) >> T.uint32(28)) << T.uint32(8 * i))
+                        if in_packed and packed:
+                            # Both scale factors UE8M0: the factor is 2^shift, and shift 0..3 is every chunk whose own
+                            # amax sets its scale (its largest code lands on 4 or 6), whose table is then a constant.
+                            factor_bits = T.reinterpret(factor, T.uint32)
+                            shift = T.Cast('int32', factor_bits >> T.uint32(23)) - 127
+                            if T.And((factor_bits & T.uint32(0x807FFFFF)) == T.uint32(0), T.And(shift >= 0, shift < len(POW2_CODE_TABLES))):
+                                # tables of shifts 0..2 selected over shift 3's (a Python loop: constants by index)
+                                for half, last in enumerate(POW2_CODE_TABLES[-1]):
+                                    table[half] = T.uint32(last)
+                                    for k, words_k in enumerate(POW2_CODE_TABLES[:-1]):
+                                        table[half] = T.Select(shift == k, T.uint32(words_k[half]), table[half])
+                            else:
+                                encode_table(outputs, table)
+                        else:
+                            encode_table(outputs, table)
                         for w in T.unroll(in_bytes // 4):
                             codes[w] = e2m1_word_through_table(words[w], magnitudes[w], table[0], table[1])
                     else:
