@@ -87,26 +87,20 @@ def pow2_scale_carry(fmax: float) -> tuple[int, int]:
 
 
 def pow2_scale_exponent(clamped, fmax: float):
-    """ceil_pow2_exponent(clamped / fmax) for a positive clamped, without the division (round_sf's scale factor,
-    and the UE8M0 byte). With fmax = F * 2^f (F in (1, 2)) and clamped = M * 2^E (M in [1, 2)), the quotient is
+    """The biased exponent (uint32) of the power of two at or above the float32 quotient clamped / fmax, for a
+    positive clamped, without the division (round_sf's scale factor, and the UE8M0 byte). With fmax = F * 2^f (F in (1, 2)) and clamped = M * 2^E (M in [1, 2)), the quotient is
     (M / F) * 2^(E - f) with M / F in (1/2, 2): the power of two at or above it is 2^(E - f) where M <= F, else
     2^(E - f + 1). The float32 quotient gives the same: rounding keeps a quotient at or below 2^(E - f) there
     (a power of two is representable), and the smallest M above F, F + 2^-23, puts it 2^-23 / F above, more
     than half an ulp. M > F is one add: clamped's bits plus 2^23 - 1 - (F's mantissa bits) carry into the
     exponent field exactly then. A quotient below the normal range (clamped < fmax * 2^-126) has exponent 1,
-    as ceil_pow2_exponent gives for the subnormal quotient (the casts' floors keep the quotient normal; a
+    as rounding the subnormal quotient up gives (the casts' floors keep the quotient normal; a
     quotient that underflowed to zero gave no power of two at all); an infinite clamped keeps 255, as inf / fmax.
     tests/cpu/test_pow2_scale.py checks it against the division over every mantissa."""
     carry, f = pow2_scale_carry(fmax)
     bits = T.reinterpret(clamped, T.int32)
     exponent = T.max(((bits + carry) >> 23) - f, 1)
     return T.Cast(T.uint32, T.if_then_else(bits >= FLOAT32_EXPONENT_MASK, 255, exponent))
-
-
-def ceil_pow2_exponent(sf):
-    """The biased exponent (uint32) of the power of two at or above a positive normal float32 sf:
-    (bits - 1) >> 23, plus one. It is round_sf's scale factor and, as a byte, its UE8M0 code."""
-    return ((T.reinterpret(sf, T.uint32) - T.uint32(1)) >> T.uint32(23)) + T.uint32(1)
 
 
 def pow2(exponent):

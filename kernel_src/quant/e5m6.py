@@ -41,7 +41,7 @@ import tilelang  # noqa: F401  (before tvm: it sets up the tvm that tilelang shi
 from tilelang import language as T
 
 from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
-from kernel_src.quant.common import IN_DTYPES, SF_FORMATS, ceil_pow2_exponent, inverse_pow2, pow2
+from kernel_src.quant.common import IN_DTYPES, SF_FORMATS, inverse_pow2, pow2, pow2_scale_exponent
 from kernel_src.quant.token_sf import bf16_amax_into, cta_max, token_sf_tensor
 
 NUM_THREADS = 128
@@ -148,10 +148,8 @@ def build_cast(arch: Arch, in_dtype: str, sf_format: str, aligned: bool) -> Kern
         cta_max(amax, red, tid, num_warps)
 
         clamped = T.max(amax[0], T.float32(AMAX_FLOOR))
-        sf = T.alloc_var(T.float32)
-        sf = clamped / T.float32(E5M6_MAX)
         if packed or round_sf != 0:  # UE8M0 holds powers of two only: the op requires round_sf
-            exponent = ceil_pow2_exponent(sf)
+            exponent = pow2_scale_exponent(clamped, E5M6_MAX)
             multiplier[0] = inverse_pow2(exponent)
             if tid == 0:
                 if packed:
@@ -161,7 +159,7 @@ def build_cast(arch: Arch, in_dtype: str, sf_format: str, aligned: bool) -> Kern
         else:
             multiplier[0] = T.float32(E5M6_MAX) / clamped
             if tid == 0:
-                out_sf[row] = sf
+                out_sf[row] = clamped / T.float32(E5M6_MAX)
 
     @T.macro
     def encode_group(values, i, multiplier, codes, words):

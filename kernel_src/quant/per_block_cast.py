@@ -31,7 +31,7 @@ from tilelang import language as T
 from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
 from kernel_src.quant.addressing import unsigned_wide_mad
 from kernel_src.quant.common import (
-    FORMATS, IN_DTYPES, MODE_CAST, MODE_PRECOMPUTED, MODE_SF_ONLY, SF_FORMATS, ceil_pow2_exponent, e2m1_word, inverse_pow2, pow2,
+    FORMATS, IN_DTYPES, MODE_CAST, MODE_PRECOMPUTED, MODE_SF_ONLY, SF_FORMATS, e2m1_word, inverse_pow2, pow2, pow2_scale_exponent,
 )
 
 NUM_THREADS = 256
@@ -344,12 +344,12 @@ def build(arch: Arch, in_dtype: str, fmt: str, block_m: int, block_k: int, sf_fo
             block_max(tile, amax, 0, red, tid)
 
             clamped = T.max(amax[0], T.float32(floor))
-            sf = clamped / T.float32(fmax)
             if packed or round_sf != 0:  # UE8M0 scale factors are powers of two: the op requires round_sf
-                exponent = ceil_pow2_exponent(sf)
+                exponent = pow2_scale_exponent(clamped, fmax)
                 multiplier = inverse_pow2(exponent)
                 sf = pow2(exponent)
             else:
+                sf = clamped / T.float32(fmax)
                 multiplier = T.float32(fmax) / clamped
             if not packed:
                 if mode == MODE_PRECOMPUTED:
