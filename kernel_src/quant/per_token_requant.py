@@ -67,6 +67,8 @@ def pow2_code_table(shift: int) -> tuple[int, int]:
 # per chunk with UE8M0 scale factors in and out, the factor is 2^shift, shift = -ceil(log2(largest value / 6))
 # for a chunk whose amax sets its scale: 0..3 for a largest value of 6 or 4, 3 or 2, 1.5 or 1, 0.5.
 POW2_CODE_TABLES = [pow2_code_table(shift) for shift in range(4)]
+# A float32 is a power of two (2^(e - 127), normal, positive) exactly when its sign and mantissa bits are all zero.
+FLOAT32_SIGN_AND_MANTISSA = 0x807FFFFF
 
 
 def e2m1_value(magnitude):
@@ -222,7 +224,7 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) 
                             # amax sets its scale (its largest code lands on 4 or 6), whose table is then a constant.
                             factor_bits = T.reinterpret(factor, T.uint32)
                             shift = T.Cast('int32', factor_bits >> T.uint32(23)) - 127
-                            if T.And((factor_bits & T.uint32(0x807FFFFF)) == T.uint32(0), T.And(shift >= 0, shift < len(POW2_CODE_TABLES))):
+                            if T.And((factor_bits & T.uint32(FLOAT32_SIGN_AND_MANTISSA)) == T.uint32(0), T.And(shift >= 0, shift < len(POW2_CODE_TABLES))):
                                 # tables of shifts 0..2 selected over shift 3's (a Python loop: constants by index)
                                 for half, last in enumerate(POW2_CODE_TABLES[-1]):
                                     table[half] = T.uint32(last)
