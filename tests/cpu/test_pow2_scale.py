@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from kernel_src.quant.common import FORMATS, pow2_scale_carry
-from kernel_src.quant.e5m6 import AMAX_FLOOR as E5M6_FLOOR, E5M6_MAX
+from kernel_src.quant.e5m6 import AMAX_FLOOR as E5M6_FLOOR
+from kernel_src.quant.e5m6 import E5M6_MAX
 
 # (max, amax floor) of every format whose scale factors round up to powers of two
 SCALED_FORMATS = {**FORMATS, 'e5m6': (E5M6_MAX, E5M6_FLOOR)}
