@@ -43,6 +43,14 @@ from kernel_src.quant.token_sf import store_token_sf, token_sf_tensor
 E4M3_MAX = 448.0
 
 FWD_THREADS = 256
+# How the persistent forward kernels split a step's work between CTAs. Each CTA used to take adjacent rows (per
+# row) or blocks (flat); dealing the step's rows, or runs of DEAL_WARPS warps' blocks (4 warps: 16 blocks, one row
+# of 2048), out across the CTAs instead (unit k of a step to CTA k mod num_ctas) measured faster for the bf16
+# kernels at 8192 x 2048: per row 28.8-29.1 -> 26.8-27.4 us (6%), flat 28.6-29.3 -> 27.6-28.0 us (3-4%). Runs of 1, 2, 4 and
+# 8 warps measured alike; single blocks (each warp's four blocks 132 apart) gained nothing. fp32 rows measured the same
+# either way, and the fp32 flat kernel (3 CTAs of 256 an SM) 2% slower dealt out, so it keeps adjacent blocks
+# (GPU runs 1-4 of docs/gpu-runs/2026-12-01-h200-d.md).
+DEAL_WARPS = 4
 FWD_ELEMENTS = 16  # flat kernel: elements of each half per thread and step (2 bf16 or 4 fp32 vectors), in one 128-wide block
 # per_row: the flat kernel's step with one row as its block, 2^tpr_log2 adjacent threads of 16 elements each (tpr_log2
 # a run-time argument), so a CTA of row_threads threads (a spec parameter) takes rows of up to 16 * row_threads. bf16
@@ -507,6 +515,16 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool, row_
             negative = T.Cast(T.int32, entry >= TABLE_PER_SIGN)
             silu_table[negative * TABLE_SIGN_WORDS + entry - negative * TABLE_PER_SIGN] = table_silu[k]
 
+    # The flat kernel's blocks of a step: bf16 (the table kernel) deals runs of DEAL_WARPS warps' blocks out across
+    # the CTAs (run k of a step to CTA k mod num_ctas), fp32 gives each CTA the step's adjacent blocks.
+    deal_blocks = DEAL_WARPS * 32 // lanes if table else blocks_per_step
+    assert blocks_per_step % deal_blocks == 0
+
+    def flat_block(step, pid, tid, num_ctas):
+        """The flat kernel's block index of thread tid of CTA pid in step `step`."""
+        return ((step * (blocks_per_step // deal_blocks) + (tid >> lanes_log2) // deal_blocks) * num_ctas + pid) * deal_blocks + (
+            (tid >> lanes_log2) % deal_blocks)
+
     @T.prim_func
     def swiglu_forward(
         x: T.Tensor[(num_rows, width), in_dtype],
@@ -593,7 +611,7 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool, row_
                 # The build (about 150 instructions a thread) would leave the memory system idle: step 0's x
                 # (and its row lookups) are fetched into L2 meanwhile, so that its loads hit L2.
                 if per_row:
-                    first_row = pid * (threads >> tpr_log2) + (tid >> tpr_log2)
+                    first_row = (tid >> tpr_log2) * num_ctas + pid
                     if T.And(num_iters > 0, first_row < num_rows):
                         T.evaluate(T.call_extern('void', 'tk_prefetch_row_step_bf16', x.data, first_row, width, hidden,
                                                  tid & ((1 << tpr_log2) - 1), tpr_log2))
@@ -602,7 +620,7 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool, row_
                         if with_weight != 0:
                             T.evaluate(T.call_extern('void', 'tk_prefetch_l2', pos_to_token_topk.data, first_row))
                 else:
-                    first_blk = pid * blocks_per_step + (tid >> lanes_log2)
+                    first_blk = flat_block(0, pid, tid, num_ctas)
                     first_row = T.Cast(T.int32, (T.Cast(T.int64, first_blk) * row_magic) >> T.Cast(T.int64, row_shift))
                     if T.And(num_iters > 0, first_row < num_rows):
                         first_block = first_blk - first_row * blocks_per_row
@@ -648,10 +666,11 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool, row_
                 # Lookups of step t, issued now and read at the start of the next iteration. Steps past
                 # the last are not live (and their block index is not formed, so it never overflows).
                 if per_row:
-                    # The row is the block: threads >> tpr_log2 rows a CTA and step.
-                    next_row[0] = (T.min(t, num_iters - 1) * num_ctas + pid) * (threads >> tpr_log2) + (tid >> tpr_log2)
+                    # The row is the block: threads >> tpr_log2 rows a CTA and step, dealt out across the CTAs (row
+                    # r of a step's rows to CTA r mod num_ctas; see DEAL_WARPS).
+                    next_row[0] = (T.min(t, num_iters - 1) * (threads >> tpr_log2) + (tid >> tpr_log2)) * num_ctas + pid
                 else:
-                    blk = (T.min(t, num_iters - 1) * num_ctas + pid) * blocks_per_step + (tid >> lanes_log2)
+                    blk = flat_block(T.min(t, num_iters - 1), pid, tid, num_ctas)
                     next_row[0] = T.Cast(T.int32, (T.Cast(T.int64, blk) * row_magic) >> T.Cast(T.int64, row_shift))
                     next_block[0] = blk - next_row[0] * blocks_per_row
                 next_live[0] = T.Cast(T.int32, T.And(t < num_iters, next_row[0] < num_rows))
