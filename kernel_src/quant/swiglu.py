@@ -48,8 +48,11 @@ FWD_THREADS = 256
 # of 2048), out across the CTAs instead (unit k of a step to CTA k mod num_ctas) measured faster for the bf16
 # kernels at 8192 x 2048: per row 28.8-29.1 -> 26.8-27.4 us (6%), flat 28.6-29.3 -> 27.6-28.0 us (3-4%). Runs of 1, 2, 4 and
 # 8 warps measured alike; single blocks (each warp's four blocks 132 apart) gained nothing. fp32 rows measured the same
-# either way, and the fp32 flat kernel (3 CTAs of 256 an SM) 2% slower dealt out, so it keeps adjacent blocks
-# (GPU runs 1-4 of docs/gpu-runs/2026-12-01-h200-d.md).
+# either way, and the fp32 flat kernel (3 CTAs of 256 an SM) 2% slower dealt out, so it keeps adjacent blocks.
+# Dealt out, the flat kernel no longer gains from fetching its next step into L2 while it computes one (which
+# took adjacent blocks from 29.7 to 28.8 us): without that prefetch it went from 27.7-28.1 to 26.1-26.5 us, as the
+# per-row kernel, which never kept its prefetch, measured 1 us slower with it (GPU runs 1-4 and 6 of
+# docs/gpu-runs/2026-12-01-h200-d.md). Both still fetch their first step into L2 while they build the silu table.
 DEAL_WARPS = 4
 FWD_ELEMENTS = 16  # flat kernel: elements of each half per thread and step (2 bf16 or 4 fp32 vectors), in one 128-wide block
 # per_row: the flat kernel's step with one row as its block, 2^tpr_log2 adjacent threads of 16 elements each (tpr_log2
@@ -679,14 +682,6 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool, row_
                         next_expert[0] = pos_to_expert[next_row[0]]
                     if with_weight != 0:
                         next_index[0] = pos_to_token_topk[next_row[0]]
-                if table and not per_row:
-                    # Step t's x into L2 while step t - 1 computes, so that its loads next iteration wait on L2,
-                    # not DRAM, with no registers held for it (two steps ahead, or the per-row kernel, measured no
-                    # faster). A row that pos_to_expert skips is fetched too (its entry is not known yet): padding
-                    # rows, a small share.
-                    if next_live[0] != 0:
-                        T.evaluate(T.call_extern('void', 'tk_prefetch_step_bf16', x.data, next_row[0], width, hidden,
-                                                 next_block[0] * BLOCK + lane * epv))
                 # The SwiGLU of step t - 1.
                 amax[0] = T.float32(0)
                 if live != 0:
