@@ -528,6 +528,11 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool, row_
         return ((step * (blocks_per_step // deal_blocks) + (tid >> lanes_log2) // deal_blocks) * num_ctas + pid) * deal_blocks + (
             (tid >> lanes_log2) % deal_blocks)
 
+    def row_of_step(step, pid, tid, num_ctas, tpr_log2):
+        """The per-row kernel's row of thread tid of CTA pid in step `step`: threads >> tpr_log2 rows a CTA and step,
+        dealt out across the CTAs (row r of a step's rows to CTA r mod num_ctas; see DEAL_WARPS)."""
+        return (step * (threads >> tpr_log2) + (tid >> tpr_log2)) * num_ctas + pid
+
     @T.prim_func
     def swiglu_forward(
         x: T.Tensor[(num_rows, width), in_dtype],
@@ -614,7 +619,7 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool, row_
                 # The build (about 150 instructions a thread) would leave the memory system idle: step 0's x
                 # (and its row lookups) are fetched into L2 meanwhile, so that its loads hit L2.
                 if per_row:
-                    first_row = (tid >> tpr_log2) * num_ctas + pid
+                    first_row = row_of_step(0, pid, tid, num_ctas, tpr_log2)
                     if T.And(num_iters > 0, first_row < num_rows):
                         T.evaluate(T.call_extern('void', 'tk_prefetch_row_step_bf16', x.data, first_row, width, hidden,
                                                  tid & ((1 << tpr_log2) - 1), tpr_log2))
@@ -669,9 +674,7 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool, row_
                 # Lookups of step t, issued now and read at the start of the next iteration. Steps past
                 # the last are not live (and their block index is not formed, so it never overflows).
                 if per_row:
-                    # The row is the block: threads >> tpr_log2 rows a CTA and step, dealt out across the CTAs (row
-                    # r of a step's rows to CTA r mod num_ctas; see DEAL_WARPS).
-                    next_row[0] = (T.min(t, num_iters - 1) * (threads >> tpr_log2) + (tid >> tpr_log2)) * num_ctas + pid
+                    next_row[0] = row_of_step(T.min(t, num_iters - 1), pid, tid, num_ctas, tpr_log2)
                 else:
                     blk = flat_block(T.min(t, num_iters - 1), pid, tid, num_ctas)
                     next_row[0] = T.Cast(T.int32, (T.Cast(T.int64, blk) * row_magic) >> T.Cast(T.int64, row_shift))
