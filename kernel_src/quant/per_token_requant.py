@@ -16,8 +16,13 @@ storages (float32 in any strides, or packed UE8M0 bytes); run time: hidden, the 
 round_sf and the strides. Every access is masked against the buffer dims.
 
 e2m1 input: a chunk's 32 codes hold at most eight magnitudes, so its amax is the value of the largest one and,
-for a finite factor, its output codes come from a table of the eight magnitudes' outputs (see the kernel);
-e4m3 input goes element by element.
+for a finite factor, its output codes come from a table of the eight magnitudes' outputs (see the kernel).
+e4m3 input to e2m1: two elements an instruction in f16 lanes under a power-of-two factor
+(E4M3_TO_E2M1_F16_PRELUDE), else element by element in float32, as e4m3 to e4m3 goes.
+
+The chunk's row, chunk of the row and the scale factors' block indices are int32 locals bound once: pasted as
+expressions, tilelang widened each use to 64 bits before its shifts, and every address took 64-bit shifts and
+multiplies.
 """
 
 import struct
@@ -36,13 +41,14 @@ CHUNK = 32  # logical elements per thread
 # CTAs per SM the register allocation must allow, where it costs no spills. e4m3 to e4m3 took 53 registers
 # unbounded (56 allocated: 9 CTAs, 36 KB of loads in flight per SM, one 32-byte chunk a thread); 48 give 10
 # CTAs and 40 KB, as upstream's kernel (48 registers, 10 CTAs of 4 KB), with packed UE8M0 input scale factors;
-# with float32 ones 48 spill 8 bytes. e4m3 -> e2m1 took 80 registers (6 CTAs, 24 KB); 64 give 8 CTAs without a
-# spill (48 spill). An e2m1 chunk is only 16 bytes, and its table path needs few registers: 16 CTAs (32 registers,
-# the SM's 2048 threads) keep 32 KB in flight, where the 80 registers the per-element path took allowed 6 CTAs
-# and 12 KB.
+# with float32 ones 48 spill 8 bytes. e4m3 -> e2m1 through f16 lanes fits 40 registers (12 CTAs, 48 KB; its
+# rare float32 path goes eight values at a time, and the lanes widen the e4m3 pairs again rather than keep them
+# from the amax): 12 CTAs measured as fast as 10 that keep them (GPU run 2 of docs/gpu-runs/2026-12-01-h200-e.md),
+# 16 spill. An e2m1 chunk is only 16 bytes, and its table path needs few registers: 16 CTAs (32 registers, the
+# SM's 2048 threads) keep 32 KB in flight; 12 measured 2% slower (run 2).
 MIN_BLOCKS = {
     ('e4m3', 'e4m3', 'ue8m0'): 10,
-    **{('e4m3', 'e2m1', sf): 8 for sf in SF_FORMATS},
+    **{('e4m3', 'e2m1', sf): 12 for sf in SF_FORMATS},
     **{('e2m1', fmt, sf): 16 for fmt in FORMATS for sf in SF_FORMATS},
 }
 
@@ -71,6 +77,60 @@ POW2_CODE_TABLES = [pow2_code_table(shift) for shift in range(4)]
 FLOAT32_SIGN_AND_MANTISSA = 0x807FFFFF
 
 
+# e4m3 -> e2m1 under a power-of-two factor, two elements an instruction: e4m3 pairs widen exactly to f16 pairs,
+# q * 2^k is exact in f16 (tiny products round, but stay far below 0.25, the first e2m1 rounding boundary, and keep
+# their sign), and the e2m1 encoder of kernel_src.quant.common (a rounding add on the float's bits) works on f16
+# lanes: s = 2^e + |p| * 2^-9 has the e2m1 step of p's binade on its last mantissa bit, so f16's own
+# round-to-nearest-even rounds p onto the grid and s's bits hold the code (k = mantissa, 0..4; code = k + 2e,
+# from the biased exponent 15 + e as k + 2 (exponent & 3) + 2, mod 8). max.xorsign.abs gives 2^e the sign of
+# p, so s carries it; the output's sign bits come from the e4m3 bytes (PRMT's sign-replicating selectors).
+# About six instructions an element, where the float32 path takes ten. It needs |p| <= 6 (no clamp) and no NaN:
+# the kernel checks both per chunk and otherwise takes the float32 path. tests/cpu/test_requant_f16_e2m1.py
+# checks the encoder against the reference's rounding over every e4m3 value and factor.
+E4M3_TO_E2M1_F16_PRELUDE = """
+__device__ __forceinline__ unsigned tk_e4m3x2_to_f16x2(unsigned two_bytes) {
+  unsigned r;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(r) : "h"((unsigned short)two_bytes));
+  return r;
+}
+// The largest |h| of n f16 pairs, as float32; NaN when any is NaN (the sign bits of the running maximum are
+// meaningless, only its magnitude is kept).
+__device__ __forceinline__ float tk_f16x2_absmax_nan(const unsigned* h, int n) {
+  unsigned m = h[0];
+  #pragma unroll
+  for (int i = 1; i < n; ++i) asm("max.NaN.xorsign.abs.f16x2 %0, %1, %2;" : "=r"(m) : "r"(m), "r"(h[i]));
+  asm("max.NaN.xorsign.abs.f16x2 %0, %1, %2;" : "=r"(m) : "r"(m), "r"(__byte_perm(m, 0, 0x1032)));
+  float r;  // (PTX: the prelude precedes cuda_fp16.h)
+  asm("cvt.f32.f16 %0, %1;" : "=f"(r) : "h"((unsigned short)(m & 0x7fffu)));
+  return r;
+}
+// Eight e2m1 codes (element i in nibble i) of the e4m3 bytes w0 (elements 0-3) and w1 (4-7) times f (a power
+// of two in both f16 halves). The pairs are widened again here rather than kept from the amax: 16 registers
+// fewer, for more CTAs an SM.
+__device__ __forceinline__ unsigned tk_e2m1_word_of_e4m3x8(unsigned w0, unsigned w1, unsigned f) {
+  unsigned c[4];
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    unsigned p, m, s;
+    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(p) : "r"(tk_e4m3x2_to_f16x2((i < 2 ? w0 : w1) >> (16 * (i % 2)))), "r"(f));
+    asm("max.xorsign.abs.f16x2 %0, %1, %2;" : "=r"(m) : "r"(p), "r"(0x3c003c00u));
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(s) : "r"(p), "r"(0x18001800u), "r"(m & 0xfc00fc00u));
+    c[i] = s + ((s >> 9) & 0x00060006u) + 0x00020002u;  // code in bits 0-2 of each half, bit 3 junk, bits 4-7 zero
+  }
+  unsigned b0 = __byte_perm(c[0], c[1], 0x6420), b1 = __byte_perm(c[2], c[3], 0x6420);  // one code a byte
+  b0 += b0 >> 4; b1 += b1 >> 4;  // bytes 0 and 2 hold two codes each
+  const unsigned codes = __byte_perm(b0, b1, 0x6420);
+  // Sign-replicating selectors (bit 3 of a selector nibble): each byte all ones or zeros by an element's sign.
+  // (PTX prmt: __byte_perm drops a selector nibble's bit 3.)
+  unsigned even_signs, odd_signs;
+  asm("prmt.b32 %0, %1, %2, 0xeca8;" : "=r"(even_signs) : "r"(w0), "r"(w1));
+  asm("prmt.b32 %0, %1, %2, 0xfdb9;" : "=r"(odd_signs) : "r"(w0), "r"(w1));
+  const unsigned signs = (even_signs & 0x0f0f0f0fu) | (odd_signs & 0xf0f0f0f0u);
+  return (codes & 0x77777777u) | (signs & 0x88888888u);
+}
+"""
+
+
 def e2m1_value(magnitude):
     """float32 value of an e2m1 magnitude code 0..7: m / 2 below 2, else 2^(m / 2 - 1) * (1 + (m & 1) / 2),
     whose float32 bits are (m + 252) << 22 (exponent 126 + m / 2, the odd codes' mantissa bit at 22)."""
@@ -90,6 +150,7 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) 
     in_packed, packed = in_sf_format == 'ue8m0', sf_format == 'ue8m0'
     fmax, floor = FORMATS[fmt]
     in_bytes = CHUNK // 2 if in_fp4 else CHUNK
+    f16_path = not in_fp4 and out_fp4  # E4M3_TO_E2M1_F16_PRELUDE
     out_bytes = CHUNK // 2 if out_fp4 else CHUNK
 
     num_tokens = T.dynamic('num_tokens')
@@ -126,6 +187,15 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) 
                 table[half] = table[half] | ((e2m1_top_nibble(outputs[4 * half + i]) >> T.uint32(28)) << T.uint32(8 * i))
 
     @T.macro
+    def amax_of_values(data, values, amax):
+        """values = the float32 of the e4m3 chunk, amax[0] = their largest magnitude (NaNs skipped)."""
+        for e in T.vectorized(CHUNK):
+            values[e] = T.Cast('float32', data[e])
+        amax[0] = T.float32(0)
+        for e in T.unroll(CHUNK):
+            amax[0] = T.max(amax[0], T.abs(values[e]))
+
+    @T.macro
     def encode_one_by_one(values, factor, codes):
         """codes of values * factor, element by element."""
         for e in T.unroll(CHUNK):
@@ -147,7 +217,8 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) 
         in_block_k_log2: T.int32,
         round_sf: T.int32,
     ):
-        with T.Kernel(T.ceildiv(num_tokens * chunks_per_row, NUM_THREADS), threads=NUM_THREADS) as pid:
+        with T.Kernel(T.ceildiv(num_tokens * chunks_per_row, NUM_THREADS), threads=NUM_THREADS,
+                      prelude=E4M3_TO_E2M1_F16_PRELUDE if f16_path else '') as pid:
             T.assume(in_width % in_bytes == 0)
             T.assume(row_stride % 16 == 0)
             if (in_fmt, fmt, in_sf_format) in MIN_BLOCKS:
@@ -159,17 +230,29 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) 
             amax = T.alloc_local((1,), T.float32)
             sf = T.alloc_local((1,), T.float32)
             multiplier = T.alloc_local((1,), T.float32)
+            # Bound once (locals, not expressions pasted at each use): every address below derives from them.
+            c = T.alloc_var(T.int32)
+            row = T.alloc_var(T.int32)
+            chunk = T.alloc_var(T.int32)  # of the row; a variable of chunks, not elements, so that the
+            # vectoriser still sees every column a multiple of CHUNK
+            active = T.alloc_var(T.bool)
             c = pid * NUM_THREADS + tid
             row = T.Cast('int32', (T.Cast('uint64', T.Cast('uint32', c)) * T.Cast('uint64', T.Cast('uint32', row_magic))) >> T.Cast('uint64', row_shift))
-            col = (c - row * chunks_per_row) * CHUNK
+            chunk = c - row * chunks_per_row
+            col = chunk * CHUNK
             active = T.And(row < num_tokens, col < hidden)
+            # int32 variables too, so that the scale factors' addresses widen to 64 bits only at the end.
+            in_row = T.alloc_var(T.int32)
+            in_block = T.alloc_var(T.int32)
+            block = T.alloc_var(T.int32)
             in_row = row >> in_block_m_log2
             in_block = col >> in_block_k_log2
+            block = col >> npc_log2
 
             scale[0] = T.float32(0)
             if active:
                 for e in T.vectorized(in_bytes):
-                    data[e] = x[row, (col // 2 if in_fp4 else col) + e]
+                    data[e] = x[row, chunk * in_bytes + e]
                 if in_packed:
                     if (in_block >> 2) < num_in_sf_words and in_row * 4 < in_sf_row_bytes:
                         scale[0] = T.reinterpret(T.Cast('uint32', x_sf[in_block >> 2, in_row * 4 + (in_block & 3)]) << T.uint32(23), T.float32)
@@ -187,12 +270,20 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) 
                 largest = T.alloc_var(T.int32)
                 largest = largest_magnitude([magnitudes[w] for w in range(in_bytes // 4)])
                 amax[0] = e2m1_value(largest)
+            elif f16_path:
+                words = T.view(data, (CHUNK // 4,), T.uint32)
+                halves = T.alloc_local((CHUNK // 2,), T.uint32)  # f16 pairs
+                for i in T.unroll(CHUNK // 2):
+                    halves[i] = T.call_extern('uint32', 'tk_e4m3x2_to_f16x2', words[i // 2] >> T.uint32(16 * (i % 2)))
+                chunk_amax = T.alloc_var(T.float32)
+                chunk_amax = T.call_extern('float32', 'tk_f16x2_absmax_nan', T.address_of(halves[0]), CHUNK // 2)
+                amax[0] = chunk_amax
+                if T.isnan(chunk_amax):  # the reference's maximum skips NaNs (no values array: see the float32 path below)
+                    amax[0] = T.float32(0)
+                    for e in T.unroll(CHUNK):
+                        amax[0] = T.max(amax[0], T.abs(T.Cast('float32', data[e])))
             else:
-                for e in T.vectorized(CHUNK):
-                    values[e] = T.Cast('float32', data[e])
-                amax[0] = T.float32(0)
-                for e in T.unroll(CHUNK):
-                    amax[0] = T.max(amax[0], T.abs(values[e]))
+                amax_of_values(data, values, amax)
             amax[0] = amax[0] * scale[0]
             for s in T.unroll(2):  # blocks of 64 or 128 elements span 2 or 4 lanes
                 if s < npc_log2 - 5:
@@ -201,7 +292,6 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) 
             factor = T.alloc_var(T.float32)
             factor = scale[0] * multiplier[0]
 
-            block = col >> npc_log2
             if active and (tid & ((1 << (npc_log2 - 5)) - 1)) == 0:
                 store_token_sf(out_sf, packed, row, block, sf[0], (block + 1) << npc_log2 >= hidden, num_sf_blocks, num_sf_words)
             codes = T.alloc_local((out_bytes // 4,), T.uint32)
@@ -219,19 +309,17 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) 
                         outputs[m] = T.float32(value) * factor
                     table = T.alloc_local((2,), T.uint32)
                     if out_fp4:
-                        if in_packed and packed:
-                            # Both scale factors UE8M0: the factor is 2^shift, and shift 0..3 is every chunk whose own
-                            # amax sets its scale (its largest code lands on 4 or 6), whose table is then a constant.
-                            factor_bits = T.reinterpret(factor, T.uint32)
-                            shift = T.Cast('int32', factor_bits >> T.uint32(23)) - 127
-                            if T.And((factor_bits & T.uint32(FLOAT32_SIGN_AND_MANTISSA)) == T.uint32(0), T.And(shift >= 0, shift < len(POW2_CODE_TABLES))):
-                                # tables of shifts 0..2 selected over shift 3's (a Python loop: constants by index)
-                                for half, last in enumerate(POW2_CODE_TABLES[-1]):
-                                    table[half] = T.uint32(last)
-                                    for k, words_k in enumerate(POW2_CODE_TABLES[:-1]):
-                                        table[half] = T.Select(shift == k, T.uint32(words_k[half]), table[half])
-                            else:
-                                encode_table(outputs, table)
+                        # A power-of-two factor 2^shift (both scale factors powers of two: UE8M0, or float32 from
+                        # round_sf casts) with shift 0..3, which is every chunk whose own amax sets its scale (its
+                        # largest code lands on 4 or 6), has a constant table; any other factor encodes its own.
+                        factor_bits = T.reinterpret(factor, T.uint32)
+                        shift = T.Cast('int32', factor_bits >> T.uint32(23)) - 127
+                        if T.And((factor_bits & T.uint32(FLOAT32_SIGN_AND_MANTISSA)) == T.uint32(0), T.And(shift >= 0, shift < len(POW2_CODE_TABLES))):
+                            # tables of shifts 0..2 selected over shift 3's (a Python loop: constants by index)
+                            for half, last in enumerate(POW2_CODE_TABLES[-1]):
+                                table[half] = T.uint32(last)
+                                for k, words_k in enumerate(POW2_CODE_TABLES[:-1]):
+                                    table[half] = T.Select(shift == k, T.uint32(words_k[half]), table[half])
                         else:
                             encode_table(outputs, table)
                         for w in T.unroll(in_bytes // 4):
@@ -258,12 +346,31 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) 
                         for e in T.vectorized(8):
                             values[8 * w + e] = T.Cast('float32', decoded[e]) * factor
                         encode_word(values, w, codes)
+            elif f16_path:
+                factor_bits = T.reinterpret(factor, T.uint32)
+                factor_exponent = T.Cast('int32', factor_bits >> T.uint32(23))
+                # A power of two in f16's normal range, no NaN in the chunk, and every product within 6.
+                if T.And(T.And((factor_bits & T.uint32(FLOAT32_SIGN_AND_MANTISSA)) == T.uint32(0), T.And(factor_exponent >= 127 - 14, factor_exponent <= 127 + 15)),
+                         T.And(chunk_amax * factor <= T.float32(6), T.Not(T.isnan(chunk_amax)))):
+                    f16_exponent = T.Cast('uint32', factor_exponent - (127 - 15)) << T.uint32(10)
+                    factor_pair = f16_exponent | (f16_exponent << T.uint32(16))
+                    for w in T.unroll(CHUNK // 8):
+                        codes[w] = T.call_extern('uint32', 'tk_e2m1_word_of_e4m3x8', words[2 * w], words[2 * w + 1], factor_pair)
+                else:
+                    # Word by word, eight values live at a time, so that this rare path does not set the register
+                    # count (and so the CTAs per SM) of the f16 one.
+                    for w in T.unroll(CHUNK // 8):
+                        for e in T.vectorized(8):
+                            values[8 * w + e] = T.Cast('float32', data[8 * w + e])
+                        for e in T.unroll(8):
+                            values[8 * w + e] = values[8 * w + e] * factor
+                        encode_word(values, w, codes)
             else:
                 encode_one_by_one(values, factor, codes)
             code_bytes = T.view(codes, (out_bytes,), out_dtype)
             if active:
                 for e in T.vectorized(out_bytes):
-                    out[row, (col // 2 if out_fp4 else col) + e] = code_bytes[e]
+                    out[row, chunk * out_bytes + e] = code_bytes[e]
 
     return KernelProgram(per_token_requant, alignment={'x': 16, 'x_sf': 1 if in_packed else 4, 'out': 16, 'out_sf': 1 if packed else 4})
 

@@ -1,0 +1,130 @@
+"""per_token_requant's e4m3 -> e2m1 path in f16 lanes (E4M3_TO_E2M1_F16_PRELUDE) against the reference's
+e2m1 rounding, bit for bit.
+
+`e2m1_word_of_f16x2` replays tk_e2m1_word_of_f16x2 one instruction at a time on 32-bit words: f16 lanes
+rounded to nearest even (struct's half packing rounds so, subnormals included), __byte_perm with its
+sign-replicating selectors, the 32-bit adds and shifts whose carries must stay inside their lanes. The test
+feeds it every e4m3 value (NaNs aside: the kernel sends a chunk with a NaN down the float32 path) under every
+power-of-two factor in f16's normal range whose products stay within 6, the kernel's condition for this path.
+GPU tests compare the kernel itself with the reference.
+"""
+
+from __future__ import annotations
+
+import random
+import struct
+
+import pytest
+import torch
+
+from tile_kernels_aot.reference.cast import e2m1_codes
+
+pytest.importorskip('kernel_src.quant.per_token_requant')  # the prelude is build-time code
+
+MASK32 = 0xFFFFFFFF
+
+
+def half_value(bits: int) -> float:
+    return struct.unpack('<e', struct.pack('<H', bits))[0]
+
+
+def half_bits(value: float) -> int:
+    """The f16 nearest to the exact double `value` (ties to even), as the GPU's .rn f16 arithmetic rounds."""
+    return struct.unpack('<H', struct.pack('<e', value))[0]
+
+
+def lanes(word: int) -> tuple[int, int]:
+    return word & 0xFFFF, word >> 16
+
+
+def pair(low: int, high: int) -> int:
+    return low | (high << 16)
+
+
+def mul(a: int, b: int) -> int:  # mul.rn.f16x2: the exact product rounded once
+    return pair(*(half_bits(half_value(x) * half_value(y)) for x, y in zip(lanes(a), lanes(b))))
+
+
+def max_xorsign_abs(a: int, b: int) -> int:  # max.xorsign.abs.f16x2 (no NaNs here)
+    def lane(x, y):
+        magnitude = half_bits(max(abs(half_value(x)), abs(half_value(y))))
+        return magnitude | ((x ^ y) & 0x8000)
+    return pair(*(lane(x, y) for x, y in zip(lanes(a), lanes(b))))
+
+
+def fma(a: int, b: int, c: int) -> int:  # fma.rn.f16x2: a * b + c is exact in a double here, then rounded once
+    return pair(*(half_bits(half_value(x) * half_value(y) + half_value(z)) for x, y, z in zip(lanes(a), lanes(b), lanes(c))))
+
+
+def byte_perm(x: int, y: int, selector: int) -> int:
+    """PTX prmt.b32: byte i of the result is byte (s & 7) of [x, y] for s = selector nibble i, or (s & 8) that
+    byte's sign bit replicated over all eight bits (__byte_perm, which the kernels use elsewhere, has only
+    the first form)."""
+    source = (x | (y << 32)).to_bytes(8, 'little')
+    out = 0
+    for i in range(4):
+        s = (selector >> (4 * i)) & 0xF
+        byte = source[s & 7]
+        if s & 8:
+            byte = 0xFF if byte & 0x80 else 0
+        out |= byte << (8 * i)
+    return out
+
+
+def e2m1_word_of_f16x2(h: list[int], f: int, w0: int, w1: int) -> int:
+    c = []
+    for i in range(4):
+        p = mul(h[i], f)
+        m = max_xorsign_abs(p, 0x3C003C00)
+        s = fma(p, 0x18001800, m & 0xFC00FC00)
+        c.append((s + ((s >> 9) & 0x00060006) + 0x00020002) & MASK32)
+    b0, b1 = byte_perm(c[0], c[1], 0x6420), byte_perm(c[2], c[3], 0x6420)
+    b0, b1 = (b0 + (b0 >> 4)) & MASK32, (b1 + (b1 >> 4)) & MASK32
+    codes = byte_perm(b0, b1, 0x6420)
+    signs = (byte_perm(w0, w1, 0xECA8) & 0x0F0F0F0F) | (byte_perm(w0, w1, 0xFDB9) & 0xF0F0F0F0)
+    return (codes & 0x77777777) | (signs & 0x88888888)
+
+
+E4M3_VALUES = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn).float().tolist()
+
+
+def kernel_word(codes: list[int], k: int) -> int:
+    """The word the kernel's helper gives for eight e4m3 bytes under the factor 2^k (f16 pairs as
+    tk_e4m3x2_to_f16x2 widens them: element 2i in the low lane of h[i])."""
+    h = [pair(half_bits(E4M3_VALUES[codes[2 * i]]), half_bits(E4M3_VALUES[codes[2 * i + 1]])) for i in range(4)]
+    f16_power = (k + 15) << 10
+    w0 = int.from_bytes(bytes(codes[:4]), 'little')
+    w1 = int.from_bytes(bytes(codes[4:]), 'little')
+    return e2m1_word_of_f16x2(h, pair(f16_power, f16_power), w0, w1)
+
+
+def reference_word(codes: list[int], k: int) -> int:
+    products = torch.tensor([E4M3_VALUES[c] for c in codes], dtype=torch.float32) * torch.tensor(2.0**k)
+    nibbles = e2m1_codes(products).tolist()
+    return sum(int(n) << (4 * i) for i, n in enumerate(nibbles))
+
+
+@pytest.mark.parametrize('k', range(-14, 16))
+def test_every_e4m3_value_under_every_power_of_two(k):
+    usable = [c for c in range(256) if c & 0x7F != 0x7F and abs(E4M3_VALUES[c]) * 2.0**k <= 6]
+    assert usable, 'every factor leaves at least the zeros'
+    rng = random.Random(k)
+    words = [usable[i:i + 8] for i in range(0, len(usable), 8)]  # each value once, in order
+    words += [rng.sample(usable, 8) if len(usable) >= 8 else rng.choices(usable, k=8) for _ in range(64)]
+    for codes in words:
+        codes = (codes + usable[:8 - len(codes)] * 8)[:8]
+        assert kernel_word(codes, k) == reference_word(codes, k), (k, [hex(c) for c in codes])
+
+
+def test_ties_and_boundaries():
+    """Products exactly on the e2m1 values and on each midpoint (0.25, 0.75, ..., 5), both signs, and the
+    products of e4m3's smallest values (subnormal in f16 under the smallest factors, where they must round
+    to a signed zero)."""
+    for k in range(-14, 16):
+        exact = [c for c in range(256) if c & 0x7F != 0x7F and abs(E4M3_VALUES[c]) * 2.0**k in
+                 (0.25, 0.5, 0.75, 1, 1.25, 1.5, 1.75, 2, 2.5, 3, 3.5, 4, 5, 6)]
+        smallest = [c for c in (0x01, 0x81, 0x02, 0x82, 0x08, 0x88) if abs(E4M3_VALUES[c]) * 2.0**k <= 6]
+        pool = exact + smallest + [0x00, 0x80]
+        for i in range(0, len(pool), 8):
+            codes = (pool[i:i + 8] + [0x00, 0x80] * 4)[:8]
+            assert kernel_word(codes, k) == reference_word(codes, k), (k, [hex(c) for c in codes])
