@@ -30,6 +30,25 @@ def byte_perm(low, high, selector):
     return T.call_extern('uint32', '__byte_perm', low, high, selector)
 
 
+# PTX prmt.b32 as it is: __byte_perm clears bit 3 of each selector nibble first (PRMT's sign-replicating bit), one
+# LOP3 a lookup whose selector nvcc cannot prove clean, i.e. every selector shifted out of a code word. With the
+# magnitudes masked once per word (word & CODE_MAGNITUDES, whose nibbles and their shifts have bit 3 clear), the
+# lookups below take no mask of their own. A kernel using prmt() puts PRMT_PRELUDE in its prelude.
+PRMT_PRELUDE = """
+__device__ __forceinline__ unsigned tk_prmt(unsigned low, unsigned high, unsigned selector) {
+  unsigned r;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(low), "r"(high), "r"(selector));
+  return r;
+}
+"""
+
+
+def prmt(low, high, selector):
+    """PRMT of PRMT_PRELUDE: byte i of the result is byte s & 7 of [low, high] for s = (selector >> 4 i) & 15, or
+    with s & 8 that byte's bit 7 replicated; callers pass selectors whose nibbles have bit 3 clear."""
+    return T.call_extern('uint32', 'tk_prmt', low, high, selector)
+
+
 def table_word(byte_values) -> int:
     """The uint32 holding four table bytes, the first in the low byte."""
     return sum(b << (8 * i) for i, b in enumerate(byte_values))
@@ -49,24 +68,26 @@ def table_bytes_of_codes(word, magnitudes, table_low, table_high, half):
 def e2m1_word_through_table(word, magnitudes, codes_low, codes_high):
     """uint32 of eight e2m1 codes: nibble i is table[magnitude of nibble i of `word`] with its sign bit
     flipped where nibble i is negative, for a table of eight codes (0..15) whose bytes 0..3 are codes_low
-    and 4..7 codes_high (magnitudes = word & CODE_MAGNITUDES). Twelve instructions for eight codes.
+    and 4..7 codes_high (magnitudes = word & CODE_MAGNITUDES; needs PRMT_PRELUDE). Five permutes, three
+    shifts and a LOP3 on the integer pipe and two multiply-adds on the FMA pipe for eight codes, where OR-ing
+    lookups in a table shifted up a nibble took the integer pipe twelve to fourteen.
 
-    Four lookups: the codes of nibbles 0-3 and 4-7 as they are (a code in the low half of each byte), and
-    of nibbles 1-4 and 5-7 from the table shifted up a nibble; OR-ing the pairs puts the codes of nibbles
-    2k and 2k + 1 in one byte (bytes 0 and 2 of each), and one permute gathers those four bytes."""
-    shifted_low, shifted_high = codes_low << T.uint32(4), codes_high << T.uint32(4)
-    first = byte_perm(codes_low, codes_high, magnitudes) | byte_perm(shifted_low, shifted_high, magnitudes >> T.uint32(4))
-    second = byte_perm(codes_low, codes_high, magnitudes >> T.uint32(16)) | byte_perm(shifted_low, shifted_high, magnitudes >> T.uint32(20))
+    Four lookups: the codes of nibbles 0-3, 1-4, 4-7 and 5-7, each in the low half of its byte; the second of
+    each pair times 16 plus the first (one IMAD, on the FMA pipe: the halves do not overlap) puts the codes of
+    nibbles 2k and 2k + 1 in one byte (bytes 0 and 2 of each), and one permute gathers those four bytes."""
+    first = prmt(codes_low, codes_high, magnitudes >> T.uint32(4)) * T.uint32(16) + prmt(codes_low, codes_high, magnitudes)
+    second = prmt(codes_low, codes_high, magnitudes >> T.uint32(20)) * T.uint32(16) + prmt(codes_low, codes_high, magnitudes >> T.uint32(16))
     return byte_perm(first, second, T.uint32(0x6420)) ^ (word & T.uint32(CODE_SIGNS))
 
 
 def largest_magnitude(magnitude_words):
-    """int32 0..7: the largest e2m1 magnitude among the nibbles of the given words (each word & CODE_MAGNITUDES):
-    a byte with bit m set for each magnitude m present, by one lookup per four codes, then its top bit."""
+    """int32 0..7: the largest e2m1 magnitude among the nibbles of the given words (each word & CODE_MAGNITUDES;
+    needs PRMT_PRELUDE): a byte with bit m set for each magnitude m present, by one lookup per four codes, then
+    its top bit."""
     present = None
     for magnitudes in magnitude_words:
         for half in range(2):
-            bits = byte_perm(T.uint32(PRESENCE_LOW), T.uint32(PRESENCE_HIGH), magnitudes >> T.uint32(16 * half))
+            bits = prmt(T.uint32(PRESENCE_LOW), T.uint32(PRESENCE_HIGH), magnitudes >> T.uint32(16 * half))
             present = bits if present is None else present | bits
     top_bit = lambda byte: T.int32(31) - T.call_extern('int32', '__clz', T.Cast('int32', byte))  # noqa: E731
     return let('present', 'uint32', present, lambda p: let(

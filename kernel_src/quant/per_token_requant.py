@@ -32,7 +32,7 @@ from tilelang import language as T
 from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
 from kernel_src.quant.common import FLOAT32_EXPONENT_MASK, FORMATS, SF_FORMATS, block_scale, e2m1_top_nibble, e2m1_word
 from kernel_src.quant.nibbles import (
-    CODE_MAGNITUDES, byte_perm, e2m1_word_through_table, largest_magnitude, table_bytes_of_codes, table_word,
+    CODE_MAGNITUDES, PRMT_PRELUDE, byte_perm, e2m1_word_through_table, largest_magnitude, prmt, table_bytes_of_codes, table_word,
 )
 from kernel_src.quant.token_sf import store_token_sf, token_sf_tensor
 
@@ -75,6 +75,13 @@ def pow2_code_table(shift: int) -> tuple[int, int]:
 # per chunk with UE8M0 scale factors in and out, the factor is 2^shift, shift = -ceil(log2(largest value / 6))
 # for a chunk whose amax sets its scale: 0..3 for a largest value of 6 or 4, 3 or 2, 1.5 or 1, 0.5.
 POW2_CODE_TABLES = [pow2_code_table(shift) for shift in range(4)]
+# ... picked by shift without compares: every code is 0..7, so table word `half` of shift s is a permute of the
+# identity bytes 0..7 whose selector nibbles are the codes themselves, and the four shifts' selectors (16 bits
+# each, all a permute reads) sit side by side in one 64-bit constant, shifted right by 16 s.
+IDENTITY_BYTES = (table_word(range(4)), table_word(range(4, 8)))
+POW2_TABLE_SELECTORS = tuple(
+    sum(sum(((tables[half] >> (8 * i)) & 0xFF) << (4 * i) for i in range(4)) << (16 * s) for s, tables in enumerate(POW2_CODE_TABLES))
+    for half in range(2))
 # A float32 is a power of two (2^(e - 127), normal, positive) exactly when its sign and mantissa bits are all zero.
 FLOAT32_SIGN_AND_MANTISSA = 0x807FFFFF
 
@@ -220,7 +227,7 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) 
         round_sf: T.int32,
     ):
         with T.Kernel(T.ceildiv(num_tokens * chunks_per_row, NUM_THREADS), threads=NUM_THREADS,
-                      prelude=E4M3_TO_E2M1_F16_PRELUDE if f16_path else '') as pid:
+                      prelude=E4M3_TO_E2M1_F16_PRELUDE if f16_path else PRMT_PRELUDE if in_fp4 else '') as pid:
             T.assume(in_width % in_bytes == 0)
             T.assume(row_stride % 16 == 0)
             if (in_fmt, fmt, in_sf_format) in MIN_BLOCKS:
@@ -317,11 +324,9 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) 
                         factor_bits = T.reinterpret(factor, T.uint32)
                         shift = T.Cast('int32', factor_bits >> T.uint32(23)) - 127
                         if T.And((factor_bits & T.uint32(FLOAT32_SIGN_AND_MANTISSA)) == T.uint32(0), T.And(shift >= 0, shift < len(POW2_CODE_TABLES))):
-                            # tables of shifts 0..2 selected over shift 3's (a Python loop: constants by index)
-                            for half, last in enumerate(POW2_CODE_TABLES[-1]):
-                                table[half] = T.uint32(last)
-                                for k, words_k in enumerate(POW2_CODE_TABLES[:-1]):
-                                    table[half] = T.Select(shift == k, T.uint32(words_k[half]), table[half])
+                            for half, all_selectors in enumerate(POW2_TABLE_SELECTORS):  # (a Python loop: constants by index)
+                                selectors = T.Cast('uint32', T.uint64(all_selectors) >> T.Cast('uint64', shift * 16))
+                                table[half] = prmt(T.uint32(IDENTITY_BYTES[0]), T.uint32(IDENTITY_BYTES[1]), selectors)
                         else:
                             encode_table(outputs, table)
                         for w in T.unroll(in_bytes // 4):

@@ -89,14 +89,28 @@ def test_requant_e2m1_word_through_table(seed):
     codes_low, codes_high = (nibbles.table_word(int(c) for c in table[4 * h:4 * h + 4]) for h in range(2))
     words = torch.cat([every_group_of_four_codes(), random_words()])
     magnitudes = words & nibbles.CODE_MAGNITUDES
-    shifted_low, shifted_high = (codes_low << 4) & 0xFFFFFFFF, (codes_high << 4) & 0xFFFFFFFF
-    first = byte_perm(torch.full_like(words, codes_low), codes_high, magnitudes) | byte_perm(torch.full_like(words, shifted_low), shifted_high, magnitudes >> 4)
-    second = byte_perm(torch.full_like(words, codes_low), codes_high, magnitudes >> 16) | byte_perm(torch.full_like(words, shifted_low), shifted_high, magnitudes >> 20)
+    # (prmt's selectors here have bit 3 of every nibble clear, so byte_perm models it)
+    assert not ((magnitudes | (magnitudes >> 4) | (magnitudes >> 16) | (magnitudes >> 20)) & 0x8888).any()
+    lookup = lambda selectors: byte_perm(torch.full_like(words, codes_low), codes_high, selectors)  # noqa: E731
+    first = (lookup(magnitudes >> 4) * 16 + lookup(magnitudes)) & 0xFFFFFFFF
+    second = (lookup(magnitudes >> 20) * 16 + lookup(magnitudes >> 16)) & 0xFFFFFFFF
     got = byte_perm(first, second, 0x6420) ^ (words & nibbles.CODE_SIGNS)
     inputs = codes_of(words)
     want_codes = table[inputs & 7] ^ (inputs & 8)
     want = sum(want_codes[:, i] << (4 * i) for i in range(8))
     assert torch.equal(got, want)
+
+
+def test_requant_pow2_tables_by_selector():
+    """The constant e2m1 -> e2m1 tables of shifts 0..3 as the kernel picks them: the identity bytes permuted by
+    the 64-bit selector constant shifted right by 16 * shift (a permute reads the low 16 bits)."""
+    for shift, tables in enumerate(requant.POW2_CODE_TABLES):
+        for half, all_selectors in enumerate(requant.POW2_TABLE_SELECTORS):
+            selectors = (all_selectors >> (16 * shift)) & 0xFFFFFFFF
+            assert not selectors & 0x8888  # prmt, not __byte_perm: bit 3 clear
+            got = byte_perm(torch.tensor([requant.IDENTITY_BYTES[0]]), requant.IDENTITY_BYTES[1], selectors).item()
+            assert got == tables[half], (shift, half)
+        assert tables == requant.pow2_code_table(shift)
 
 
 def test_requant_largest_magnitude():
