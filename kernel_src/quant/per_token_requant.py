@@ -72,8 +72,9 @@ def pow2_code_table(shift: int) -> tuple[int, int]:
     return table_word(codes[:4]), table_word(codes[4:])
 
 
-# per chunk with UE8M0 scale factors in and out, the factor is 2^shift, shift = -ceil(log2(largest value / 6))
-# for a chunk whose amax sets its scale: 0..3 for a largest value of 6 or 4, 3 or 2, 1.5 or 1, 0.5.
+# per chunk with power-of-two scale factors in and out (UE8M0, or float32 ones from round_sf casts), the factor is
+# 2^shift, shift = -ceil(log2(largest value / 6)) for a chunk whose amax sets its scale: 0..3 for a largest value
+# of 6 or 4, 3 or 2, 1.5 or 1, 0.5.
 POW2_CODE_TABLES = [pow2_code_table(shift) for shift in range(4)]
 # ... picked by shift without compares: every code is 0..7, so table word `half` of shift s is a permute of the
 # identity bytes 0..7 whose selector nibbles are the codes themselves, and the four shifts' selectors (16 bits
