@@ -91,7 +91,7 @@ def test_requant_e2m1_word_through_table(seed):
     magnitudes = words & nibbles.CODE_MAGNITUDES
     # (prmt's selectors here have bit 3 of every nibble clear, so byte_perm models it)
     assert not ((magnitudes | (magnitudes >> 4) | (magnitudes >> 16) | (magnitudes >> 20)) & 0x8888).any()
-    lookup = lambda selectors: byte_perm(torch.full_like(words, codes_low), codes_high, selectors)  # noqa: E731
+    lookup = lambda selectors: byte_perm(torch.full_like(words, codes_low), codes_high, selectors)
     first = (lookup(magnitudes >> 4) * 16 + lookup(magnitudes)) & 0xFFFFFFFF
     second = (lookup(magnitudes >> 20) * 16 + lookup(magnitudes >> 16)) & 0xFFFFFFFF
     got = byte_perm(first, second, 0x6420) ^ (words & nibbles.CODE_SIGNS)
