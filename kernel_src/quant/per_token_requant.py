@@ -30,7 +30,7 @@ import struct
 from tilelang import language as T
 
 from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
-from kernel_src.quant.common import FLOAT32_EXPONENT_MASK, FORMATS, SF_FORMATS, block_scale, e2m1_top_nibble, e2m1_word
+from kernel_src.quant.common import FLOAT32_EXPONENT_MASK, FORMATS, SF_FORMATS, block_scale, e2m1_top_nibble, e2m1_word, let
 from kernel_src.quant.nibbles import (
     CODE_MAGNITUDES, PRMT_PRELUDE, byte_perm, e2m1_word_through_table, largest_magnitude, prmt, table_bytes_of_codes, table_word,
 )
@@ -93,7 +93,8 @@ FLOAT32_SIGN_AND_MANTISSA = 0x807FFFFF
 # lanes: s = 2^e + |p| * 2^-9 has the e2m1 step of p's binade on its last mantissa bit, so f16's own
 # round-to-nearest-even rounds p onto the grid and s's bits hold the code (k = mantissa, 0..4; code = k + 2e,
 # from the biased exponent 15 + e as k + 2 (exponent & 3) + 2, mod 8). max.xorsign.abs gives 2^e the sign of
-# p, so s carries it; the output's sign bits come from the e4m3 bytes (PRMT's sign-replicating selectors).
+# p, so s carries it; the output's sign bits come from the e4m3 bytes (PRMT's sign-replicating selectors, through
+# PRMT_PRELUDE's tk_prmt, which a kernel includes before this prelude).
 # About six instructions an element, where the float32 path takes ten. It needs |p| <= 6 (no clamp) and no NaN:
 # the kernel checks both per chunk and otherwise takes the float32 path. tests/cpu/test_requant_f16_e2m1.py
 # checks the encoder against the reference's rounding over every e4m3 value and factor.
@@ -130,15 +131,20 @@ __device__ __forceinline__ unsigned tk_e2m1_word_of_e4m3x8(unsigned w0, unsigned
   unsigned b0 = __byte_perm(c[0], c[1], 0x6420), b1 = __byte_perm(c[2], c[3], 0x6420);  // one code a byte
   b0 += b0 >> 4; b1 += b1 >> 4;  // bytes 0 and 2 hold two codes each
   const unsigned codes = __byte_perm(b0, b1, 0x6420);
-  // Sign-replicating selectors (bit 3 of a selector nibble): each byte all ones or zeros by an element's sign.
-  // (PTX prmt: __byte_perm drops a selector nibble's bit 3.)
-  unsigned even_signs, odd_signs;
-  asm("prmt.b32 %0, %1, %2, 0xeca8;" : "=r"(even_signs) : "r"(w0), "r"(w1));
-  asm("prmt.b32 %0, %1, %2, 0xfdb9;" : "=r"(odd_signs) : "r"(w0), "r"(w1));
-  const unsigned signs = (even_signs & 0x0f0f0f0fu) | (odd_signs & 0xf0f0f0f0u);
+  // Sign-replicating selectors (bit 3 of a selector nibble, which __byte_perm drops): each byte all ones or
+  // zeros by an element's sign.
+  const unsigned signs = (tk_prmt(w0, w1, 0xeca8u) & 0x0f0f0f0fu) | (tk_prmt(w0, w1, 0xfdb9u) & 0xf0f0f0f0u);
   return (codes & 0x77777777u) | (signs & 0x88888888u);
 }
 """
+
+
+def power_of_two_between(factor, low: int, high: int):
+    """Whether float32 `factor` is 2^k for an integer k in [low, high] (normal and positive: its sign and mantissa
+    bits clear)."""
+    return let('factor_bits', 'uint32', T.reinterpret(factor, T.uint32), lambda bits: T.And(
+        (bits & T.uint32(FLOAT32_SIGN_AND_MANTISSA)) == T.uint32(0),
+        T.And(T.Cast('int32', bits >> T.uint32(23)) >= 127 + low, T.Cast('int32', bits >> T.uint32(23)) <= 127 + high)))
 
 
 def e2m1_value(magnitude):
@@ -228,7 +234,7 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) 
         round_sf: T.int32,
     ):
         with T.Kernel(T.ceildiv(num_tokens * chunks_per_row, NUM_THREADS), threads=NUM_THREADS,
-                      prelude=E4M3_TO_E2M1_F16_PRELUDE if f16_path else PRMT_PRELUDE if in_fp4 else '') as pid:
+                      prelude=PRMT_PRELUDE + E4M3_TO_E2M1_F16_PRELUDE if f16_path else PRMT_PRELUDE if in_fp4 else '') as pid:
             T.assume(in_width % in_bytes == 0)
             T.assume(row_stride % 16 == 0)
             if (in_fmt, fmt, in_sf_format) in MIN_BLOCKS:
@@ -322,9 +328,8 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) 
                         # A power-of-two factor 2^shift (both scale factors powers of two: UE8M0, or float32 from
                         # round_sf casts) with shift 0..3, which is every chunk whose own amax sets its scale (its
                         # largest code lands on 4 or 6), has a constant table; any other factor encodes its own.
-                        factor_bits = T.reinterpret(factor, T.uint32)
-                        shift = T.Cast('int32', factor_bits >> T.uint32(23)) - 127
-                        if T.And((factor_bits & T.uint32(FLOAT32_SIGN_AND_MANTISSA)) == T.uint32(0), T.And(shift >= 0, shift < len(POW2_CODE_TABLES))):
+                        shift = T.Cast('int32', T.reinterpret(factor, T.uint32) >> T.uint32(23)) - 127
+                        if power_of_two_between(factor, 0, len(POW2_CODE_TABLES) - 1):
                             for half, all_selectors in enumerate(POW2_TABLE_SELECTORS):  # (a Python loop: constants by index)
                                 selectors = T.Cast('uint32', T.uint64(all_selectors) >> T.Cast('uint64', shift * 16))
                                 table[half] = prmt(T.uint32(IDENTITY_BYTES[0]), T.uint32(IDENTITY_BYTES[1]), selectors)
@@ -355,11 +360,9 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) 
                             values[8 * w + e] = T.Cast('float32', decoded[e]) * factor
                         encode_word(values, w, codes)
             elif f16_path:
-                factor_bits = T.reinterpret(factor, T.uint32)
-                factor_exponent = T.Cast('int32', factor_bits >> T.uint32(23))
+                factor_exponent = T.Cast('int32', T.reinterpret(factor, T.uint32) >> T.uint32(23))
                 # A power of two in f16's normal range, no NaN in the chunk, and every product within 6.
-                if T.And(T.And((factor_bits & T.uint32(FLOAT32_SIGN_AND_MANTISSA)) == T.uint32(0), T.And(factor_exponent >= 127 - 14, factor_exponent <= 127 + 15)),
-                         T.And(chunk_amax * factor <= T.float32(6), T.Not(T.isnan(chunk_amax)))):
+                if T.And(power_of_two_between(factor, -14, 15), T.And(chunk_amax * factor <= T.float32(6), T.Not(T.isnan(chunk_amax)))):
                     f16_exponent = T.Cast('uint32', factor_exponent - (127 - 15)) << T.uint32(10)
                     factor_pair = f16_exponent | (f16_exponent << T.uint32(16))
                     for w in T.unroll(CHUNK // 8):
