@@ -90,18 +90,28 @@ FLOAT32_SIGN_AND_MANTISSA = 0x807FFFFF
 # e4m3 -> e2m1 under a power-of-two factor, two elements an instruction: e4m3 pairs widen exactly to f16 pairs,
 # q * 2^k is exact in f16 (tiny products round, but stay far below 0.25, the first e2m1 rounding boundary, and keep
 # their sign), and the e2m1 encoder of kernel_src.quant.common (a rounding add on the float's bits) works on f16
-# lanes: s = 2^e + |p| * 2^-9 has the e2m1 step of p's binade on its last mantissa bit, so f16's own
-# round-to-nearest-even rounds p onto the grid and s's bits hold the code (k = mantissa, 0..4; code = k + 2e,
-# from the biased exponent 15 + e as k + 2 (exponent & 3) + 2, mod 8). max.xorsign.abs gives 2^e the sign of
-# p, so s carries it; the output's sign bits come from the e4m3 bytes (PRMT's sign-replicating selectors, through
-# PRMT_PRELUDE's tk_prmt, which a kernel includes before this prelude).
-# About six instructions an element, where the float32 path takes ten. It needs |p| <= 6 (no clamp) and no NaN:
-# the kernel checks both per chunk and otherwise takes the float32 path. tests/cpu/test_requant_f16_e2m1.py
-# checks the encoder against the reference's rounding over every e4m3 value and factor.
+# lanes. Everything is doubled, p = 2 q 2^k: s = 2^e + p * 2^-9, 2^e the binade of max(|p|, 2) with p's sign
+# (max.xorsign.abs), has the e2m1 step of p / 2's binade on its last mantissa bit, so f16's own round-to-nearest-even
+# rounds p / 2 onto the grid, and s's bits hold the code: k mantissa steps (0..4, its low byte) plus twice the
+# binade's index (exponent 16, 17, 18 for p / 2 below 2, 4, 8: the exponent's two low bits, doubled), which never
+# passes 7, and the sign (bit 7 of the high byte). The bytes of four lanes are gathered by two permutes and the
+# code worked out four at a time, with the shifts and adds as multiply(-add)s: on the FMA pipe, which the kernel
+# left mostly idle, where the integer pipe (permutes, masks, conversions) bounded it at 80% busy. About five
+# instructions an element, under three of them on the integer pipe, where the code extracted lane by lane took
+# four and a half (GPU runs 5 and 6 of docs/gpu-runs/2026-12-01-h200-f.md); the float32 path takes ten. It needs
+# |q 2^k| <= 6 (no clamp) and no NaN: the kernel checks both per chunk and otherwise takes the float32 path.
+# tests/cpu/test_requant_f16_e2m1.py checks the encoder against the reference's rounding over every e4m3 value and
+# factor.
 E4M3_TO_E2M1_F16_PRELUDE = """
-__device__ __forceinline__ unsigned tk_e4m3x2_to_f16x2(unsigned two_bytes) {
+// The f16 pair of e4m3 bytes 0-1 (lo) or 2-3 (hi) of a word: the half taken by mov lets ptxas read it in place (.H1).
+__device__ __forceinline__ unsigned tk_e4m3x2_lo_to_f16x2(unsigned word) {
   unsigned r;
-  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(r) : "h"((unsigned short)two_bytes));
+  asm("{.reg .b16 lo, hi; mov.b32 {lo, hi}, %1; cvt.rn.f16x2.e4m3x2 %0, lo;}" : "=r"(r) : "r"(word));
+  return r;
+}
+__device__ __forceinline__ unsigned tk_e4m3x2_hi_to_f16x2(unsigned word) {
+  unsigned r;
+  asm("{.reg .b16 lo, hi; mov.b32 {lo, hi}, %1; cvt.rn.f16x2.e4m3x2 %0, hi;}" : "=r"(r) : "r"(word));
   return r;
 }
 // The largest |h| of n f16 pairs, as float32; NaN when any is NaN (the sign bits of the running maximum are
@@ -115,28 +125,39 @@ __device__ __forceinline__ float tk_f16x2_absmax_nan(const unsigned* h, int n) {
   asm("cvt.f32.f16 %0, %1;" : "=f"(r) : "h"((unsigned short)(m & 0x7fffu)));
   return r;
 }
-// Eight e2m1 codes (element i in nibble i) of the e4m3 bytes w0 (elements 0-3) and w1 (4-7) times f (a power
-// of two in both f16 halves). The pairs are widened again here rather than kept from the amax: 16 registers
+// Eight e2m1 codes (element i in nibble i) of the e4m3 bytes w0 (elements 0-3) and w1 (4-7) times f2 / 2 (f2 a
+// power of two in both f16 halves). The pairs are widened again here rather than kept from the amax: 16 registers
 // fewer, for more CTAs an SM.
-__device__ __forceinline__ unsigned tk_e2m1_word_of_e4m3x8(unsigned w0, unsigned w1, unsigned f) {
-  unsigned c[4];
+// two_pow_28 is 2^28 from a register the compiler cannot fold (see the kernel).
+__device__ __forceinline__ unsigned tk_e2m1_word_of_e4m3x8(unsigned w0, unsigned w1, unsigned f2, unsigned two_pow_28) {
+  unsigned s[4];
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    unsigned p, m, s;
-    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(p) : "r"(tk_e4m3x2_to_f16x2((i < 2 ? w0 : w1) >> (16 * (i % 2)))), "r"(f));
-    asm("max.xorsign.abs.f16x2 %0, %1, %2;" : "=r"(m) : "r"(p), "r"(0x3c003c00u));
-    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(s) : "r"(p), "r"(0x18001800u), "r"(m & 0xfc00fc00u));
-    c[i] = s + ((s >> 9) & 0x00060006u) + 0x00020002u;  // code in bits 0-2 of each half, bit 3 junk, bits 4-7 zero
+    const unsigned w = i < 2 ? w0 : w1;
+    unsigned p, m;
+    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(p) : "r"(i % 2 ? tk_e4m3x2_hi_to_f16x2(w) : tk_e4m3x2_lo_to_f16x2(w)), "r"(f2));
+    asm("max.xorsign.abs.f16x2 %0, %1, %2;" : "=r"(m) : "r"(p), "r"(0x40004000u));
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(s[i]) : "r"(p), "r"(0x18001800u), "r"(m & 0xfc00fc00u));
   }
-  unsigned b0 = __byte_perm(c[0], c[1], 0x6420), b1 = __byte_perm(c[2], c[3], 0x6420);  // one code a byte
-  b0 += b0 >> 4; b1 += b1 >> 4;  // bytes 0 and 2 hold two codes each
-  const unsigned codes = __byte_perm(b0, b1, 0x6420);
-  // Sign-replicating selectors (bit 3 of a selector nibble, which __byte_perm drops): each byte all ones or
-  // zeros by an element's sign.
-  const unsigned signs = (tk_prmt(w0, w1, 0xeca8u) & 0x0f0f0f0fu) | (tk_prmt(w0, w1, 0xfdb9u) & 0xf0f0f0f0u);
-  return (codes & 0x77777777u) | (signs & 0x88888888u);
+  // Element 2i is the low lane of s[i]: bytes of elements 0-3 and 4-7, low (the steps k) and high (sign, exponent).
+  const unsigned k[2] = {__byte_perm(s[0], s[1], 0x6420), __byte_perm(s[2], s[3], 0x6420)};
+  const unsigned h[2] = {__byte_perm(s[0], s[1], 0x7531), __byte_perm(s[2], s[3], 0x7531)};
+  unsigned c[2];
+  #pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    // k + 2 (exponent & 3) (h >> 1), at most 7, then the sign from bit 7 to bit 3 (h >> 4): a nibble a byte.
+    const unsigned code = k[j] + (__umulhi(h[j], 0x80000000u) & 0x06060606u);
+    const unsigned nibbles = code | (__umulhi(h[j], 0x10000000u) & 0x08080808u);
+    // Bytes 0 and 2 take two codes each: nibbles + (nibbles >> 4), a multiply-high with the nibbles added (with a
+    // literal 2^28, ptxas makes it LEA.HI, on the integer pipe).
+    asm("mad.hi.u32 %0, %1, %2, %1;" : "=r"(c[j]) : "r"(nibbles), "r"(two_pow_28));
+  }
+  return __byte_perm(c[0], c[1], 0x6420);
 }
 """
+
+
+E4M3_PAIR_TO_F16X2 = ('tk_e4m3x2_lo_to_f16x2', 'tk_e4m3x2_hi_to_f16x2')  # of a word's bytes 0-1, 2-3
 
 
 def power_of_two_between(factor, low: int, high: int):
@@ -234,7 +255,7 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) 
         round_sf: T.int32,
     ):
         with T.Kernel(T.ceildiv(num_tokens * chunks_per_row, NUM_THREADS), threads=NUM_THREADS,
-                      prelude=PRMT_PRELUDE + E4M3_TO_E2M1_F16_PRELUDE if f16_path else PRMT_PRELUDE if in_fp4 else '') as pid:
+                      prelude=E4M3_TO_E2M1_F16_PRELUDE if f16_path else PRMT_PRELUDE if in_fp4 else '') as pid:
             T.assume(in_width % in_bytes == 0)
             T.assume(row_stride % 16 == 0)
             if (in_fmt, fmt, in_sf_format) in MIN_BLOCKS:
@@ -289,8 +310,8 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) 
             elif f16_path:
                 words = T.view(data, (CHUNK // 4,), T.uint32)
                 halves = T.alloc_local((CHUNK // 2,), T.uint32)  # f16 pairs
-                for i in T.unroll(CHUNK // 2):
-                    halves[i] = T.call_extern('uint32', 'tk_e4m3x2_to_f16x2', words[i // 2] >> T.uint32(16 * (i % 2)))
+                for i, widen in enumerate(E4M3_PAIR_TO_F16X2 * (CHUNK // 4)):  # (a Python loop: a function by index)
+                    halves[i] = T.call_extern('uint32', widen, words[i // 2])
                 chunk_amax = T.alloc_var(T.float32)
                 chunk_amax = T.call_extern('float32', 'tk_f16x2_absmax_nan', T.address_of(halves[0]), CHUNK // 2)
                 amax[0] = chunk_amax
@@ -361,12 +382,15 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) 
                         encode_word(values, w, codes)
             elif f16_path:
                 factor_exponent = T.Cast('int32', T.reinterpret(factor, T.uint32) >> T.uint32(23))
-                # A power of two in f16's normal range, no NaN in the chunk, and every product within 6.
-                if T.And(power_of_two_between(factor, -14, 15), T.And(chunk_amax * factor <= T.float32(6), T.Not(T.isnan(chunk_amax)))):
-                    f16_exponent = T.Cast('uint32', factor_exponent - (127 - 15)) << T.uint32(10)
+                # A power of two whose double is in f16's normal range, no NaN in the chunk, and every product within 6.
+                if T.And(power_of_two_between(factor, -14, 14), T.And(chunk_amax * factor <= T.float32(6), T.Not(T.isnan(chunk_amax)))):
+                    f16_exponent = T.Cast('uint32', factor_exponent - (127 - 15) + 1) << T.uint32(10)  # twice the factor
                     factor_pair = f16_exponent | (f16_exponent << T.uint32(16))
+                    # 2^28 in a register (round_sf >> 31 is 0, but no compiler can prove it).
+                    two_pow_28 = T.alloc_var(T.uint32)
+                    two_pow_28 = T.uint32(1 << 28) | (T.Cast('uint32', tid) & T.Cast('uint32', round_sf >> 31))
                     for w in T.unroll(CHUNK // 8):
-                        codes[w] = T.call_extern('uint32', 'tk_e2m1_word_of_e4m3x8', words[2 * w], words[2 * w + 1], factor_pair)
+                        codes[w] = T.call_extern('uint32', 'tk_e2m1_word_of_e4m3x8', words[2 * w], words[2 * w + 1], factor_pair, two_pow_28)
                 else:
                     # Word by word, eight values live at a time, so that this rare path does not set the register
                     # count (and so the CTAs per SM) of the f16 one.

@@ -1,11 +1,11 @@
 """per_token_requant's e4m3 -> e2m1 path in f16 lanes (E4M3_TO_E2M1_F16_PRELUDE) against the reference's
 e2m1 rounding, bit for bit.
 
-`e2m1_word_of_f16x2` replays tk_e2m1_word_of_f16x2 one instruction at a time on 32-bit words: f16 lanes
-rounded to nearest even (struct's half packing rounds so, subnormals included), __byte_perm with its
-sign-replicating selectors, the 32-bit adds and shifts whose carries must stay inside their lanes. The test
-feeds it every e4m3 value (NaNs aside: the kernel sends a chunk with a NaN down the float32 path) under every
-power-of-two factor in f16's normal range whose products stay within 6, the kernel's condition for this path.
+`e2m1_word_of_f16x2` replays tk_e2m1_word_of_e4m3x8 one instruction at a time on 32-bit words: f16 lanes
+rounded to nearest even (struct's half packing rounds so, subnormals included), the byte permutes, and the
+32-bit adds, masks and multiply-highs whose carries must stay inside their bytes. The test feeds it every e4m3
+value (NaNs aside: the kernel sends a chunk with a NaN down the float32 path) under every power-of-two factor
+whose double is in f16's normal range and whose products stay within 6, the kernel's condition for this path.
 GPU tests compare the kernel itself with the reference.
 """
 
@@ -58,8 +58,7 @@ def fma(a: int, b: int, c: int) -> int:  # fma.rn.f16x2: a * b + c is exact in a
 
 def byte_perm(x: int, y: int, selector: int) -> int:
     """PTX prmt.b32: byte i of the result is byte (s & 7) of [x, y] for s = selector nibble i, or (s & 8) that
-    byte's sign bit replicated over all eight bits (__byte_perm, which the kernels use elsewhere, has only
-    the first form)."""
+    byte's sign bit replicated over all eight bits (__byte_perm has only the first form, all the helper uses)."""
     source = (x | (y << 32)).to_bytes(8, 'little')
     out = 0
     for i in range(4):
@@ -71,18 +70,24 @@ def byte_perm(x: int, y: int, selector: int) -> int:
     return out
 
 
-def e2m1_word_of_f16x2(h: list[int], f: int, w0: int, w1: int) -> int:
-    c = []
+def umulhi(a: int, b: int) -> int:
+    return (a * b) >> 32
+
+
+def e2m1_word_of_f16x2(h: list[int], f2: int) -> int:
+    s = []
     for i in range(4):
-        p = mul(h[i], f)
-        m = max_xorsign_abs(p, 0x3C003C00)
-        s = fma(p, 0x18001800, m & 0xFC00FC00)
-        c.append((s + ((s >> 9) & 0x00060006) + 0x00020002) & MASK32)
-    b0, b1 = byte_perm(c[0], c[1], 0x6420), byte_perm(c[2], c[3], 0x6420)
-    b0, b1 = (b0 + (b0 >> 4)) & MASK32, (b1 + (b1 >> 4)) & MASK32
-    codes = byte_perm(b0, b1, 0x6420)
-    signs = (byte_perm(w0, w1, 0xECA8) & 0x0F0F0F0F) | (byte_perm(w0, w1, 0xFDB9) & 0xF0F0F0F0)
-    return (codes & 0x77777777) | (signs & 0x88888888)
+        p = mul(h[i], f2)
+        m = max_xorsign_abs(p, 0x40004000)
+        s.append(fma(p, 0x18001800, m & 0xFC00FC00))
+    c = []
+    for k, high in ((byte_perm(s[0], s[1], 0x6420), byte_perm(s[0], s[1], 0x7531)),
+                    (byte_perm(s[2], s[3], 0x6420), byte_perm(s[2], s[3], 0x7531))):
+        code = (k + (umulhi(high, 0x80000000) & 0x06060606)) & MASK32
+        assert all((code >> (8 * b)) & 0xFF <= 7 for b in range(4)), hex(code)
+        nibbles = code | (umulhi(high, 0x10000000) & 0x08080808)
+        c.append((nibbles + umulhi(nibbles, 0x10000000)) & MASK32)
+    return byte_perm(c[0], c[1], 0x6420)
 
 
 E4M3_VALUES = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn).float().tolist()
@@ -92,10 +97,8 @@ def kernel_word(codes: list[int], k: int) -> int:
     """The word the kernel's helper gives for eight e4m3 bytes under the factor 2^k (f16 pairs as
     tk_e4m3x2_to_f16x2 widens them: element 2i in the low lane of h[i])."""
     h = [pair(half_bits(E4M3_VALUES[codes[2 * i]]), half_bits(E4M3_VALUES[codes[2 * i + 1]])) for i in range(4)]
-    f16_power = (k + 15) << 10
-    w0 = int.from_bytes(bytes(codes[:4]), 'little')
-    w1 = int.from_bytes(bytes(codes[4:]), 'little')
-    return e2m1_word_of_f16x2(h, pair(f16_power, f16_power), w0, w1)
+    f16_power = (k + 1 + 15) << 10  # twice the factor
+    return e2m1_word_of_f16x2(h, pair(f16_power, f16_power))
 
 
 def reference_word(codes: list[int], k: int) -> int:
@@ -104,7 +107,7 @@ def reference_word(codes: list[int], k: int) -> int:
     return sum(int(n) << (4 * i) for i, n in enumerate(nibbles))
 
 
-@pytest.mark.parametrize('k', range(-14, 16))
+@pytest.mark.parametrize('k', range(-14, 15))
 def test_every_e4m3_value_under_every_power_of_two(k):
     usable = [c for c in range(256) if c & 0x7F != 0x7F and abs(E4M3_VALUES[c]) * 2.0**k <= 6]
     assert usable, 'every factor leaves at least the zeros'
@@ -120,7 +123,7 @@ def test_ties_and_boundaries():
     """Products exactly on the e2m1 values and on each midpoint (0.25, 0.75, ..., 5), both signs, and the
     products of e4m3's smallest values (subnormal in f16 under the smallest factors, where they must round
     to a signed zero)."""
-    for k in range(-14, 16):
+    for k in range(-14, 15):
         exact = [c for c in range(256) if c & 0x7F != 0x7F and abs(E4M3_VALUES[c]) * 2.0**k in
                  (0.25, 0.5, 0.75, 1, 1.25, 1.5, 1.75, 2, 2.5, 3, 3.5, 4, 5, 6)]
         smallest = [c for c in (0x01, 0x81, 0x02, 0x82, 0x08, 0x88) if abs(E4M3_VALUES[c]) * 2.0**k <= 6]
