@@ -95,7 +95,7 @@ E4M3_VALUES = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.fl
 
 def kernel_word(codes: list[int], k: int) -> int:
     """The word the kernel's helper gives for eight e4m3 bytes under the factor 2^k (f16 pairs as
-    tk_e4m3x2_to_f16x2 widens them: element 2i in the low lane of h[i])."""
+    tk_e4m3x2_lo_to_f16x2 and tk_e4m3x2_hi_to_f16x2 widen them: element 2i in the low lane of h[i])."""
     h = [pair(half_bits(E4M3_VALUES[codes[2 * i]]), half_bits(E4M3_VALUES[codes[2 * i + 1]])) for i in range(4)]
     f16_power = (k + 1 + 15) << 10  # twice the factor
     return e2m1_word_of_f16x2(h, pair(f16_power, f16_power))
