@@ -169,7 +169,41 @@ def lower(decl: KernelDecl, params: dict, arch: Arch) -> Lowered:
     scalars = [dict(name=p.name, kind=str(p.dtype)) for p in func.params if p not in func.buffer_map]
     launch = dict(buffers=buffers, scalars=scalars, launches=_launches(art, data_to_buffer))
     _check_solvable(launch)
+    _check_stores_kept(func, art)
     return Lowered(source=art.kernel_source, launch=launch)
+
+
+def _check_stores_kept(func, art) -> None:
+    """Refuse a lowering that lost every access to a buffer the program stores to. tilelang 0.1.15 once dropped
+    a whole branch of stores (a condition on the thread index against a constant shifted by a kernel scalar), and
+    the kernel built, launched and left that output unwritten (docs/gpu-runs/2026-12-01-h200-f.md, run 10). A
+    stored-to buffer the device code still touches in some other way is not caught; one it no longer touches at
+    all is."""
+    param_data = {func.buffer_map[p].data: func.buffer_map[p].name for p in func.params if p in func.buffer_map}
+    stored = set()
+
+    def visit_program(node):
+        if isinstance(node, tirx.BufferStore) and node.buffer.data in param_data:
+            stored.add(node.buffer.data.name)
+
+    tirx.stmt_functor.post_order_visit(func.body, visit_program)
+    if not stored:
+        return
+    touched = set()
+
+    def visit_device(node):
+        if isinstance(node, tirx.Var):
+            touched.add(node.name)
+        elif isinstance(node, (tirx.BufferStore, tirx.BufferLoad)):
+            touched.add(node.buffer.data.name)
+
+    for dev in art.device_mod.functions.values():
+        tirx.stmt_functor.post_order_visit(dev.body, visit_device)
+    lost = sorted(stored - touched)
+    if lost:
+        names = {v.name: b for v, b in param_data.items()}
+        raise LoweringError(f'the program stores to {", ".join(names[d] for d in lost)}, but the lowered device code '
+                            f'no longer touches {"it" if len(lost) == 1 else "them"}: tilelang dropped those stores')
 
 
 def _check_solvable(launch: dict) -> None:

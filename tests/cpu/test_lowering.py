@@ -48,3 +48,39 @@ def test_unsupported_expressions_are_refused():
     assert to_expr((n + 63) // 64) == ['//', ['+', 'n', 63], 64]
     with pytest.raises(LoweringError, match='cannot express'):
         to_expr(tirx.Select(n > 1, n, 1))
+
+
+def _store_under_condition(arch, shifted: int):
+    """out[i] = 1 for the first 32 threads of each CTA, the bound written as tid // 8 < 4, or (shifted) as
+    tid // 8 < (4 >> (s - 5)) with the kernel scalar s = 5 at run time: the same stores, which tilelang 0.1.15
+    drops in the second form (docs/gpu-runs/2026-12-01-h200-f.md, run 10)."""
+    from tilelang import language as T
+
+    from kernel_src.decl import KernelProgram
+
+    n = T.dynamic('n')
+
+    @T.prim_func
+    def store_under_condition(out: T.Tensor[(n,), T.uint8], s: T.int32):
+        with T.Kernel(T.ceildiv(n, 128), threads=128) as pid:
+            tid = T.get_thread_binding()
+            if shifted:
+                if tid // 8 < (4 >> (s - 5)) and pid * 128 + tid < n:
+                    out[pid * 128 + tid] = T.uint8(1)
+            else:
+                if tid // 8 < 4 and pid * 128 + tid < n:
+                    out[pid * 128 + tid] = T.uint8(1)
+
+    return KernelProgram(store_under_condition, alignment={'out': 1})
+
+
+def test_a_lowering_that_drops_every_store_to_an_output_is_refused():
+    pytest.importorskip('tilelang')
+    from build_tools.lower import LoweringError, lower
+    from kernel_src.decl import KernelDecl, param
+
+    decl = KernelDecl(name='test.store_under_condition', params=(param('shifted', 'int', 's'),), factory=_store_under_condition,
+                      prebuilt=lambda: iter(()), check=lambda **_: None)
+    assert 'out[' in lower(decl, {'shifted': 0}, Arch('sm_90a')).source
+    with pytest.raises(LoweringError, match='stores to out, but the lowered device code no longer touches it'):
+        lower(decl, {'shifted': 1}, Arch('sm_90a'))
