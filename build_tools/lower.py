@@ -180,11 +180,11 @@ def _check_stores_kept(func, art) -> None:
     stored-to buffer the device code still touches in some other way is not caught; one it no longer touches at
     all is."""
     param_data = {func.buffer_map[p].data: func.buffer_map[p].name for p in func.params if p in func.buffer_map}
-    stored = set()
+    stored = {}  # data variable's name -> buffer name
 
     def visit_program(node):
         if isinstance(node, tirx.BufferStore) and node.buffer.data in param_data:
-            stored.add(node.buffer.data.name)
+            stored[node.buffer.data.name] = param_data[node.buffer.data]
 
     tirx.stmt_functor.post_order_visit(func.body, visit_program)
     if not stored:
@@ -199,10 +199,9 @@ def _check_stores_kept(func, art) -> None:
 
     for dev in art.device_mod.functions.values():
         tirx.stmt_functor.post_order_visit(dev.body, visit_device)
-    lost = sorted(stored - touched)
+    lost = sorted(stored[d] for d in stored.keys() - touched)
     if lost:
-        names = {v.name: b for v, b in param_data.items()}
-        raise LoweringError(f'the program stores to {", ".join(names[d] for d in lost)}, but the lowered device code '
+        raise LoweringError(f'the program stores to {", ".join(lost)}, but the lowered device code '
                             f'no longer touches {"it" if len(lost) == 1 else "them"}: tilelang dropped those stores')
 
 
