@@ -8,12 +8,13 @@ block, exactly as upstream's per_token_cast computes it for a QuantTensor:
   sf / multiplier from amax as in per_token_cast (floor, two divisions, or round_sf's powers of two),
   out   = cast(q * (s * multiplier)), the two factors multiplied first, as upstream.
 
-Layout: thread t of CTA b owns the 32-element chunk b * 128 + t of the flat sequence of all rows' chunks,
-each row padded to whole output blocks, so the chunks of a block are adjacent lanes and its amax is a
-butterfly of shuffles over num_per_channels / 32 lanes. A chunk lies inside one input block (the input
-block width is a power of two of at least 32). Compile time: the two formats and the two scale-factor
-storages (float32 in any strides, or packed UE8M0 bytes); run time: hidden, the block sizes (as shifts),
-round_sf and the strides. Every access is masked against the buffer dims.
+Layout: the chunks of 32 elements form a flat sequence of all rows' chunks, each row padded to whole output
+blocks, so the chunks of a block are adjacent lanes and its amax is a butterfly of shuffles over
+num_per_channels / 32 lanes. Thread t of CTA b owns chunk b * 128 + t, or chunks (2 b + k) * 128 + t for k < 2
+(CHUNKS_PER_THREAD), or, TILED, chunk 16 j + t % 16 of row 8 i + t / 16, tile (i, j) = divmod(b, tiles a row). A chunk lies
+inside one input block (the input block width is a power of two of at least 32). Compile time: the two formats
+and the two scale-factor storages (float32 in any strides, or packed UE8M0 bytes); run time: hidden, the block
+sizes (as shifts), round_sf and the strides. Every access is masked against the buffer dims.
 
 e2m1 input: a chunk's 32 codes hold at most eight magnitudes, so its amax is the value of the largest one and,
 for a finite factor, its output codes come from a table of the eight magnitudes' outputs (see the kernel).
@@ -37,22 +38,38 @@ from kernel_src.quant.nibbles import (
 from kernel_src.quant.token_sf import store_token_sf, token_sf_tensor
 
 NUM_THREADS = 128
+# Two layouts of the chunks over the CTAs, chosen per (in_fmt, fmt, in_sf_format) by measurement (GPU runs 1-3 of
+# docs/gpu-runs/2026-12-01-h200-g.md):
+# - a row's consecutive chunks, CHUNKS_PER_THREAD of them a thread, NUM_THREADS apart (each warp's loads one contiguous
+#   run), all loaded before any is encoded. e4m3 -> e2m1 waits on each chunk's load -> amax -> scale -> encode chain
+#   (12 CTAs an SM of one chunk a thread, no pipe saturated): two chunks a thread at 10 CTAs measured 2-3% faster;
+#   every other spec measured slower (1-9%), four chunks slower still.
+# - TILED: a CTA takes TILE_ROWS rows of TILE_CHUNKS chunks, so that its packed UE8M0 scale factors fill
+#   whole 32-byte sectors (a word of eight rows), which it gathers in shared memory and stores as such. With a row's
+#   consecutive chunks each lane's byte store took a sector of its own, and e2m1 -> e2m1 kept the L2 81% busy (run 9
+#   of docs/gpu-runs/2026-12-01-h200-f.md); tiled, the two e2m1-input UE8M0 specs measured 8% and 4% faster, with the
+#   CTA's barrier before the encoding (after it, 2% less). Tiled, the e4m3-input specs measured no faster (within 1%)
+#   or up to 12% slower, and so did float32 scale factors (3-12%, and run 10 of that record), wherever the barrier.
+TILE_ROWS = 8
+TILE_CHUNKS = NUM_THREADS // TILE_ROWS
+TILED = {('e2m1', 'e2m1', 'ue8m0'), ('e2m1', 'e4m3', 'ue8m0')}
+CHUNKS_PER_THREAD = {('e4m3', 'e2m1', sf): 2 for sf in SF_FORMATS}
 CHUNK = 32  # logical elements per thread
 # CTAs per SM the register allocation must allow, where it costs no spills. e4m3 to e4m3 took 53 registers
 # unbounded (56 allocated: 9 CTAs, 36 KB of loads in flight per SM, one 32-byte chunk a thread); 48 give 10
 # CTAs and 40 KB, as upstream's kernel (48 registers, 10 CTAs of 4 KB), with packed UE8M0 input scale factors;
-# with float32 ones 48 spill 8 bytes. e4m3 -> e2m1 through f16 lanes fits 40 registers (12 CTAs, 48 KB; its
-# rare float32 path goes eight values at a time, and the lanes widen the e4m3 pairs again rather than keep them
-# from the amax): 12 CTAs measured as fast as 10 that keep them (GPU run 2 of docs/gpu-runs/2026-12-01-h200-e.md),
-# 16 spill. An e2m1 chunk is only 16 bytes, and its table path needs few registers: 16 CTAs (32 registers, the
+# with float32 ones 48 spill 8 bytes. e4m3 -> e2m1 through f16 lanes fits 40 registers with one chunk a thread (12
+# CTAs; its rare float32 path goes eight values at a time, and the lanes widen the e4m3 pairs again rather than keep
+# them from the amax) and 48 with two (10 CTAs, 80 KB in flight), 16 spill. An e2m1 chunk is only 16 bytes, and its table path needs few registers: 16 CTAs (32 registers, the
 # SM's 2048 threads) keep 32 KB in flight; 12 measured 2% slower (run 2).
 MIN_BLOCKS = {
     ('e4m3', 'e4m3', 'ue8m0'): 10,
-    **{('e4m3', 'e2m1', sf): 12 for sf in SF_FORMATS},
+    **{('e4m3', 'e2m1', sf): 10 for sf in SF_FORMATS},
     **{('e2m1', fmt, sf): 16 for fmt in FORMATS for sf in SF_FORMATS},
 }
-# sm_100a's ptxas spills e4m3 -> e2m1 with float32 scale factors at 40 registers (8 bytes a thread).
-MIN_BLOCKS_BY_TARGET = {('sm_100a', 'e4m3', 'e2m1', 'f32'): 10}
+# sm_100a's ptxas spills e4m3 -> e2m1 with float32 scale factors at 48 registers (8 bytes a thread; at 40 with one
+# chunk a thread).
+MIN_BLOCKS_BY_TARGET = {('sm_100a', 'e4m3', 'e2m1', 'f32'): 9}
 
 # e2m1 input decoded through halves: every e2m1 magnitude (0, 0.5, 1, 1.5, 2, 3, 4, 6) is a half whose low
 # byte is zero, so four codes' high bytes come from one byte-table lookup (kernel_src.quant.nibbles), two
@@ -199,10 +216,52 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) 
     in_sf_type = token_sf_tensor(in_packed, num_in_sf_rows, num_in_sf_blocks, num_in_sf_words,
                             T.dynamic('in_sf_word_stride'), T.dynamic('in_sf_stride_t'), T.dynamic('in_sf_stride_k'), in_sf_row_bytes)
     num_sf_blocks, num_sf_words = T.dynamic('num_sf_blocks'), T.dynamic('num_sf_words')
-    sf_type = token_sf_tensor(packed, num_tokens, num_sf_blocks, num_sf_words, T.dynamic('sf_word_stride'),
-                        T.dynamic('sf_stride_t'), T.dynamic('sf_stride_k'))
+    sf_word_stride = T.dynamic('sf_word_stride')
+    sf_type = token_sf_tensor(packed, num_tokens, num_sf_blocks, num_sf_words, sf_word_stride, T.dynamic('sf_stride_t'), T.dynamic('sf_stride_k'))
+    spec = (in_fmt, fmt, in_sf_format)
+    tiled = spec in TILED
+    per_thread = CHUNKS_PER_THREAD.get(spec, 1)
+    assert not tiled or (packed and per_thread == 1)
     in_dtype = T.int8 if in_fp4 else T.float8_e4m3fn
     out_dtype = T.int8 if out_fp4 else T.float8_e4m3fn
+
+    @T.macro
+    def store_tile_sf(out_sf, staged, exponent, active, tid, tile_row, tile_chunk, npc_log2):
+        """The tile's packed UE8M0 scale factors: each block's first lane puts its exponent byte in shared memory (zero
+        when inactive: as store_token_sf, a word's bytes past the row's last block are zero), then one lane a word of
+        a row stores it, eight lanes a word of eight rows: 32 contiguous bytes, a whole sector."""
+        blocks_log2 = npc_log2 - 5  # chunks a block, as a shift
+        tile_word = (tile_chunk >> blocks_log2) >> 2  # the tile's first word (a tile spans 1, 2 or 4)
+        if ((tid % TILE_CHUNKS) & ((1 << blocks_log2) - 1)) == 0:
+            staged[(tid // TILE_CHUNKS) * TILE_CHUNKS + ((tid % TILE_CHUNKS) >> blocks_log2)] = T.if_then_else(active, T.Cast(T.uint8, exponent), T.uint8(0))
+        T.sync_threads()
+        # The words a tile spans from a local: under `tid // 8 < (4 >> (npc_log2 - 5))` tilelang dropped the whole
+        # branch (docs/design.md).
+        tile_words = T.alloc_var(T.int32)
+        tile_words = (TILE_CHUNKS >> blocks_log2) >> 2
+        word_bytes = T.alloc_local((4,), T.uint8)
+        if tid // TILE_ROWS < tile_words and tile_row + tid % TILE_ROWS < num_tokens and tile_word + tid // TILE_ROWS < num_sf_words:
+            for b in T.vectorized(4):
+                word_bytes[b] = staged[(tid % TILE_ROWS) * TILE_CHUNKS + (tid // TILE_ROWS) * 4 + b]
+            for b in T.vectorized(4):
+                out_sf[tile_word + tid // TILE_ROWS, (tile_row + tid % TILE_ROWS) * 4 + b] = word_bytes[b]
+
+    @T.macro
+    def load_chunk(x, x_sf, all_data, scales, k, row, chunk, active, in_row, in_block):
+        """Chunk k of the thread's: its bytes into all_data[k * in_bytes ...], its input scale factor into scales[k]
+        (zeros when inactive)."""
+        scales[k] = T.float32(0)
+        if active:
+            for e in T.vectorized(in_bytes):
+                all_data[k * in_bytes + e] = x[row, chunk * in_bytes + e]
+            if in_packed:
+                if (in_block >> 2) < num_in_sf_words and in_row * 4 < in_sf_row_bytes:
+                    scales[k] = T.reinterpret(T.Cast('uint32', x_sf[in_block >> 2, in_row * 4 + (in_block & 3)]) << T.uint32(23), T.float32)
+            elif in_row < num_in_sf_rows and in_block < num_in_sf_blocks:
+                scales[k] = x_sf[in_row, in_block]
+        else:
+            for e in T.vectorized(in_bytes):
+                all_data[k * in_bytes + e] = T.cast(0, in_dtype)
 
     @T.macro
     def encode_word(values, w, codes):
@@ -247,167 +306,198 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) 
         out: T.Tensor[(num_tokens, hidden // 2 if out_fp4 else hidden), out_dtype],
         out_sf: sf_type,
         chunks_per_row: T.int32,  # ceil(hidden / num_per_channels) * num_per_channels / 32
-        row_magic: T.int64,
+        row_magic: T.int64,  # with row_shift, the division of a chunk's index by chunks_per_row (unused when tiled)
         row_shift: T.int32,
         npc_log2: T.int32,
         in_block_m_log2: T.int32,
         in_block_k_log2: T.int32,
         round_sf: T.int32,
     ):
-        with T.Kernel(T.ceildiv(num_tokens * chunks_per_row, NUM_THREADS), threads=NUM_THREADS,
-                      prelude=E4M3_TO_E2M1_F16_PRELUDE if f16_path else PRMT_PRELUDE if in_fp4 else '') as pid:
+        # (A 1-d grid when tiled too: a grid's y is limited to 65535, 524280 rows in tiles of eight.)
+        num_ctas = (T.ceildiv(num_tokens, TILE_ROWS) * T.ceildiv(chunks_per_row, TILE_CHUNKS) if tiled
+                    else T.ceildiv(num_tokens * chunks_per_row, NUM_THREADS * per_thread))
+        with T.Kernel(num_ctas, threads=NUM_THREADS,
+                      prelude=E4M3_TO_E2M1_F16_PRELUDE if f16_path else PRMT_PRELUDE if in_fp4 else '') as block_index:
             T.assume(in_width % in_bytes == 0)
             T.assume(row_stride % 16 == 0)
+            if tiled and packed:
+                T.assume(sf_word_stride % 4 == 0)  # bytes of int32 words: a word is one 32-bit store
             if (in_fmt, fmt, in_sf_format) in MIN_BLOCKS:
                 T.annotate_min_blocks_per_sm(MIN_BLOCKS_BY_TARGET.get((arch.target, in_fmt, fmt, in_sf_format), MIN_BLOCKS[in_fmt, fmt, in_sf_format]))
             tid = T.get_thread_binding()
-            data = T.alloc_local((in_bytes,), in_dtype)
-            values = T.alloc_local((CHUNK,), T.float32)
-            scale = T.alloc_local((1,), T.float32)  # the input scale factor of the chunk
-            amax = T.alloc_local((1,), T.float32)
-            sf = T.alloc_local((1,), T.float32)
-            multiplier = T.alloc_local((1,), T.float32)
-            # Bound once (locals, not expressions pasted at each use): every address below derives from them.
-            c = T.alloc_var(T.int32)
-            row = T.alloc_var(T.int32)
-            chunk = T.alloc_var(T.int32)  # of the row; a variable of chunks, not elements, so that the
-            # vectoriser still sees every column a multiple of CHUNK
-            active = T.alloc_var(T.bool)
-            c = pid * NUM_THREADS + tid
-            row = T.Cast('int32', (T.Cast('uint64', T.Cast('uint32', c)) * T.Cast('uint64', T.Cast('uint32', row_magic))) >> T.Cast('uint64', row_shift))
-            chunk = c - row * chunks_per_row
-            col = chunk * CHUNK
-            active = T.And(row < num_tokens, col < hidden)
-            # int32 variables too, so that the scale factors' addresses widen to 64 bits only at the end.
-            in_row = T.alloc_var(T.int32)
-            in_block = T.alloc_var(T.int32)
-            block = T.alloc_var(T.int32)
-            in_row = row >> in_block_m_log2
-            in_block = col >> in_block_k_log2
-            block = col >> npc_log2
-
-            scale[0] = T.float32(0)
-            if active:
-                for e in T.vectorized(in_bytes):
-                    data[e] = x[row, chunk * in_bytes + e]
-                if in_packed:
-                    if (in_block >> 2) < num_in_sf_words and in_row * 4 < in_sf_row_bytes:
-                        scale[0] = T.reinterpret(T.Cast('uint32', x_sf[in_block >> 2, in_row * 4 + (in_block & 3)]) << T.uint32(23), T.float32)
-                elif in_row < num_in_sf_rows and in_block < num_in_sf_blocks:
-                    scale[0] = x_sf[in_row, in_block]
-            else:
-                for e in T.vectorized(in_bytes):
-                    data[e] = T.cast(0, in_dtype)
-            if in_fp4:
-                words = T.view(data, (in_bytes // 4,), T.uint32)
-                magnitudes = T.alloc_local((in_bytes // 4,), T.uint32)
-                for w in T.unroll(in_bytes // 4):
-                    magnitudes[w] = words[w] & T.uint32(CODE_MAGNITUDES)
-                # The largest |q| of the chunk is the value of its largest magnitude code.
-                largest = T.alloc_var(T.int32)
-                largest = largest_magnitude([magnitudes[w] for w in range(in_bytes // 4)])
-                amax[0] = e2m1_value(largest)
-            elif f16_path:
-                words = T.view(data, (CHUNK // 4,), T.uint32)
-                halves = T.alloc_local((CHUNK // 2,), T.uint32)  # f16 pairs
-                for i, widen in enumerate(E4M3_PAIR_TO_F16X2 * (CHUNK // 4)):  # (a Python loop: a function by index)
-                    halves[i] = T.call_extern('uint32', widen, words[i // 2])
-                chunk_amax = T.alloc_var(T.float32)
-                chunk_amax = T.call_extern('float32', 'tk_f16x2_absmax_nan', T.address_of(halves[0]), CHUNK // 2)
-                amax[0] = chunk_amax
-                if T.isnan(chunk_amax):  # the reference's maximum skips NaNs (no values array: see the float32 path below)
-                    amax[0] = T.float32(0)
-                    for e in T.unroll(CHUNK):
-                        amax[0] = T.max(amax[0], T.abs(T.Cast('float32', data[e])))
-            else:
-                amax_of_values(data, values, amax)
-            amax[0] = amax[0] * scale[0]
-            for s in T.unroll(2):  # blocks of 64 or 128 elements span 2 or 4 lanes
-                if s < npc_log2 - 5:
-                    amax[0] = T.max(amax[0], T.shfl_xor(amax[0], 1 << s))
-            block_scale(amax[0], T.float32(floor), fmax, round_sf, packed, sf, multiplier, 0)
-            factor = T.alloc_var(T.float32)
-            factor = scale[0] * multiplier[0]
-
-            if active and (tid & ((1 << (npc_log2 - 5)) - 1)) == 0:
-                store_token_sf(out_sf, packed, row, block, sf[0], (block + 1) << npc_log2 >= hidden, num_sf_blocks, num_sf_words)
-            codes = T.alloc_local((out_bytes // 4,), T.uint32)
-            if in_fp4:
-                if (T.reinterpret(factor, T.uint32) & T.uint32(FLOAT32_EXPONENT_MASK)) != T.uint32(FLOAT32_EXPONENT_MASK):
-                    # A finite factor: q * factor takes eight values (and their negations) in the chunk, so
-                    # its codes come from a table of the eight magnitudes' outputs, looked up four codes at a
-                    # time (kernel_src.quant.nibbles). A negative q flips the output's sign bit, as it flips
-                    # the sign of the product: exact for any finite factor, negative or zero too. A
-                    # non-finite one (an all-zero chunk with a large input scale, see
-                    # tile_kernels_aot.reference) makes 0 * factor a NaN, whose code has no sign: that chunk
-                    # takes the per-element path.
-                    outputs = T.alloc_local((8,), T.float32)
-                    for m, value in enumerate(E2M1_VALUES):
-                        outputs[m] = T.float32(value) * factor
-                    table = T.alloc_local((2,), T.uint32)
-                    if out_fp4:
-                        # A power-of-two factor 2^shift (both scale factors powers of two: UE8M0, or float32 from
-                        # round_sf casts) with shift 0..3, which is every chunk whose own amax sets its scale (its
-                        # largest code lands on 4 or 6), has a constant table; any other factor encodes its own.
-                        shift = T.Cast('int32', T.reinterpret(factor, T.uint32) >> T.uint32(23)) - 127
-                        if power_of_two_between(factor, 0, len(POW2_CODE_TABLES) - 1):
-                            for half, all_selectors in enumerate(POW2_TABLE_SELECTORS):  # (a Python loop: constants by index)
-                                selectors = T.Cast('uint32', T.uint64(all_selectors) >> T.Cast('uint64', shift * 16))
-                                table[half] = prmt(T.uint32(IDENTITY_BYTES[0]), T.uint32(IDENTITY_BYTES[1]), selectors)
-                        else:
-                            encode_table(outputs, table)
-                        for w in T.unroll(in_bytes // 4):
-                            codes[w] = e2m1_word_through_table(words[w], magnitudes[w], table[0], table[1])
-                    else:
-                        table_bytes = T.view(table, (8,), T.float8_e4m3fn)
-                        for m in T.vectorized(8):  # one two-value conversion per pair
-                            table_bytes[m] = T.Cast(T.float8_e4m3fn, outputs[m])
-                        for w in T.unroll(in_bytes // 4):
-                            for half in T.unroll(2):
-                                codes[2 * w + half] = table_bytes_of_codes(words[w], magnitudes[w], table[0], table[1], half)
+            all_data = T.alloc_local((per_thread * in_bytes,), in_dtype)
+            scales = T.alloc_local((per_thread,), T.float32)  # the input scale factor of each chunk
+            if tiled:
+                tile_row = T.alloc_var(T.int32)
+                tile_chunk = T.alloc_var(T.int32)
+                tiles_per_row = T.alloc_var(T.int32)
+                tiles_per_row = T.ceildiv(chunks_per_row, TILE_CHUNKS)
+                tile_row = block_index // tiles_per_row  # once a CTA: a division costs nothing here
+                tile_chunk = (block_index - tile_row * tiles_per_row) * TILE_CHUNKS
+                tile_row = tile_row * TILE_ROWS
+                staged = T.alloc_shared((TILE_ROWS * TILE_CHUNKS,), T.uint8)  # [row][block of the tile]
+            if per_thread == 1:
+                # Bound once (locals, not expressions pasted at each use): every address below derives from them.
+                row = T.alloc_var(T.int32)
+                chunk = T.alloc_var(T.int32)  # of the row; in chunks, not elements, so that the vectoriser still sees
+                # every column a multiple of CHUNK
+                active = T.alloc_var(T.bool)
+                if tiled:
+                    row = tile_row + tid // TILE_CHUNKS
+                    chunk = tile_chunk + tid % TILE_CHUNKS
                 else:
-                    # Word by word: the float32 of eight codes through halves (see HALF_TABLE_LOW), times the
-                    # factor, encoded. Eight values live at a time, not the chunk's 32, so that this rare path
-                    # does not set the register count (and so the CTAs per SM) of the table path.
+                    c = T.alloc_var(T.int32)
+                    c = block_index * NUM_THREADS + tid
+                    row = T.Cast('int32', (T.Cast('uint64', T.Cast('uint32', c)) * T.Cast('uint64', T.Cast('uint32', row_magic))) >> T.Cast('uint64', row_shift))
+                    chunk = c - row * chunks_per_row
+                col = chunk * CHUNK
+                active = T.And(row < num_tokens, col < hidden)
+                # int32 variables too, so that the scale factors' addresses widen to 64 bits only at the end.
+                in_row = T.alloc_var(T.int32)
+                in_block = T.alloc_var(T.int32)
+                block = T.alloc_var(T.int32)
+                in_row = row >> in_block_m_log2
+                in_block = col >> in_block_k_log2
+                block = col >> npc_log2
+                load_chunk(x, x_sf, all_data, scales, 0, row, chunk, active, in_row, in_block)
+            else:
+                # Every chunk's loads are issued before any is encoded; a thread's chunks are NUM_THREADS apart, so
+                # each warp's loads stay one contiguous run.
+                rows = T.alloc_local((per_thread,), T.int32)
+                chunks = T.alloc_local((per_thread,), T.int32)
+                actives = T.alloc_local((per_thread,), T.bool)
+                for k in T.unroll(per_thread):
+                    c = T.alloc_var(T.int32)
+                    c = (block_index * per_thread + k) * NUM_THREADS + tid
+                    rows[k] = T.Cast('int32', (T.Cast('uint64', T.Cast('uint32', c)) * T.Cast('uint64', T.Cast('uint32', row_magic))) >> T.Cast('uint64', row_shift))
+                    chunks[k] = c - rows[k] * chunks_per_row
+                    actives[k] = T.And(rows[k] < num_tokens, chunks[k] * CHUNK < hidden)
+                    load_chunk(x, x_sf, all_data, scales, k, rows[k], chunks[k], actives[k], rows[k] >> in_block_m_log2, (chunks[k] * CHUNK) >> in_block_k_log2)
+            for k in T.unroll(per_thread):
+                data = T.alloc_local((in_bytes,), in_dtype)
+                for e in T.vectorized(in_bytes):
+                    data[e] = all_data[k * in_bytes + e]
+                if per_thread > 1:
+                    row = rows[k]
+                    chunk = chunks[k]
+                    active = actives[k]
+                    block = (chunk * CHUNK) >> npc_log2
+                values = T.alloc_local((CHUNK,), T.float32)
+                amax = T.alloc_local((1,), T.float32)
+                sf = T.alloc_local((1,), T.float32)
+                multiplier = T.alloc_local((1,), T.float32)
+                if in_fp4:
+                    words = T.view(data, (in_bytes // 4,), T.uint32)
+                    magnitudes = T.alloc_local((in_bytes // 4,), T.uint32)
                     for w in T.unroll(in_bytes // 4):
-                        half_pairs = T.alloc_local((4,), T.uint32)
-                        for half in T.unroll(2):
-                            high_bytes = table_bytes_of_codes(words[w], magnitudes[w], T.uint32(HALF_TABLE_LOW), T.uint32(HALF_TABLE_HIGH), half)
-                            # [0, b0, 0, b1] and [0, b2, 0, b3]: byte 4 of a permute is the zero operand's.
-                            half_pairs[2 * half] = byte_perm(high_bytes, T.uint32(0), T.uint32(0x1404))
-                            half_pairs[2 * half + 1] = byte_perm(high_bytes, T.uint32(0), T.uint32(0x3424))
-                        decoded = T.view(half_pairs, (8,), T.float16)
-                        for e in T.vectorized(8):
-                            values[8 * w + e] = T.Cast('float32', decoded[e]) * factor
-                        encode_word(values, w, codes)
-            elif f16_path:
-                factor_exponent = T.Cast('int32', T.reinterpret(factor, T.uint32) >> T.uint32(23))
-                # A power of two whose double is in f16's normal range, no NaN in the chunk, and every product within 6.
-                if T.And(power_of_two_between(factor, -14, 14), T.And(chunk_amax * factor <= T.float32(6), T.Not(T.isnan(chunk_amax)))):
-                    f16_exponent = T.Cast('uint32', factor_exponent - (127 - 15) + 1) << T.uint32(10)  # twice the factor
-                    factor_pair = f16_exponent | (f16_exponent << T.uint32(16))
-                    # 2^28 in a register (round_sf >> 31 is 0, but no compiler can prove it).
-                    two_pow_28 = T.alloc_var(T.uint32)
-                    two_pow_28 = T.uint32(1 << 28) | (T.Cast('uint32', tid) & T.Cast('uint32', round_sf >> 31))
-                    for w in T.unroll(CHUNK // 8):
-                        codes[w] = T.call_extern('uint32', 'tk_e2m1_word_of_e4m3x8', words[2 * w], words[2 * w + 1], factor_pair, two_pow_28)
+                        magnitudes[w] = words[w] & T.uint32(CODE_MAGNITUDES)
+                    # The largest |q| of the chunk is the value of its largest magnitude code.
+                    largest = T.alloc_var(T.int32)
+                    largest = largest_magnitude([magnitudes[w] for w in range(in_bytes // 4)])
+                    amax[0] = e2m1_value(largest)
+                elif f16_path:
+                    words = T.view(data, (CHUNK // 4,), T.uint32)
+                    halves = T.alloc_local((CHUNK // 2,), T.uint32)  # f16 pairs
+                    for i, widen in enumerate(E4M3_PAIR_TO_F16X2 * (CHUNK // 4)):  # (a Python loop: a function by index)
+                        halves[i] = T.call_extern('uint32', widen, words[i // 2])
+                    chunk_amax = T.alloc_var(T.float32)
+                    chunk_amax = T.call_extern('float32', 'tk_f16x2_absmax_nan', T.address_of(halves[0]), CHUNK // 2)
+                    amax[0] = chunk_amax
+                    if T.isnan(chunk_amax):  # the reference's maximum skips NaNs (no values array: see the float32 path below)
+                        amax[0] = T.float32(0)
+                        for e in T.unroll(CHUNK):
+                            amax[0] = T.max(amax[0], T.abs(T.Cast('float32', data[e])))
                 else:
-                    # Word by word, eight values live at a time, so that this rare path does not set the register
-                    # count (and so the CTAs per SM) of the f16 one.
-                    for w in T.unroll(CHUNK // 8):
-                        for e in T.vectorized(8):
-                            values[8 * w + e] = T.Cast('float32', data[8 * w + e])
-                        for e in T.unroll(8):
-                            values[8 * w + e] = values[8 * w + e] * factor
-                        encode_word(values, w, codes)
-            else:
-                encode_one_by_one(values, factor, codes)
-            code_bytes = T.view(codes, (out_bytes,), out_dtype)
-            if active:
-                for e in T.vectorized(out_bytes):
-                    out[row, chunk * out_bytes + e] = code_bytes[e]
+                    amax_of_values(data, values, amax)
+                amax[0] = amax[0] * scales[k]
+                for s in T.unroll(2):  # blocks of 64 or 128 elements span 2 or 4 lanes
+                    if s < npc_log2 - 5:
+                        amax[0] = T.max(amax[0], T.shfl_xor(amax[0], 1 << s))
+                block_scale(amax[0], T.float32(floor), fmax, round_sf, packed, sf, multiplier, 0)
+                factor = T.alloc_var(T.float32)
+                factor = scales[k] * multiplier[0]
 
-    return KernelProgram(per_token_requant, alignment={'x': 16, 'x_sf': 1 if in_packed else 4, 'out': 16, 'out_sf': 1 if packed else 4})
+                if tiled:
+                    store_tile_sf(out_sf, staged, sf[0], active, tid, tile_row, tile_chunk, npc_log2)
+                elif active and (tid & ((1 << (npc_log2 - 5)) - 1)) == 0:
+                    store_token_sf(out_sf, packed, row, block, sf[0], (block + 1) << npc_log2 >= hidden, num_sf_blocks, num_sf_words)
+                codes = T.alloc_local((out_bytes // 4,), T.uint32)
+                if in_fp4:
+                    if (T.reinterpret(factor, T.uint32) & T.uint32(FLOAT32_EXPONENT_MASK)) != T.uint32(FLOAT32_EXPONENT_MASK):
+                        # A finite factor: q * factor takes eight values (and their negations) in the chunk, so
+                        # its codes come from a table of the eight magnitudes' outputs, looked up four codes at a
+                        # time (kernel_src.quant.nibbles). A negative q flips the output's sign bit, as it flips
+                        # the sign of the product: exact for any finite factor, negative or zero too. A
+                        # non-finite one (an all-zero chunk with a large input scale, see
+                        # tile_kernels_aot.reference) makes 0 * factor a NaN, whose code has no sign: that chunk
+                        # takes the per-element path.
+                        outputs = T.alloc_local((8,), T.float32)
+                        for m, value in enumerate(E2M1_VALUES):
+                            outputs[m] = T.float32(value) * factor
+                        table = T.alloc_local((2,), T.uint32)
+                        if out_fp4:
+                            # A power-of-two factor 2^shift (both scale factors powers of two: UE8M0, or float32 from
+                            # round_sf casts) with shift 0..3, which is every chunk whose own amax sets its scale (its
+                            # largest code lands on 4 or 6), has a constant table; any other factor encodes its own.
+                            shift = T.Cast('int32', T.reinterpret(factor, T.uint32) >> T.uint32(23)) - 127
+                            if power_of_two_between(factor, 0, len(POW2_CODE_TABLES) - 1):
+                                for half, all_selectors in enumerate(POW2_TABLE_SELECTORS):  # (a Python loop: constants by index)
+                                    selectors = T.Cast('uint32', T.uint64(all_selectors) >> T.Cast('uint64', shift * 16))
+                                    table[half] = prmt(T.uint32(IDENTITY_BYTES[0]), T.uint32(IDENTITY_BYTES[1]), selectors)
+                            else:
+                                encode_table(outputs, table)
+                            for w in T.unroll(in_bytes // 4):
+                                codes[w] = e2m1_word_through_table(words[w], magnitudes[w], table[0], table[1])
+                        else:
+                            table_bytes = T.view(table, (8,), T.float8_e4m3fn)
+                            for m in T.vectorized(8):  # one two-value conversion per pair
+                                table_bytes[m] = T.Cast(T.float8_e4m3fn, outputs[m])
+                            for w in T.unroll(in_bytes // 4):
+                                for half in T.unroll(2):
+                                    codes[2 * w + half] = table_bytes_of_codes(words[w], magnitudes[w], table[0], table[1], half)
+                    else:
+                        # Word by word: the float32 of eight codes through halves (see HALF_TABLE_LOW), times the
+                        # factor, encoded. Eight values live at a time, not the chunk's 32, so that this rare path
+                        # does not set the register count (and so the CTAs per SM) of the table path.
+                        for w in T.unroll(in_bytes // 4):
+                            half_pairs = T.alloc_local((4,), T.uint32)
+                            for half in T.unroll(2):
+                                high_bytes = table_bytes_of_codes(words[w], magnitudes[w], T.uint32(HALF_TABLE_LOW), T.uint32(HALF_TABLE_HIGH), half)
+                                # [0, b0, 0, b1] and [0, b2, 0, b3]: byte 4 of a permute is the zero operand's.
+                                half_pairs[2 * half] = byte_perm(high_bytes, T.uint32(0), T.uint32(0x1404))
+                                half_pairs[2 * half + 1] = byte_perm(high_bytes, T.uint32(0), T.uint32(0x3424))
+                            decoded = T.view(half_pairs, (8,), T.float16)
+                            for e in T.vectorized(8):
+                                values[8 * w + e] = T.Cast('float32', decoded[e]) * factor
+                            encode_word(values, w, codes)
+                elif f16_path:
+                    factor_exponent = T.Cast('int32', T.reinterpret(factor, T.uint32) >> T.uint32(23))
+                    # A power of two whose double is in f16's normal range, no NaN in the chunk, and every product within 6.
+                    if T.And(power_of_two_between(factor, -14, 14), T.And(chunk_amax * factor <= T.float32(6), T.Not(T.isnan(chunk_amax)))):
+                        f16_exponent = T.Cast('uint32', factor_exponent - (127 - 15) + 1) << T.uint32(10)  # twice the factor
+                        factor_pair = f16_exponent | (f16_exponent << T.uint32(16))
+                        # 2^28 in a register (round_sf >> 31 is 0, but no compiler can prove it).
+                        two_pow_28 = T.alloc_var(T.uint32)
+                        two_pow_28 = T.uint32(1 << 28) | (T.Cast('uint32', tid) & T.Cast('uint32', round_sf >> 31))
+                        for w in T.unroll(CHUNK // 8):
+                            codes[w] = T.call_extern('uint32', 'tk_e2m1_word_of_e4m3x8', words[2 * w], words[2 * w + 1], factor_pair, two_pow_28)
+                    else:
+                        # Word by word, eight values live at a time, so that this rare path does not set the register
+                        # count (and so the CTAs per SM) of the f16 one.
+                        for w in T.unroll(CHUNK // 8):
+                            for e in T.vectorized(8):
+                                values[8 * w + e] = T.Cast('float32', data[8 * w + e])
+                            for e in T.unroll(8):
+                                values[8 * w + e] = values[8 * w + e] * factor
+                            encode_word(values, w, codes)
+                else:
+                    encode_one_by_one(values, factor, codes)
+                code_bytes = T.view(codes, (out_bytes,), out_dtype)
+                if active:
+                    for e in T.vectorized(out_bytes):
+                        out[row, chunk * out_bytes + e] = code_bytes[e]
+
+    return KernelProgram(per_token_requant, alignment={'x': 16, 'x_sf': 1 if in_packed else 4, 'out': 16, 'out_sf': 4 if tiled or not packed else 1})
 
 
 def prebuilt():
