@@ -308,6 +308,8 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) 
         chunks_per_row: T.int32,  # ceil(hidden / num_per_channels) * num_per_channels / 32
         row_magic: T.int64,  # with row_shift, the division of a chunk's index by chunks_per_row (unused when tiled)
         row_shift: T.int32,
+        tile_magic: T.int64,  # with tile_shift, the division of a CTA's index by the tiles a row (used only when tiled)
+        tile_shift: T.int32,
         npc_log2: T.int32,
         in_block_m_log2: T.int32,
         in_block_k_log2: T.int32,
@@ -330,10 +332,10 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) 
             if tiled:
                 tile_row = T.alloc_var(T.int32)
                 tile_chunk = T.alloc_var(T.int32)
-                tiles_per_row = T.alloc_var(T.int32)
-                tiles_per_row = T.ceildiv(chunks_per_row, TILE_CHUNKS)
-                tile_row = block_index // tiles_per_row  # once a CTA: a division costs nothing here
-                tile_chunk = (block_index - tile_row * tiles_per_row) * TILE_CHUNKS
+                # A multiply-high, not a division: an integer division (a reciprocal and conversions on the slow XU
+                # pipe, ahead of every CTA's loads) cost e2m1 -> e2m1 8% (GPU run 4 of docs/gpu-runs/2026-12-01-h200-g.md).
+                tile_row = T.Cast('int32', (T.Cast('uint64', T.Cast('uint32', block_index)) * T.Cast('uint64', T.Cast('uint32', tile_magic))) >> T.Cast('uint64', tile_shift))
+                tile_chunk = (block_index - tile_row * T.ceildiv(chunks_per_row, TILE_CHUNKS)) * TILE_CHUNKS
                 tile_row = tile_row * TILE_ROWS
                 staged = T.alloc_shared((TILE_ROWS * TILE_CHUNKS,), T.uint8)  # [row][block of the tile]
             if per_thread == 1:

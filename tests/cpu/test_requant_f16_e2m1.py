@@ -131,3 +131,10 @@ def test_ties_and_boundaries():
         for i in range(0, len(pool), 8):
             codes = (pool[i:i + 8] + [0x00, 0x80] * 4)[:8]
             assert kernel_word(codes, k) == reference_word(codes, k), (k, [hex(c) for c in codes])
+
+
+def test_op_divides_by_the_kernels_tile():
+    """The op passes the division of a CTA's index by the tiles a row; the kernel's tile width must be the op's."""
+    from kernel_src.quant.per_token_requant import TILE_CHUNKS
+    from tile_kernels_aot.quant.per_token import _REQUANT_TILE_CHUNKS
+    assert TILE_CHUNKS == _REQUANT_TILE_CHUNKS

@@ -24,6 +24,7 @@ from tile_kernels_aot.quant.e5m6 import cast_back_from_e5m6, per_token_cast_to_e
 _BLOCK_WIDTHS = (16, 32, 64, 128)
 _ROW_MAX_VECTORS = 128 * 16  # per-row kernel: rows of up to 2048 16-byte vectors (bf16 rows over 1024 are read twice)
 _REQUANT_BLOCK_WIDTHS = (32, 64, 128)  # a quantised input is read in chunks of 32 elements
+_REQUANT_TILE_CHUNKS = 16  # chunks of a row a tiled CTA of per_token_requant takes (TILE_CHUNKS there)
 
 
 def _check_fmt(op: str, fmt: object) -> str:
@@ -132,9 +133,13 @@ def _requantize(op: str, x: object, fmt: str, num_per_channels: int, x_block_siz
     returned, sf_arg = alloc_sf(num_tokens, num_blocks, col_major, packed, data.device)
     out = alloc_quant_out(num_tokens, hidden, fmt, data.device)
     if num_tokens:
+        # Both layouts' divisions (kernel_src.quant.per_token_requant: a chunk's index by the chunks a row, or a tiled
+        # CTA's by the tiles a row); each binary reads the pair it needs.
         row_magic, row_shift = magic(chunks_per_row)
+        tile_magic, tile_shift = magic(-(-chunks_per_row // _REQUANT_TILE_CHUNKS))
         spec = dict(in_fmt='e2m1' if in_fp4 else 'e4m3', fmt=fmt, in_sf_format=sf_format(in_packed), sf_format=sf_format(packed))
-        scalars = dict(chunks_per_row=chunks_per_row, row_magic=row_magic, row_shift=row_shift, npc_log2=num_per_channels.bit_length() - 1,
+        scalars = dict(chunks_per_row=chunks_per_row, row_magic=row_magic, row_shift=row_shift, tile_magic=tile_magic, tile_shift=tile_shift,
+                       npc_log2=num_per_channels.bit_length() - 1,
                        in_block_m_log2=in_block_m.bit_length() - 1, in_block_k_log2=in_block_k.bit_length() - 1, round_sf=int(round_sf))
         tensors = {'x': data, 'x_sf': packed_sf_bytes(in_sf) if in_packed else in_sf, 'out': out, 'out_sf': sf_arg}
         find_kernel('quant.per_token_requant', spec, device)(device, tensors, scalars)
