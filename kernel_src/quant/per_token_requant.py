@@ -43,13 +43,13 @@ NUM_THREADS = 128
 # - a row's consecutive chunks, CHUNKS_PER_THREAD of them a thread, NUM_THREADS apart (each warp's loads one contiguous
 #   run), all loaded before any is encoded. e4m3 -> e2m1 waits on each chunk's load -> amax -> scale -> encode chain
 #   (12 CTAs an SM of one chunk a thread, no pipe saturated): two chunks a thread at 10 CTAs measured 2-3% faster;
-#   every other spec measured slower (1-9%), four chunks slower still.
+#   every other spec measured no faster (up to 9% slower), four chunks slower still.
 # - TILED: a CTA takes TILE_ROWS rows of TILE_CHUNKS chunks, so that its packed UE8M0 scale factors fill
 #   whole 32-byte sectors (a word of eight rows), which it gathers in shared memory and stores as such. With a row's
 #   consecutive chunks each lane's byte store took a sector of its own, and e2m1 -> e2m1 kept the L2 81% busy (run 9
-#   of docs/gpu-runs/2026-12-01-h200-f.md); tiled, the two e2m1-input UE8M0 specs measured 8% and 4% faster, with the
+#   of docs/gpu-runs/2026-12-01-h200-f.md); tiled, the two e2m1-input UE8M0 specs measured 8% and 5% faster, with the
 #   CTA's barrier before the encoding (after it, 2% less). Tiled, the e4m3-input specs measured no faster (within 1%)
-#   or up to 12% slower, and so did float32 scale factors (3-12%, and run 10 of that record), wherever the barrier.
+#   or up to 12% slower, and so did float32 scale factors (2-12%, and run 10 of that record), wherever the barrier.
 TILE_ROWS = 8
 TILE_CHUNKS = NUM_THREADS // TILE_ROWS
 TILED = {('e2m1', 'e2m1', 'ue8m0'), ('e2m1', 'e4m3', 'ue8m0')}
@@ -332,8 +332,9 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) 
             if tiled:
                 tile_row = T.alloc_var(T.int32)
                 tile_chunk = T.alloc_var(T.int32)
-                # A multiply-high, not a division: an integer division (a reciprocal and conversions on the slow XU
-                # pipe, ahead of every CTA's loads) cost e2m1 -> e2m1 8% (GPU run 4 of docs/gpu-runs/2026-12-01-h200-g.md).
+                # A multiply-high, not a division: with an integer division here (about 30 instructions, some on the
+                # slow XU pipe, ahead of every CTA's loads) e2m1 -> e2m1 lost the tiles' 8% (GPU run 4 of
+                # docs/gpu-runs/2026-12-01-h200-g.md).
                 tile_row = T.Cast('int32', (T.Cast('uint64', T.Cast('uint32', block_index)) * T.Cast('uint64', T.Cast('uint32', tile_magic))) >> T.Cast('uint64', tile_shift))
                 tile_chunk = (block_index - tile_row * T.ceildiv(chunks_per_row, TILE_CHUNKS)) * TILE_CHUNKS
                 tile_row = tile_row * TILE_ROWS
