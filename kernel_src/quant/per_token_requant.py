@@ -42,7 +42,7 @@ NUM_THREADS = 128
 # docs/gpu-runs/2026-12-01-h200-g.md):
 # - a row's consecutive chunks, CHUNKS_PER_THREAD of them a thread, NUM_THREADS apart (each warp's loads one contiguous
 #   run), all loaded before any is encoded. e4m3 -> e2m1 waits on each chunk's load -> amax -> scale -> encode chain
-#   (12 CTAs an SM of one chunk a thread, no pipe saturated): two chunks a thread at 10 CTAs measured 2-3% faster;
+#   (12 CTAs an SM of one chunk a thread, no pipe saturated): two chunks a thread at 10 CTAs measured 1-3% faster;
 #   every other spec measured no faster (up to 9% slower), four chunks slower still.
 # - TILED: a CTA takes TILE_ROWS rows of TILE_CHUNKS chunks, so that its packed UE8M0 scale factors fill
 #   whole 32-byte sectors (a word of eight rows), which it gathers in shared memory and stores as such. With a row's
