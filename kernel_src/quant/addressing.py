@@ -11,3 +11,11 @@ def unsigned_wide_mad(a, b, c):
     IMAD.WIDE.U32, where signed int64 operands cost sign extensions and a multiply per half."""
     u64 = lambda v: T.Cast('uint64', T.Cast('uint32', v))
     return T.Cast('int64', u64(a) * u64(b) + u64(c))
+
+
+def magic_quotient(n, magic, shift):
+    """n // d for int32 0 <= n < 2^31, from the (magic, shift) pair the op computes for d
+    (tile_kernels_aot.quant._common.magic): one unsigned 32 x 32 -> 64-bit multiply-high, where an integer
+    division costs some 30 instructions, some on the slow XU pipe."""
+    u64 = lambda v: T.Cast('uint64', T.Cast('uint32', v))
+    return T.Cast('int32', (u64(n) * u64(magic)) >> T.Cast('uint64', shift))

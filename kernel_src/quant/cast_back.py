@@ -16,6 +16,7 @@ the magnitudes, a multiply for the signs) and converted as e4m3 data.
 from tilelang import language as T
 
 from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
+from kernel_src.quant.addressing import magic_quotient
 from kernel_src.quant.common import SF_FORMATS
 from kernel_src.quant.nibbles import byte_perm
 
@@ -121,10 +122,8 @@ def build(arch: Arch, fmt: str, out_dtype: str, sf_format: str, num_threads: int
     def locate(units, rows, blocks, vectors_per_row, row_magic, row_shift, block_magic, block_shift):
         for i in T.unroll(num_units):
             vector = units[i] >> units_per_vector_log2
-            rows[i] = T.Cast('int32', (T.Cast('uint64', T.Cast('uint32', vector)) * T.Cast('uint64', T.Cast('uint32', row_magic)))
-                             >> T.Cast('uint64', row_shift))
-            blocks[i] = T.Cast('int32', (T.Cast('uint64', T.Cast('uint32', vector - rows[i] * vectors_per_row)) * T.Cast('uint64', T.Cast('uint32', block_magic)))
-                               >> T.Cast('uint64', block_shift))
+            rows[i] = magic_quotient(vector, row_magic, row_shift)
+            blocks[i] = magic_quotient(vector - rows[i] * vectors_per_row, block_magic, block_shift)
 
     # The loads, then the arithmetic and the stores, of a thread's units; `masked` (a Python bool) skips units
     # past the last row. The scale factors need no mask of their own: the op checks their shape, so a unit

@@ -41,6 +41,7 @@ import tilelang  # noqa: F401  (before tvm: it sets up the tvm that tilelang shi
 from tilelang import language as T
 
 from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
+from kernel_src.quant.addressing import magic_quotient
 from kernel_src.quant.common import IN_DTYPES, SF_FORMATS, inverse_pow2, pow2, pow2_scale_exponent
 from kernel_src.quant.token_sf import bf16_amax_into, cta_max, token_sf_tensor
 
@@ -286,8 +287,7 @@ def build_back(arch: Arch, out_dtype: str, sf_format: str, aligned: bool) -> Ker
     def locate(pid, tid, rows, group_cols, chunks_per_row, row_magic, row_shift):
         for i in T.unroll(units):
             v = pid * cta_chunks + i * (NUM_THREADS // units_per_chunk) + tid // units_per_chunk
-            rows[i] = T.Cast('int32', (T.Cast('uint64', T.Cast('uint32', v)) * T.Cast('uint64', T.Cast('uint32', row_magic)))
-                             >> T.Cast('uint64', row_shift))
+            rows[i] = magic_quotient(v, row_magic, row_shift)
             group_cols[i] = (v - rows[i] * chunks_per_row) * GROUPS_PER_CHUNK + tid % units_per_chunk // lanes_per_group
 
     # `out` comes first so that the launcher binds `hidden` from it and checks x's shape against it.
@@ -325,8 +325,7 @@ def build_back(arch: Arch, out_dtype: str, sf_format: str, aligned: bool) -> Ker
                         words[i, k] = x[T.Cast('int64', rows[i]), group_cols[i] * 3 + half + k]
                     # The block of the group's channels (a block holds whole groups: n % 8 == 0), by the same
                     # unsigned 32 x 32 -> 64-bit multiply-shift (block_magic < 2^32, the column < 2^31).
-                    block = T.Cast('int32', (T.Cast('uint64', T.Cast('uint32', group_cols[i] * 8)) * T.Cast('uint64', T.Cast('uint32', block_magic)))
-                                   >> T.Cast('uint64', block_shift))
+                    block = magic_quotient(group_cols[i] * 8, block_magic, block_shift)
                     if packed:
                         scales[i] = T.reinterpret(T.Cast(T.uint32, x_sf[block >> 2, rows[i] * 4 + (block & 3)]) << T.uint32(23), T.float32)
                     else:

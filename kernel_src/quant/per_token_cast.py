@@ -30,7 +30,7 @@ out of bounds.
 from tilelang import language as T
 
 from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
-from kernel_src.quant.addressing import unsigned_wide_mad
+from kernel_src.quant.addressing import magic_quotient, unsigned_wide_mad
 from kernel_src.quant.common import (
     FORMATS, IN_DTYPES, MODE_CAST, MODE_PRECOMPUTED, MODE_SF_ONLY, SF_FORMATS, block_scale, e2m1_word,
 )
@@ -132,8 +132,7 @@ def build(arch: Arch, in_dtype: str, fmt: str, sf_format: str, per_row: bool, al
     def locate(pid, tid, rows, vecs, vectors_per_row, row_magic, row_shift):
         for j in T.unroll(num_vectors):
             v = pid * slots + j * num_threads + tid
-            rows[j] = T.Cast('int32', (T.Cast('uint64', T.Cast('uint32', v)) * T.Cast('uint64', T.Cast('uint32', row_magic)))
-                             >> T.Cast('uint64', row_shift))
+            rows[j] = magic_quotient(v, row_magic, row_shift)
             vecs[j] = v - rows[j] * vectors_per_row
 
     # bf16 is widened to float32 once (into `wide`) for the amax and the cast alike: converting at each use

@@ -31,6 +31,7 @@ import struct
 from tilelang import language as T
 
 from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
+from kernel_src.quant.addressing import magic_quotient
 from kernel_src.quant.common import FLOAT32_EXPONENT_MASK, FORMATS, SF_FORMATS, block_scale, e2m1_top_nibble, e2m1_word, let
 from kernel_src.quant.nibbles import (
     CODE_MAGNITUDES, PRMT_PRELUDE, byte_perm, e2m1_word_through_table, largest_magnitude, prmt, table_bytes_of_codes, table_word,
@@ -332,10 +333,9 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) 
             if tiled:
                 tile_row = T.alloc_var(T.int32)
                 tile_chunk = T.alloc_var(T.int32)
-                # A multiply-high, not a division: with an integer division here (about 30 instructions, some on the
-                # slow XU pipe, ahead of every CTA's loads) e2m1 -> e2m1 lost the tiles' 8% (GPU run 4 of
-                # docs/gpu-runs/2026-12-01-h200-g.md).
-                tile_row = T.Cast('int32', (T.Cast('uint64', T.Cast('uint32', block_index)) * T.Cast('uint64', T.Cast('uint32', tile_magic))) >> T.Cast('uint64', tile_shift))
+                # Not `//`: with an integer division ahead of every CTA's loads e2m1 -> e2m1 lost the tiles' 8% (GPU run
+                # 4 of docs/gpu-runs/2026-12-01-h200-g.md).
+                tile_row = magic_quotient(block_index, tile_magic, tile_shift)
                 tile_chunk = (block_index - tile_row * T.ceildiv(chunks_per_row, TILE_CHUNKS)) * TILE_CHUNKS
                 tile_row = tile_row * TILE_ROWS
                 staged = T.alloc_shared((TILE_ROWS * TILE_CHUNKS,), T.uint8)  # [row][block of the tile]
@@ -351,7 +351,7 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) 
                 else:
                     c = T.alloc_var(T.int32)
                     c = block_index * NUM_THREADS + tid
-                    row = T.Cast('int32', (T.Cast('uint64', T.Cast('uint32', c)) * T.Cast('uint64', T.Cast('uint32', row_magic))) >> T.Cast('uint64', row_shift))
+                    row = magic_quotient(c, row_magic, row_shift)
                     chunk = c - row * chunks_per_row
                 col = chunk * CHUNK
                 active = T.And(row < num_tokens, col < hidden)
@@ -372,7 +372,7 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) 
                 for k in T.unroll(per_thread):
                     c = T.alloc_var(T.int32)
                     c = (block_index * per_thread + k) * NUM_THREADS + tid
-                    rows[k] = T.Cast('int32', (T.Cast('uint64', T.Cast('uint32', c)) * T.Cast('uint64', T.Cast('uint32', row_magic))) >> T.Cast('uint64', row_shift))
+                    rows[k] = magic_quotient(c, row_magic, row_shift)
                     chunks[k] = c - rows[k] * chunks_per_row
                     actives[k] = T.And(rows[k] < num_tokens, chunks[k] * CHUNK < hidden)
                     load_chunk(x, x_sf, all_data, scales, k, rows[k], chunks[k], actives[k], rows[k] >> in_block_m_log2, (chunks[k] * CHUNK) >> in_block_k_log2)
