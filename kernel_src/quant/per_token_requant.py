@@ -325,8 +325,8 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) 
             T.assume(row_stride % 16 == 0)
             if tiled and packed:
                 T.assume(sf_word_stride % 4 == 0)  # bytes of int32 words: a word is one 32-bit store
-            if (in_fmt, fmt, in_sf_format) in MIN_BLOCKS:
-                T.annotate_min_blocks_per_sm(MIN_BLOCKS_BY_TARGET.get((arch.target, in_fmt, fmt, in_sf_format), MIN_BLOCKS[in_fmt, fmt, in_sf_format]))
+            if spec in MIN_BLOCKS:
+                T.annotate_min_blocks_per_sm(MIN_BLOCKS_BY_TARGET.get((arch.target, *spec), MIN_BLOCKS[spec]))
             tid = T.get_thread_binding()
             all_data = T.alloc_local((per_thread * in_bytes,), in_dtype)
             scales = T.alloc_local((per_thread,), T.float32)  # the input scale factor of each chunk
@@ -340,6 +340,8 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) 
                 tile_row = tile_row * TILE_ROWS
                 staged = T.alloc_shared((TILE_ROWS * TILE_CHUNKS,), T.uint8)  # [row][block of the tile]
             if per_thread == 1:
+                # (Not the loop below with one turn: written so, these specs' cubins changed and e2m1 -> e2m1 measured
+                # 2% slower, GPU run 3 of docs/gpu-runs/2026-12-01-h200-g.md; this form keeps them as measured.)
                 # Bound once (locals, not expressions pasted at each use): every address below derives from them.
                 row = T.alloc_var(T.int32)
                 chunk = T.alloc_var(T.int32)  # of the row; in chunks, not elements, so that the vectoriser still sees
