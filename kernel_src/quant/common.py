@@ -26,6 +26,12 @@ MODE_CAST, MODE_SF_ONLY, MODE_PRECOMPUTED = 0, 1, 2  # the run-time `mode` of th
 # (but far below any tie), so an FFMA and a separate multiply and add round alike; with flush-to-zero a
 # subnormal a becomes 0, code 0 as well.
 E2M1_CLAMP = 6.0  # the largest e2m1 magnitude; every |v| above 5 has code 7
+# The clamp matters only from 7 up: below it the rounding add gives k <= 3 in the binade of 4 (code 7, 6.0) by
+# itself, and a NaN still gives code 0. A cast's products q * m, |q| <= amax, lie within RN(amax * m) (rounding is
+# monotone), so a kernel that finds |amax * m| below this bound for all of its values may encode them unclamped.
+# In a plain cast it holds for every finite amax (amax * RN(6 / amax) <= 6 (1 + 2^-23)); a NaN or infinite amax or
+# factor fails the test and keeps the clamp, as may a given scale factor (mode 2).
+E2M1_UNCLAMPED_BOUND = 7.0
 E2M1_ROUNDING_SCALE = 2.0**-22  # a * this, added to 2^e, lands a's e2m1 step on the last mantissa bit
 FLOAT32_EXPONENT_MASK = 0x7F800000
 FLOAT32_SIGN_BIT = 0x80000000
@@ -45,10 +51,13 @@ def let(name, dtype, value, body):
     return tirx.Let(var, value, body(var))
 
 
-def e2m1_top_nibble(v):
+def e2m1_top_nibble(v, clamp=True):
     """uint32 whose top 4 bits are the e2m1 code of float32 v (RTNE, saturated at 6, sign of v in bit 31;
     NaN gives the code of a signed zero), bit-exact with the reference's compares; the 28 bits below are
-    not zero. Six instructions: FMNMX.NAN, FMNMX, LOP3, FFMA, IMAD, LOP3."""
+    not zero. Six instructions: FMNMX.NAN, FMNMX, LOP3, FFMA, IMAD, LOP3.
+
+    clamp=False, for a caller that has shown |v| < 7 or NaN (see E2M1_UNCLAMPED_BOUND), leaves out the
+    FMNMX.NAN: an integer-pipe instruction an element, where that pipe bounds the e2m1 casts."""
     # `a > 6 ? 6 : a` keeps a NaN (nvcc emits FMNMX.NAN), where min(a, 6) would give 6 and the code 7.
     clamped = lambda a: T.if_then_else(a > T.float32(E2M1_CLAMP), T.float32(E2M1_CLAMP), a)
 
@@ -57,9 +66,17 @@ def e2m1_top_nibble(v):
         rounded = a * T.float32(E2M1_ROUNDING_SCALE) + T.reinterpret(binade, T.float32)
         return T.reinterpret(rounded, T.uint32) * T.uint32(E2M1_TOP_NIBBLE_MULTIPLIER) + T.uint32(E2M1_TOP_NIBBLE_OFFSET)
 
-    magnitude = let('e2m1_abs', 'float32', clamped(T.abs(v)), magnitude_top_nibble)
+    magnitude = let('e2m1_abs', 'float32', clamped(T.abs(v)) if clamp else T.abs(v), magnitude_top_nibble)
     # Bit 31 of `magnitude` is 0 (codes 0..7), so v's sign bit is selected in (one LOP3), not added.
     return magnitude | (T.reinterpret(v, T.uint32) & T.uint32(FLOAT32_SIGN_BIT))
+
+
+def e2m1_saturated(v):
+    """float32 v clamped to [-6, 6], a NaN kept: what e2m1_top_nibble's clamp does to |v|, sign kept, so that
+    e2m1_top_nibble(e2m1_saturated(v), clamp=False) is e2m1_top_nibble(v). For the rare values past
+    E2M1_UNCLAMPED_BOUND, clamped once where a kernel's common path encodes unclamped."""
+    return let('e2m1_product', 'float32', v, lambda p: T.if_then_else(
+        p > T.float32(E2M1_CLAMP), T.float32(E2M1_CLAMP), T.if_then_else(p < T.float32(-E2M1_CLAMP), T.float32(-E2M1_CLAMP), p)))
 
 
 def e2m1_code(v):
@@ -67,13 +84,13 @@ def e2m1_code(v):
     return T.Cast('int32', e2m1_top_nibble(v) >> T.uint32(28))
 
 
-def e2m1_word(values):
+def e2m1_word(values, clamp=True):
     """uint32 of the e2m1 codes of up to eight float32 values, values[i] in nibble i (so, as bytes, two codes
     per byte with the even one in the low nibble): one funnel shift (SHF.L.U32.HI) per code on top of
-    e2m1_top_nibble, pushing the last value first."""
-    word = e2m1_top_nibble(values[-1]) >> T.uint32(28)
+    e2m1_top_nibble, pushing the last value first. clamp: as e2m1_top_nibble's."""
+    word = e2m1_top_nibble(values[-1], clamp) >> T.uint32(28)
     for v in reversed(values[:-1]):
-        word = (word << T.uint32(4)) | (e2m1_top_nibble(v) >> T.uint32(28))
+        word = (word << T.uint32(4)) | (e2m1_top_nibble(v, clamp) >> T.uint32(28))
     return word
 
 

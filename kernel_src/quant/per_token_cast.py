@@ -32,7 +32,8 @@ from tilelang import language as T
 from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
 from kernel_src.quant.addressing import magic_quotient, unsigned_wide_mad
 from kernel_src.quant.common import (
-    FORMATS, IN_DTYPES, MODE_CAST, MODE_PRECOMPUTED, MODE_SF_ONLY, SF_FORMATS, block_scale, e2m1_word,
+    E2M1_UNCLAMPED_BOUND, FORMATS, IN_DTYPES, MODE_CAST, MODE_PRECOMPUTED, MODE_SF_ONLY, SF_FORMATS, block_scale, e2m1_saturated,
+    e2m1_word,
 )
 from kernel_src.quant.token_sf import bf16_amax_into, cta_max, store_token_sf, token_sf_tensor
 
@@ -48,11 +49,15 @@ ROW_VECTORS = {'bfloat16': 8, 'float32': 16}
 # Resident CTAs per SM asked of ptxas (__launch_bounds__'s second argument). Both kernels are latency-bound
 # (Nsight: issue 0.47 per_row, 0.70 flat e2m1) and every load of a CTA is issued at once, so the bytes in
 # flight per SM grow with the resident CTAs. Flat bf16 e2m1 took 96 registers (5 CTAs), capped 80 with no
-# spill (6 CTAs); the aligned e4m3 kernels are already under 80 (63), so the cap does not touch them. The
-# unaligned e2m1 kernels fit 64 registers (8 CTAs) without a spill; at 64 the aligned bf16 e2m1 kernel spills
-# 8 bytes on sm_100a and the unaligned bf16 e4m3 one 16 bytes.
+# spill (6 CTAs); the aligned e4m3 kernels are already under 80 (63), so the cap does not touch them; at 64 the
+# unaligned bf16 e4m3 one spills 16 bytes. Every flat e2m1 kernel fits 64 registers (8 CTAs) without a spill
+# since its encoding dropped the clamp (E2M1_UNCLAMPED_BOUND): aligned bf16 e2m1 went from 80 registers (6 CTAs)
+# to 66 (7) and measured 5% faster, up to 1% more at 8 CTAs (GPU runs 2-3 of docs/gpu-runs/2026-12-01-h200-h.md); at
+# 56 registers (9 CTAs) the bf16 ones spill.
 ROW_MIN_BLOCKS = {'bfloat16': 8, 'float32': 5}
-FLAT_MIN_BLOCKS, UNALIGNED_E2M1_MIN_BLOCKS = 6, 8
+FLAT_MIN_BLOCKS, E2M1_MIN_BLOCKS = 6, 8
+# sm_100a's ptxas spills the bf16 e2m1 kernels with float32 scale factors at 64 registers (8 and 24 bytes a thread).
+E2M1_MIN_BLOCKS_BY_TARGET = {('sm_100a', 'bfloat16', 'f32'): 7}
 
 # The unaligned bf16 kernel's loads: a vector's eight elements at a 2-byte aligned address as the five aligned
 # words that cover them (four when the address is 4-byte aligned: the fifth load repeats the fourth), funnelled
@@ -74,6 +79,15 @@ template <typename T> __device__ __forceinline__ void tk_load_bf16x8_words(const
   d[3] = __byte_perm(w3, w4, selector);
 }
 """
+
+
+def products_bounded(amaxes, multipliers):
+    """Whether every |amaxes[j] * multipliers[j]| is below E2M1_UNCLAMPED_BOUND (false for a NaN)."""
+    tests = [T.abs(a * m) < T.float32(E2M1_UNCLAMPED_BOUND) for a, m in zip(amaxes, multipliers)]
+    bounded = tests[0]
+    for test in tests[1:]:
+        bounded = T.And(bounded, test)
+    return bounded
 
 
 def pick(values, k):
@@ -114,7 +128,7 @@ def build(arch: Arch, in_dtype: str, fmt: str, sf_format: str, per_row: bool, al
     packed = sf_format == 'ue8m0'
     fmax, floor = FORMATS[fmt]
     num_vectors = num_vectors or NUM_VECTORS
-    min_blocks = UNALIGNED_E2M1_MIN_BLOCKS if not aligned and fmt == 'e2m1' else FLAT_MIN_BLOCKS
+    min_blocks = E2M1_MIN_BLOCKS_BY_TARGET.get((arch.target, in_dtype, sf_format), E2M1_MIN_BLOCKS) if fp4 else FLAT_MIN_BLOCKS
     slots = num_threads * num_vectors
     group_log2 = (num_vectors - 1).bit_length()  # lanes that share the scale work, log2
     group = 1 << group_log2
@@ -166,6 +180,24 @@ def build(arch: Arch, in_dtype: str, fmt: str, sf_format: str, per_row: bool, al
                                 out_sf_flat[flat_index(byte_index + b)] = T.uint8(0)
             elif block < num_sf_blocks:
                 out_sf_flat[flat_index(row * sf_row_step + block * sf_block_step)] = value
+
+    @T.macro
+    def cast_e2m1(out_flat, values, wide, multiplier, rows, vecs, hidden, num_tokens):
+        for j in T.unroll(num_vectors):
+            # A vector's codes as one word (4 bits per element: 32 bits for bf16, 16 for fp32) that the
+            # byte-vector store reads back whole, computed outside the store's condition: tilelang emits
+            # that store as a block of its own, and bytes written one by one, or under another `if`, stay
+            # separate registers that nvcc merges back byte by byte. A masked vector's codes are computed
+            # and dropped.
+            codes = T.alloc_local((1,), code_word)
+            codes[0] = T.Cast(code_word, e2m1_word([as_float(values, wide, j, e) * multiplier[j] for e in range(epv)], clamp=False))
+            code_bytes = T.view(codes, (epv // 2,), T.int8)
+            if rows[j] < num_tokens and vecs[j] * epv < hidden:
+                # Addressed in code words by an unsigned 32-bit index (row * hidden + col < 2^31, the op's
+                # index limit): an IMAD and one IMAD.WIDE.U32 from the base, where the 64-bit vector index
+                # took seven instructions a store and was rebuilt per store.
+                for e in T.vectorized(epv // 2):
+                    out_flat[flat_index(rows[j] * (hidden // epv) + vecs[j]) * (epv // 2) + e] = code_bytes[e]
 
     @T.prim_func
     def per_token_cast(
@@ -270,11 +302,17 @@ def build(arch: Arch, in_dtype: str, fmt: str, sf_format: str, per_row: bool, al
                 if s < lanes_log2:
                     for j in T.unroll(num_vectors):
                         amax[j] = T.max(amax[j], T.shfl_xor(amax[j], 1 << s))
+            # e2m1: whether every product lies within E2M1_UNCLAMPED_BOUND (see the cast below), tested where the
+            # amaxes are still live: tested later, they stayed live through the scale factors' stores and the
+            # unaligned bf16 kernel spilled at its 64 registers.
+            unclamped = T.alloc_var(T.bool)
             if mode == MODE_PRECOMPUTED:
                 if not packed:
                     for j in T.unroll(num_vectors):
                         if rows[j] < num_tokens and vecs[j] * epv < hidden and (vecs[j] * epv >> npc_log2) < num_sf_blocks:
                             multiplier[j] = T.float32(1) / out_sf[rows[j], vecs[j] * epv >> npc_log2]
+                    if fp4:
+                        unclamped = products_bounded([amax[j] for j in range(num_vectors)], [multiplier[j] for j in range(num_vectors)])
             else:
                 # All lanes of a block hold its amax, so lane k of each aligned group of `group` lanes
                 # (inside one block when a block has that many lanes) scales only its vector k and
@@ -288,6 +326,10 @@ def build(arch: Arch, in_dtype: str, fmt: str, sf_format: str, per_row: bool, al
                     own_mult = multiplier[0]
                     for j in T.unroll(num_vectors):
                         multiplier[j] = T.shfl_sync(own_mult, (tid & ~(group - 1)) + j)
+                    if fp4:
+                        # Each lane tests its own vector k; the warp's vote covers the group's (and more).
+                        own_bounded = products_bounded([pick([amax[j] for j in range(num_vectors)], k)], [own_mult])
+                        unclamped = T.call_extern('int32', '__all_sync', T.uint32(0xFFFFFFFF), own_bounded) != 0
                     # The lanes at offsets 0..num_vectors-1 of a block store the scale factors of their
                     # own vector k (offset k of the block is lane k of its group): one store per thread,
                     # where testing every vector's lane cost each thread all num_vectors store paths.
@@ -298,30 +340,32 @@ def build(arch: Arch, in_dtype: str, fmt: str, sf_format: str, per_row: bool, al
                 else:
                     for j in T.unroll(num_vectors):
                         block_scale(amax[j], T.float32(floor), fmax, round_sf, packed, sf, multiplier, j)
+                    if fp4:
+                        unclamped = products_bounded([amax[j] for j in range(num_vectors)], [multiplier[j] for j in range(num_vectors)])
                     # A block has fewer lanes than a group: its first lane stores each of its vectors'.
                     for j in T.unroll(num_vectors):
                         if (tid & ((1 << lanes_log2) - 1)) == 0:
                             store_sf(out_sf_flat, rows[j], vecs[j] * epv, sf[j], npc_log2, hidden, num_tokens, num_sf_blocks, num_sf_words,
                                      sf_row_step, sf_block_step)
 
-            if mode != MODE_SF_ONLY:
+            if mode != MODE_SF_ONLY and fp4:
+                # The codes without e2m1_top_nibble's clamp, one integer-pipe instruction an element fewer: every
+                # product lies within E2M1_UNCLAMPED_BOUND where its vector's amax * multiplier does (always, in a
+                # plain cast of finite values). Otherwise (NaN fails the test too) the products are clamped
+                # beforehand, in place, and the multipliers become 1: one encoding path, where a second,
+                # clamped, copy of it made nvcc spill (the unaligned bf16 kernel at its 64 registers).
+                if not unclamped:
+                    for j in T.unroll(num_vectors):
+                        for e in T.unroll(epv):
+                            if widen:
+                                wide[j, e] = e2m1_saturated(wide[j, e] * multiplier[j])
+                            else:
+                                values[j, e] = e2m1_saturated(values[j, e] * multiplier[j])
+                        multiplier[j] = T.float32(1)
+                cast_e2m1(out_flat, values, wide, multiplier, rows, vecs, hidden, num_tokens)
+            elif mode != MODE_SF_ONLY:
                 for j in T.unroll(num_vectors):
-                    if fp4:
-                        # A vector's codes as one word (4 bits per element: 32 bits for bf16, 16 for fp32)
-                        # that the byte-vector store reads back whole, computed outside the store's
-                        # condition: tilelang emits that store as a block of its own, and bytes written
-                        # one by one, or under another `if`, stay separate registers that nvcc merges
-                        # back byte by byte. A masked vector's codes are computed and dropped.
-                        codes = T.alloc_local((1,), code_word)
-                        codes[0] = T.Cast(code_word, e2m1_word([as_float(values, wide, j, e) * multiplier[j] for e in range(epv)]))
-                        code_bytes = T.view(codes, (epv // 2,), T.int8)
-                        if rows[j] < num_tokens and vecs[j] * epv < hidden:
-                            # Addressed in code words by an unsigned 32-bit index (row * hidden + col < 2^31, the
-                            # op's index limit): an IMAD and one IMAD.WIDE.U32 from the base, where the 64-bit
-                            # vector index took seven instructions a store and was rebuilt per store.
-                            for e in T.vectorized(epv // 2):
-                                out_flat[flat_index(rows[j] * (hidden // epv) + vecs[j]) * (epv // 2) + e] = code_bytes[e]
-                    elif rows[j] < num_tokens and vecs[j] * epv < hidden:
+                    if rows[j] < num_tokens and vecs[j] * epv < hidden:
                         # Vectorised, so that tilelang converts pairs (one F2FP per two elements, packed in
                         # place) instead of one F2FP per element and a byte merge each.
                         quantized = T.alloc_local((epv,), T.float8_e4m3fn)

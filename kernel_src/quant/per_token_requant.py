@@ -32,7 +32,7 @@ from tilelang import language as T
 
 from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
 from kernel_src.quant.addressing import magic_quotient
-from kernel_src.quant.common import FLOAT32_EXPONENT_MASK, FORMATS, SF_FORMATS, block_scale, e2m1_top_nibble, e2m1_word, let
+from kernel_src.quant.common import E2M1_UNCLAMPED_BOUND, FLOAT32_EXPONENT_MASK, FORMATS, SF_FORMATS, block_scale, e2m1_saturated, e2m1_top_nibble, e2m1_word, let
 from kernel_src.quant.nibbles import (
     CODE_MAGNITUDES, PRMT_PRELUDE, byte_perm, e2m1_word_through_table, largest_magnitude, prmt, table_bytes_of_codes, table_word,
 )
@@ -487,14 +487,21 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) 
                         for w in T.unroll(CHUNK // 8):
                             codes[w] = T.call_extern('uint32', 'tk_e2m1_word_of_e4m3x8', words[2 * w], words[2 * w + 1], factor_pair, two_pow_28)
                     else:
-                        # Word by word, eight values live at a time, so that this rare path does not set the register
-                        # count (and so the CTAs per SM) of the f16 one.
+                        # Word by word, eight values live at a time, so that this path (any factor but a power of two)
+                        # does not set the register count (and so the CTAs per SM) of the f16 one. Encoded without
+                        # e2m1_top_nibble's clamp where every product lies within chunk_amax * factor below
+                        # E2M1_UNCLAMPED_BOUND (a NaN fails the test), else clamped beforehand.
+                        unclamped = T.alloc_var(T.bool)
+                        unclamped = T.abs(chunk_amax * factor) < T.float32(E2M1_UNCLAMPED_BOUND)
                         for w in T.unroll(CHUNK // 8):
                             for e in T.vectorized(8):
                                 values[8 * w + e] = T.Cast('float32', data[8 * w + e])
                             for e in T.unroll(8):
                                 values[8 * w + e] = values[8 * w + e] * factor
-                            encode_word(values, w, codes)
+                            if not unclamped:
+                                for e in T.unroll(8):
+                                    values[8 * w + e] = e2m1_saturated(values[8 * w + e])
+                            codes[w] = e2m1_word([values[8 * w + e] for e in range(8)], clamp=False)
                 else:
                     encode_one_by_one(values, factor, codes)
                 code_bytes = T.view(codes, (out_bytes,), out_dtype)

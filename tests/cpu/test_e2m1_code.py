@@ -17,22 +17,25 @@ from tile_kernels_aot.reference.cast import E2M1_THRESHOLDS, E2M1_VALUES, e2m1_c
 common = pytest.importorskip('kernel_src.quant.common')
 
 
-def emulated_e2m1_codes(bits: torch.Tensor) -> torch.Tensor:
+def emulated_e2m1_codes(bits: torch.Tensor, clamp: bool = True) -> torch.Tensor:
     """The codes (int64, sign in bit 3) that e2m1_top_nibble's instructions give for the float32 bit patterns
     `bits` (int32), one step per instruction, in IEEE float32 arithmetic: `a > clamp ? clamp : a` keeps a
-    NaN (FMNMX.NAN), fmax drops one (FMNMX). The FFMA is a multiply and an add here: a * 2^-22 is exact for
-    a >= 2^-104, and below that both give m, so the one rounding is the FFMA's. A NaN result is the GPU's
-    canonical NaN, 0x7FFFFFFF, whatever the payload of a (the CPU keeps payloads, so it is set here)."""
+    NaN (FMNMX.NAN; left out with clamp=False), fmax drops one (FMNMX). The FFMA is a multiply and an add
+    here: a * 2^-22 is exact for a >= 2^-104, and below that both give m, so the one rounding is the FFMA's.
+    A NaN result is the GPU's canonical NaN, 0x7FFFFFFF, whatever the payload of a (the CPU keeps payloads,
+    so it is set here)."""
     v = bits.view(torch.float32)
     a = v.abs()
-    clamp = torch.tensor(common.E2M1_CLAMP, dtype=torch.float32)
     one = torch.ones((), dtype=torch.float32)
-    a = torch.where(a > clamp, clamp, a)
+    if clamp:
+        limit = torch.tensor(common.E2M1_CLAMP, dtype=torch.float32)
+        a = torch.where(a > limit, limit, a)
     binade = torch.fmax(a, one).view(torch.int32) & common.FLOAT32_EXPONENT_MASK
     rounded = a * common.E2M1_ROUNDING_SCALE + binade.view(torch.float32)
     rounded_bits = torch.where(rounded.isnan(), torch.tensor(0x7FFFFFFF, dtype=torch.int32), rounded.view(torch.int32))
     magnitude = (rounded_bits.long() * common.E2M1_TOP_NIBBLE_MULTIPLIER + common.E2M1_TOP_NIBBLE_OFFSET) & 0xFFFFFFFF
-    assert not (magnitude & common.FLOAT32_SIGN_BIT).any()  # the sign bit is free for v's
+    if clamp:  # (unclamped, a magnitude from 7 up runs into it; the tests below compare the codes)
+        assert not (magnitude & common.FLOAT32_SIGN_BIT).any()  # the sign bit is free for v's
     return (magnitude | (bits.long() & common.FLOAT32_SIGN_BIT)) >> 28
 
 
@@ -80,3 +83,34 @@ def test_ties_round_to_even():
     assert codes == [0, 2, 2, 4, 4, 6, 6, 7, 7, 7, 8, 8, 15]
     nans = torch.tensor([0x7FC00000, 0xFFC00000, 0x7F800001, 0xFFFFFFFF]).to(torch.int32)
     assert emulated_e2m1_codes(nans).tolist() == [0, 8, 0, 8]
+
+
+def test_unclamped_codes_match_the_reference_below_the_bound():
+    """e2m1_top_nibble(clamp=False), which the casts use where every |product| is below E2M1_UNCLAMPED_BOUND:
+    the same codes as the reference for every representative pattern below the bound and every NaN."""
+    bits = representative_bits()
+    v = bits.view(torch.float32)
+    bits = bits[(v.abs() < common.E2M1_UNCLAMPED_BOUND) | v.isnan()]
+    got, want = emulated_e2m1_codes(bits, clamp=False), reference_e2m1_codes(bits)
+    bad = (got != want).nonzero().flatten()
+    assert bad.numel() == 0, [(hex(int(bits[i]) & 0xFFFFFFFF), int(got[i]), int(want[i])) for i in bad[:10]]
+    assert (bits.view(torch.float32).abs() > 6.99).any()  # the set reaches the bound
+
+
+def test_unclamped_codes_need_the_bound():
+    """At the bound the unclamped add rounds 7 up to the next binade (code 8: the sign nibble), so the bound is
+    where the clamp starts to matter, not a loose guess."""
+    seven = torch.tensor([common.E2M1_UNCLAMPED_BOUND], dtype=torch.float32).view(torch.int32)
+    assert emulated_e2m1_codes(seven, clamp=False).item() != reference_e2m1_codes(seven).item() == 7
+
+
+def test_saturated_then_unclamped_is_the_clamped_code():
+    """The casts' rare path: products clamped to [-6, 6] beforehand (e2m1_saturated, NaN kept), then encoded
+    unclamped, give the reference's codes for every representative pattern, infinities and huge values too."""
+    bits = representative_bits()
+    v = bits.view(torch.float32)
+    six = torch.tensor(common.E2M1_CLAMP, dtype=torch.float32)
+    saturated = torch.where(v > six, six, torch.where(v < -six, -six, v))
+    got, want = emulated_e2m1_codes(saturated.view(torch.int32), clamp=False), reference_e2m1_codes(bits)
+    bad = (got != want).nonzero().flatten()
+    assert bad.numel() == 0, [(hex(int(bits[i]) & 0xFFFFFFFF), int(got[i]), int(want[i])) for i in bad[:10]]
