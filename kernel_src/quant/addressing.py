@@ -19,3 +19,9 @@ def magic_quotient(n, magic, shift):
     division costs some 30 instructions, some on the slow XU pipe."""
     u64 = lambda v: T.Cast('uint64', T.Cast('uint32', v))
     return T.Cast('int32', (u64(n) * u64(magic)) >> T.Cast('uint64', shift))
+
+
+def unsigned_index(index):
+    """An int32 element index of a flat view, widened as unsigned 32-bit (one IMAD.WIDE.U32 from the base where a
+    signed 64-bit row * stride + column * stride took about 15 instructions), for indices the ops keep below 2^31."""
+    return T.Cast('int64', T.Cast('uint32', index))

@@ -30,12 +30,12 @@ out of bounds.
 from tilelang import language as T
 
 from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
-from kernel_src.quant.addressing import magic_quotient, unsigned_wide_mad
+from kernel_src.quant.addressing import magic_quotient, unsigned_index, unsigned_wide_mad
 from kernel_src.quant.common import (
     E2M1_UNCLAMPED_BOUND, FORMATS, IN_DTYPES, MODE_CAST, MODE_PRECOMPUTED, MODE_SF_ONLY, SF_FORMATS, block_scale, e2m1_saturated,
     e2m1_word,
 )
-from kernel_src.quant.token_sf import bf16_amax_into, cta_max, store_token_sf, token_sf_tensor
+from kernel_src.quant.token_sf import bf16_amax_into, cta_max, sf_flat_view, store_token_sf, store_token_sf_flat, token_sf_tensor
 
 NUM_THREADS = 128
 NUM_VECTORS = 4  # vectors per thread in the flat layout: 64 bytes of loads in flight
@@ -156,31 +156,6 @@ def build(arch: Arch, in_dtype: str, fmt: str, sf_format: str, per_row: bool, al
     def as_float(values, wide, j, e):
         return wide[j, e] if widen else T.Cast('float32', values[j, e])
 
-    # The scale factor of the block holding column col of row, for rows and columns inside x: as
-    # store_token_sf, but addressed through a flat view by an unsigned 32-bit index (one IMAD.WIDE.U32 from
-    # the base), where the strided buffer's signed 64-bit row * stride + block * stride took about 15
-    # instructions. The op allocates these scale factors (the kernel only reads given ones), so every
-    # index stays below the element count of x, which the op keeps under 2^31.
-    def flat_index(index):
-        return T.Cast('int64', T.Cast('uint32', index))
-
-    @T.macro
-    def store_sf(out_sf_flat, row, col, value, npc_log2, hidden, num_tokens, num_sf_blocks, num_sf_words, sf_row_step, sf_block_step):
-        if row < num_tokens and col < hidden:
-            block = col >> npc_log2
-            if packed:
-                # Byte block % 4 of word block / 4 of the row (sf_row_step 4, sf_block_step the word stride);
-                # the last block of a row zeroes the rest of its word (deterministic output).
-                if (block >> 2) < num_sf_words:
-                    byte_index = (block >> 2) * sf_block_step + row * 4 + (block & 3)
-                    out_sf_flat[flat_index(byte_index)] = T.Cast(T.uint8, value)
-                    if ((block + 1) << npc_log2) >= hidden:
-                        for b in T.unroll(1, 4):
-                            if (block & 3) + b < 4:
-                                out_sf_flat[flat_index(byte_index + b)] = T.uint8(0)
-            elif block < num_sf_blocks:
-                out_sf_flat[flat_index(row * sf_row_step + block * sf_block_step)] = value
-
     @T.macro
     def cast_e2m1(out_flat, values, wide, multiplier, rows, vecs, hidden, num_tokens):
         for j in T.unroll(num_vectors):
@@ -197,7 +172,7 @@ def build(arch: Arch, in_dtype: str, fmt: str, sf_format: str, per_row: bool, al
                 # index limit): an IMAD and one IMAD.WIDE.U32 from the base, where the 64-bit vector index
                 # took seven instructions a store and was rebuilt per store.
                 for e in T.vectorized(epv // 2):
-                    out_flat[flat_index(rows[j] * (hidden // epv) + vecs[j]) * (epv // 2) + e] = code_bytes[e]
+                    out_flat[unsigned_index(rows[j] * (hidden // epv) + vecs[j]) * (epv // 2) + e] = code_bytes[e]
 
     @T.prim_func
     def per_token_cast(
@@ -230,14 +205,7 @@ def build(arch: Arch, in_dtype: str, fmt: str, sf_format: str, per_row: bool, al
             # vectors by unsigned_wide_mad.
             x_flat = T.Tensor(((num_tokens - 1) * row_stride + hidden,), in_dtype, x.data)
             out_flat = T.reshape(out, (num_tokens * out_type[1],))
-            # out_sf as one flat span (from its first element to its last), for store_sf.
-            if packed:
-                sf_row_step, sf_block_step = 4, out_sf.strides[0]
-                out_sf_flat = T.Tensor(((out_sf.shape[0] - 1) * out_sf.strides[0] + out_sf.shape[1],), T.uint8, out_sf.data)
-            else:
-                sf_row_step, sf_block_step = out_sf.strides[0], out_sf.strides[1]
-                out_sf_flat = T.Tensor(((out_sf.shape[0] - 1) * out_sf.strides[0] + (out_sf.shape[1] - 1) * out_sf.strides[1] + 1,),
-                                       T.float32, out_sf.data)
+            out_sf_flat, sf_row_step, sf_block_step = sf_flat_view(out_sf, packed)
 
             locate(pid, tid, rows, vecs, vectors_per_row, row_magic, row_shift)
             for j in T.unroll(num_vectors):
@@ -334,7 +302,7 @@ def build(arch: Arch, in_dtype: str, fmt: str, sf_format: str, per_row: bool, al
                     # own vector k (offset k of the block is lane k of its group): one store per thread,
                     # where testing every vector's lane cost each thread all num_vectors store paths.
                     if (tid & ((1 << lanes_log2) - 1)) < num_vectors:
-                        store_sf(out_sf_flat, pick([rows[j] for j in range(num_vectors)], k),
+                        store_token_sf_flat(out_sf_flat, packed, pick([rows[j] for j in range(num_vectors)], k),
                                  pick([vecs[j] for j in range(num_vectors)], k) * epv, own_sf, npc_log2, hidden, num_tokens,
                                  num_sf_blocks, num_sf_words, sf_row_step, sf_block_step)
                 else:
@@ -345,7 +313,7 @@ def build(arch: Arch, in_dtype: str, fmt: str, sf_format: str, per_row: bool, al
                     # A block has fewer lanes than a group: its first lane stores each of its vectors'.
                     for j in T.unroll(num_vectors):
                         if (tid & ((1 << lanes_log2) - 1)) == 0:
-                            store_sf(out_sf_flat, rows[j], vecs[j] * epv, sf[j], npc_log2, hidden, num_tokens, num_sf_blocks, num_sf_words,
+                            store_token_sf_flat(out_sf_flat, packed, rows[j], vecs[j] * epv, sf[j], npc_log2, hidden, num_tokens, num_sf_blocks, num_sf_words,
                                      sf_row_step, sf_block_step)
 
             if mode != MODE_SF_ONLY and fp4:

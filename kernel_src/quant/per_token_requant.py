@@ -36,7 +36,7 @@ from kernel_src.quant.common import E2M1_UNCLAMPED_BOUND, FLOAT32_EXPONENT_MASK,
 from kernel_src.quant.nibbles import (
     CODE_MAGNITUDES, PRMT_PRELUDE, byte_perm, e2m1_word_through_table, largest_magnitude, prmt, table_bytes_of_codes, table_word,
 )
-from kernel_src.quant.token_sf import store_token_sf, token_sf_tensor
+from kernel_src.quant.token_sf import sf_flat_view, store_token_sf, store_token_sf_flat, token_sf_tensor
 
 NUM_THREADS = 128
 # Two layouts of the chunks over the CTAs, chosen per (in_fmt, fmt, in_sf_format) by measurement (GPU runs 1-3 of
@@ -55,6 +55,12 @@ TILE_ROWS = 8
 TILE_CHUNKS = NUM_THREADS // TILE_ROWS
 TILED = {('e2m1', 'e2m1', 'ue8m0'), ('e2m1', 'e4m3', 'ue8m0')}
 CHUNKS_PER_THREAD = {('e4m3', 'e2m1', sf): 2 for sf in SF_FORMATS}
+# The untiled specs store a chunk's scale factor through a flat view by an unsigned 32-bit index (store_token_sf_flat),
+# where the strided buffer's 64-bit addressing took about 10 instructions a chunk more: e4m3 -> e2m1 measured 3.7%
+# faster with float32 scale factors and 1.2% with packed UE8M0, e2m1 -> e2m1 1.5% (GPU run 8 of
+# docs/gpu-runs/2026-12-01-h200-h.md). e4m3 -> e4m3 keeps the strided store: the flat one made its float32 variant
+# 10% slower there, which its SASS (the same loads and stores, a predicated store for a branch) does not explain.
+STRIDED_SF_STORE = {('e4m3', 'e4m3')}
 CHUNK = 32  # logical elements per thread
 # CTAs per SM the register allocation must allow, where it costs no spills. e4m3 to e4m3 took 53 registers
 # unbounded (56 allocated: 9 CTAs, 36 KB of loads in flight per SM, one 32-byte chunk a thread); 48 give 10
@@ -221,6 +227,7 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) 
     sf_type = token_sf_tensor(packed, num_tokens, num_sf_blocks, num_sf_words, sf_word_stride, T.dynamic('sf_stride_t'), T.dynamic('sf_stride_k'))
     spec = (in_fmt, fmt, in_sf_format)
     tiled = spec in TILED
+    flat_sf_store = not tiled and (in_fmt, fmt) not in STRIDED_SF_STORE
     per_thread = CHUNKS_PER_THREAD.get(spec, 1)
     assert not tiled or (packed and per_thread == 1)
     in_dtype = T.int8 if in_fp4 else T.float8_e4m3fn
@@ -339,6 +346,8 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) 
                 tile_chunk = (block_index - tile_row * T.ceildiv(chunks_per_row, TILE_CHUNKS)) * TILE_CHUNKS
                 tile_row = tile_row * TILE_ROWS
                 staged = T.alloc_shared((TILE_ROWS * TILE_CHUNKS,), T.uint8)  # [row][block of the tile]
+            elif flat_sf_store:
+                out_sf_flat, sf_row_step, sf_block_step = sf_flat_view(out_sf, packed)
             if per_thread == 1:
                 # (Not the loop below with one turn: written so, these specs' cubins changed and e2m1 -> e2m1 measured
                 # 2% slower, GPU run 3 of docs/gpu-runs/2026-12-01-h200-g.md; this form keeps them as measured.)
@@ -425,7 +434,11 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) 
                 if tiled:
                     store_tile_sf(out_sf, staged, sf[0], active, tid, tile_row, tile_chunk, npc_log2)
                 elif active and (tid & ((1 << (npc_log2 - 5)) - 1)) == 0:
-                    store_token_sf(out_sf, packed, row, block, sf[0], (block + 1) << npc_log2 >= hidden, num_sf_blocks, num_sf_words)
+                    if flat_sf_store:
+                        store_token_sf_flat(out_sf_flat, packed, row, chunk * CHUNK, sf[0], npc_log2, hidden, num_tokens, num_sf_blocks,
+                                            num_sf_words, sf_row_step, sf_block_step)
+                    else:
+                        store_token_sf(out_sf, packed, row, block, sf[0], (block + 1) << npc_log2 >= hidden, num_sf_blocks, num_sf_words)
                 codes = T.alloc_local((out_bytes // 4,), T.uint32)
                 if in_fp4:
                     if (T.reinterpret(factor, T.uint32) & T.uint32(FLOAT32_EXPONENT_MASK)) != T.uint32(FLOAT32_EXPONENT_MASK):

@@ -8,6 +8,8 @@ Its own module (not common.py), so that a change here re-lowers only those kerne
 
 from tilelang import language as T
 
+from kernel_src.quant.addressing import unsigned_index
+
 
 def token_sf_tensor(packed: bool, rows, blocks, words, word_stride, stride_t, stride_k, row_bytes=None):
     """Scale factors as the kernels read and write them: float32 [rows, blocks] in any strides, or the bytes
@@ -63,3 +65,36 @@ def store_token_sf(out_sf, packed: bool, row, block, value, last_in_row, num_sf_
                         out_sf[block >> 2, row * 4 + (block & 3) + b] = T.uint8(0)
     elif block < num_sf_blocks:
         out_sf[row, block] = value
+
+
+def sf_flat_view(out_sf, packed: bool):
+    """(view, row_step, block_step): out_sf (a token_sf_tensor) as one flat span from its first element to its
+    last, and a row's and a block's steps in it (packed: in bytes, 4 a row and a word's stride a block's word),
+    for store_token_sf_flat."""
+    if packed:
+        view = T.Tensor(((out_sf.shape[0] - 1) * out_sf.strides[0] + out_sf.shape[1],), T.uint8, out_sf.data)
+        return view, 4, out_sf.strides[0]
+    view = T.Tensor(((out_sf.shape[0] - 1) * out_sf.strides[0] + (out_sf.shape[1] - 1) * out_sf.strides[1] + 1,), T.float32, out_sf.data)
+    return view, out_sf.strides[0], out_sf.strides[1]
+
+
+@T.macro
+def store_token_sf_flat(out_sf_flat, packed: bool, row, col, value, npc_log2, hidden, num_tokens, num_sf_blocks, num_sf_words, sf_row_step,
+                        sf_block_step):
+    """store_token_sf of the block holding column col of row, through sf_flat_view's view by an unsigned 32-bit index
+    (see unsigned_index): for scale factors the op allocates, whose every index stays below the element count of
+    the data, which the ops keep under 2^31."""
+    if row < num_tokens and col < hidden:
+        block = col >> npc_log2
+        if packed:
+            # Byte block % 4 of word block / 4 of the row (sf_row_step 4, sf_block_step the word stride);
+            # the last block of a row zeroes the rest of its word (deterministic output).
+            if (block >> 2) < num_sf_words:
+                byte_index = (block >> 2) * sf_block_step + row * 4 + (block & 3)
+                out_sf_flat[unsigned_index(byte_index)] = T.Cast(T.uint8, value)
+                if ((block + 1) << npc_log2) >= hidden:
+                    for b in T.unroll(1, 4):
+                        if (block & 3) + b < 4:
+                            out_sf_flat[unsigned_index(byte_index + b)] = T.uint8(0)
+        elif block < num_sf_blocks:
+            out_sf_flat[unsigned_index(row * sf_row_step + block * sf_block_step)] = value
