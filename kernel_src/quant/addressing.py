@@ -6,19 +6,22 @@ Its own module (not common.py), so that a change here re-lowers only its users.
 from tilelang import language as T
 
 
+def _u64(v):
+    """An int32 >= 0 as uint64, through uint32 (no sign extension)."""
+    return T.Cast('uint64', T.Cast('uint32', v))
+
+
 def unsigned_wide_mad(a, b, c):
     """a * b + c for int32 a, b, c >= 0, as int64 through unsigned 32 x 32 -> 64-bit arithmetic: one
     IMAD.WIDE.U32, where signed int64 operands cost sign extensions and a multiply per half."""
-    u64 = lambda v: T.Cast('uint64', T.Cast('uint32', v))
-    return T.Cast('int64', u64(a) * u64(b) + u64(c))
+    return T.Cast('int64', _u64(a) * _u64(b) + _u64(c))
 
 
 def magic_quotient(n, magic, shift):
     """n // d for int32 0 <= n < 2^31, from the (magic, shift) pair the op computes for d
     (tile_kernels_aot.quant._common.magic): one unsigned 32 x 32 -> 64-bit multiply-high, where an integer
     division costs some 30 instructions, some on the slow XU pipe."""
-    u64 = lambda v: T.Cast('uint64', T.Cast('uint32', v))
-    return T.Cast('int32', (u64(n) * u64(magic)) >> T.Cast('uint64', shift))
+    return T.Cast('int32', (_u64(n) * _u64(magic)) >> T.Cast('uint64', shift))
 
 
 def unsigned_index(index):

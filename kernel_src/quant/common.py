@@ -79,6 +79,16 @@ def e2m1_saturated(v):
         p > T.float32(E2M1_CLAMP), T.float32(E2M1_CLAMP), T.if_then_else(p < T.float32(-E2M1_CLAMP), T.float32(-E2M1_CLAMP), p)))
 
 
+def products_bounded(amaxes, multipliers):
+    """Whether every |amaxes[j] * multipliers[j]| is below E2M1_UNCLAMPED_BOUND (false for a NaN): the test under
+    which a cast may encode its products with e2m1_top_nibble(clamp=False)."""
+    tests = [T.abs(a * m) < T.float32(E2M1_UNCLAMPED_BOUND) for a, m in zip(amaxes, multipliers)]
+    bounded = tests[0]
+    for test in tests[1:]:
+        bounded = T.And(bounded, test)
+    return bounded
+
+
 def e2m1_code(v):
     """The 4-bit e2m1 code of float32 v as an int32 (sign in bit 3), bit-exact with the reference's RTNE."""
     return T.Cast('int32', e2m1_top_nibble(v) >> T.uint32(28))

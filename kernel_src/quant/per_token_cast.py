@@ -32,8 +32,8 @@ from tilelang import language as T
 from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
 from kernel_src.quant.addressing import magic_quotient, unsigned_index, unsigned_wide_mad
 from kernel_src.quant.common import (
-    E2M1_UNCLAMPED_BOUND, FORMATS, IN_DTYPES, MODE_CAST, MODE_PRECOMPUTED, MODE_SF_ONLY, SF_FORMATS, block_scale, e2m1_saturated,
-    e2m1_word,
+    FORMATS, IN_DTYPES, MODE_CAST, MODE_PRECOMPUTED, MODE_SF_ONLY, SF_FORMATS, block_scale, e2m1_saturated, e2m1_word,
+    products_bounded,
 )
 from kernel_src.quant.token_sf import bf16_amax_into, cta_max, sf_flat_view, store_token_sf, store_token_sf_flat, token_sf_tensor
 
@@ -79,15 +79,6 @@ template <typename T> __device__ __forceinline__ void tk_load_bf16x8_words(const
   d[3] = __byte_perm(w3, w4, selector);
 }
 """
-
-
-def products_bounded(amaxes, multipliers):
-    """Whether every |amaxes[j] * multipliers[j]| is below E2M1_UNCLAMPED_BOUND (false for a NaN)."""
-    tests = [T.abs(a * m) < T.float32(E2M1_UNCLAMPED_BOUND) for a, m in zip(amaxes, multipliers)]
-    bounded = tests[0]
-    for test in tests[1:]:
-        bounded = T.And(bounded, test)
-    return bounded
 
 
 def pick(values, k):

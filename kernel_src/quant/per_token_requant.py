@@ -32,7 +32,9 @@ from tilelang import language as T
 
 from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
 from kernel_src.quant.addressing import magic_quotient
-from kernel_src.quant.common import E2M1_UNCLAMPED_BOUND, FLOAT32_EXPONENT_MASK, FORMATS, SF_FORMATS, block_scale, e2m1_saturated, e2m1_top_nibble, e2m1_word, let
+from kernel_src.quant.common import (
+    FLOAT32_EXPONENT_MASK, FORMATS, SF_FORMATS, block_scale, e2m1_saturated, e2m1_top_nibble, e2m1_word, let, products_bounded,
+)
 from kernel_src.quant.nibbles import (
     CODE_MAGNITUDES, PRMT_PRELUDE, byte_perm, e2m1_word_through_table, largest_magnitude, prmt, table_bytes_of_codes, table_word,
 )
@@ -369,10 +371,11 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) 
                 # int32 variables too, so that the scale factors' addresses widen to 64 bits only at the end.
                 in_row = T.alloc_var(T.int32)
                 in_block = T.alloc_var(T.int32)
-                block = T.alloc_var(T.int32)
                 in_row = row >> in_block_m_log2
                 in_block = col >> in_block_k_log2
-                block = col >> npc_log2
+                if not flat_sf_store:  # (the strided store's block; the flat one takes the column)
+                    block = T.alloc_var(T.int32)
+                    block = col >> npc_log2
                 load_chunk(x, x_sf, all_data, scales, 0, row, chunk, active, in_row, in_block)
             else:
                 # Every chunk's loads are issued before any is encoded; a thread's chunks are NUM_THREADS apart, so
@@ -395,7 +398,8 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) 
                     row = rows[k]
                     chunk = chunks[k]
                     active = actives[k]
-                    block = (chunk * CHUNK) >> npc_log2
+                    if not flat_sf_store:
+                        block = (chunk * CHUNK) >> npc_log2
                 values = T.alloc_local((CHUNK,), T.float32)
                 amax = T.alloc_local((1,), T.float32)
                 sf = T.alloc_local((1,), T.float32)
@@ -505,7 +509,7 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) 
                         # e2m1_top_nibble's clamp where every product lies within chunk_amax * factor below
                         # E2M1_UNCLAMPED_BOUND (a NaN fails the test), else clamped beforehand.
                         unclamped = T.alloc_var(T.bool)
-                        unclamped = T.abs(chunk_amax * factor) < T.float32(E2M1_UNCLAMPED_BOUND)
+                        unclamped = products_bounded([chunk_amax], [factor])
                         for w in T.unroll(CHUNK // 8):
                             for e in T.vectorized(8):
                                 values[8 * w + e] = T.Cast('float32', data[8 * w + e])
