@@ -22,7 +22,7 @@ import sys
 
 import torch
 
-from benchmarks.run import CASES
+from benchmarks.run import CASES, cases_of
 from tile_kernels_aot._select import prebuilt_specs
 
 
@@ -76,16 +76,16 @@ def main() -> int:
         for spec in prebuilt_specs(kernel, 0):
             text = json.dumps(spec, separators=(',', ':'), sort_keys=True)
             if all(w in text for w in words.split(',') if w):
-                label, fn, _ = CASES[kernel](spec, args.tokens)
-                profiled(f'ours {kernel} {text} {label}', fn)
+                for label, fn, _ in cases_of(CASES[kernel], spec, args.tokens):
+                    profiled(f'ours {kernel} {text} {label}', fn)
     if args.upstream:
         import tile_kernels as tk
 
-        from benchmarks.upstream import CASES as UPSTREAM_CASES
+        from benchmarks import upstream
 
         for kernel in args.upstream:
-            label, _, theirs, _, _ = UPSTREAM_CASES[kernel](tk, args.tokens)
-            profiled(f'upstream {kernel} {label}', theirs)
+            for label, _, theirs, _, _ in upstream.cases_of(upstream.CASES[kernel], tk, args.tokens):
+                profiled(f'upstream {kernel} {label}', theirs)
     return 0
 
 

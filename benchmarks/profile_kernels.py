@@ -36,17 +36,17 @@ def main() -> int:
     args = parser.parse_args()
     import tile_kernels as tk
 
-    from benchmarks.upstream import CASES
+    from benchmarks.upstream import CASES, cases_of
 
     for kernel, case in CASES.items():
         if not fnmatch.fnmatchcase(kernel, args.kernels):
             continue
         try:
-            label, mine, theirs, _, _ = case(tk, args.tokens)
-            for who, fn in (('ours', mine), ('upstream', theirs)):
-                parts = kernel_times(fn)
-                print(f'{kernel} [{label}] {who}: total {sum(t for _, t in parts):.1f} us = '
-                      + ', '.join(f'{name[:60]} {t:.1f}' for name, t in parts), flush=True)
+            for label, mine, theirs, _, _ in cases_of(case, tk, args.tokens):
+                for who, fn in (('ours', mine), ('upstream', theirs)):
+                    parts = kernel_times(fn)
+                    print(f'{kernel} [{label}] {who}: total {sum(t for _, t in parts):.1f} us = '
+                          + ', '.join(f'{name[:60]} {t:.1f}' for name, t in parts), flush=True)
         except Exception as exc:  # report and go on
             print(f'{kernel}: {type(exc).__name__}: {str(exc)[:200]}', flush=True)
     return 0

@@ -16,6 +16,7 @@ import json
 import statistics
 import sys
 import time
+from functools import partial
 
 import torch
 
@@ -86,7 +87,14 @@ def nbytes(*tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-# -- one case builder per kernel: spec -> (label, fn, bytes moved) at a token count ------------------
+# -- one case builder per kernel: spec -> (label, fn, bytes moved) at a token count, or a list of them where a spec
+# -- serves inputs that take different paths through its kernel ----------------------------------------------------
+
+
+def cases_of(case, spec, tokens) -> list:
+    result = case(spec, tokens)
+    return result if isinstance(result, list) else [result]
+
 
 DTYPE_OF_SIZE = {1: torch.float8_e4m3fn, 2: torch.bfloat16, 4: torch.float32}
 
@@ -128,15 +136,19 @@ def per_token_cast_case(spec, tokens):
 
 def per_token_requant_case(spec, tokens):
     """Upstream's benchmark shape for a quantised input: e4m3 data with (128, 128) blocks (e2m1: (32, 32)),
-    re-quantised with 128 (e2m1: 32) channels per scale factor."""
+    re-quantised with 128 (e2m1: 32) channels per scale factor, with round_sf; float32 scale factors also without it
+    (upstream's default), where no factor is a power of two and the kernels take another path."""
     x = torch.randn(tokens, 7168, device='cuda', dtype=torch.bfloat16)
     packed = spec['sf_format'] == 'ue8m0'
-    flags = dict(use_tma_aligned_col_major_sf=packed, round_sf=True, use_packed_ue8m0=packed)
     block = (128, 128) if spec['in_fmt'] == 'e4m3' else (32, 32)
-    q = tile_kernels_aot.quant.per_block_cast(x, spec['in_fmt'], block, **flags)
     npc = 128 if spec['fmt'] == 'e4m3' else 32
-    fn = lambda: tile_kernels_aot.quant.per_token_cast(q, spec['fmt'], npc, x_block_size=block, **flags)  # noqa: E731
-    return f'T={tokens}, H=7168, {block} -> {npc} per sf', fn, nbytes(*q, *fn())
+    cases = []
+    for round_sf in (True,) if packed else (True, False):
+        flags = {'use_tma_aligned_col_major_sf': packed, 'round_sf': round_sf, 'use_packed_ue8m0': packed}
+        q = tile_kernels_aot.quant.per_block_cast(x, spec['in_fmt'], block, **flags)
+        fn = partial(tile_kernels_aot.quant.per_token_cast, q, spec['fmt'], npc, x_block_size=block, **flags)
+        cases.append((f'T={tokens}, H=7168, {block} -> {npc} per sf{"" if round_sf else ", no round_sf"}', fn, nbytes(*q, *fn())))
+    return cases
 
 
 def cast_back_case(spec, tokens):
@@ -405,18 +417,19 @@ def main() -> int:
         if not fnmatch.fnmatchcase(kernel, args.kernels):
             continue
         for spec in prebuilt_specs(kernel, 0):
-            label, fn, moved = case(spec, args.tokens)
-            us = timer.device_us(fn)
-            row = {'kernel': kernel, 'spec': spec, 'shape': label, 'us': us, 'gbs': moved / us / 1e3, 'of_copy': moved / us / 1e3 / copy_gbs}
-            if args.decode and kernel != 'transpose.batched_transpose':
-                row['decode'] = {}
-                for t in DECODE_TOKENS:
-                    _, small, _ = case(spec, t)
-                    row['decode'][t] = {'graph_us': timer.graph_us(small), 'host_us': timer.host_us(small)}
-            rows.append(row)
-            print(f'{kernel:28s} {json.dumps(spec, separators=(",", ":")):90s} {label:18s} {us:8.1f} us {row["gbs"]:7.0f} GB/s {100 * row["of_copy"]:5.1f}%', flush=True)
-            del fn
-            torch.cuda.empty_cache()
+            for i, (label, fn, moved) in enumerate(cases_of(case, spec, args.tokens)):
+                us = timer.device_us(fn)
+                row = {'kernel': kernel, 'spec': spec, 'shape': label, 'us': us, 'gbs': moved / us / 1e3, 'of_copy': moved / us / 1e3 / copy_gbs}
+                if args.decode and kernel != 'transpose.batched_transpose':
+                    row['decode'] = {}
+                    for t in DECODE_TOKENS:
+                        small = cases_of(case, spec, t)[i][1]
+                        row['decode'][t] = {'graph_us': timer.graph_us(small), 'host_us': timer.host_us(small)}
+                rows.append(row)
+                print(f'{kernel:28s} {json.dumps(spec, separators=(",", ":")):90s} {label:18s} {us:8.1f} us {row["gbs"]:7.0f} GB/s '
+                      f'{100 * row["of_copy"]:5.1f}%', flush=True)
+                del fn
+                torch.cuda.empty_cache()
     if args.out:
         with open(args.out, 'w') as f:
             for row in rows:

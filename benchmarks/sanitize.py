@@ -16,7 +16,7 @@ import sys
 
 import torch
 
-from benchmarks.run import CASES
+from benchmarks.run import CASES, cases_of
 from tile_kernels_aot._select import prebuilt_specs
 
 
@@ -25,17 +25,18 @@ def main() -> int:
     parser.add_argument('--kernels', default='*')
     parser.add_argument('--tokens', type=int, default=130)
     args = parser.parse_args()
-    count = 0
+    count = specs = 0
     for kernel, case in CASES.items():
         if not fnmatch.fnmatchcase(kernel, args.kernels):
             continue
         for spec in prebuilt_specs(kernel, 0):
-            label, fn, _ = case(spec, args.tokens)
-            fn()
-            torch.cuda.synchronize()
-            count += 1
-            print(f'ran {kernel} {spec} {label}', flush=True)
-    print(f'{count} specs ran')
+            specs += 1
+            for label, fn, _ in cases_of(case, spec, args.tokens):
+                fn()
+                torch.cuda.synchronize()
+                count += 1
+                print(f'ran {kernel} {spec} {label}', flush=True)
+    print(f'{specs} specs ran ({count} cases)')
     return 0 if count else 1
 
 

@@ -15,6 +15,7 @@ import fnmatch
 import json
 import sys
 import time
+from functools import partial
 
 import torch
 
@@ -34,7 +35,12 @@ def _close(a, b):
     return a.shape == b.shape and torch.allclose(a.float(), b.float(), rtol=1e-5, atol=1e-8)
 
 
-# -- one case per kernel: tokens -> (label, ours, theirs, compare, bytes moved) ------------------------
+# -- one case builder per kernel: tokens -> (label, ours, theirs, compare, bytes moved), or a list of them -------
+
+
+def cases_of(case, tk, tokens) -> list:
+    result = case(tk, tokens)
+    return result if isinstance(result, list) else [result]
 
 
 def transpose_case(tk, tokens):
@@ -114,18 +120,36 @@ def mask_by_tp_case(tk, tokens):
 
 
 def per_token_cast_case(tk, tokens):
+    """Upstream's three benchmark configurations: e4m3 128 per scale factor, its column-major packed UE8M0 variant
+    with round_sf, and e2m1 32 per scale factor."""
     x = torch.randn(tokens, 7168, device='cuda').bfloat16()
-    return 'e4m3 128/ch H7168', lambda: ours.quant.per_token_cast(x, 'e4m3', 128), lambda: tk.quant.per_token_cast(x, 'e4m3', 128), \
-        _all_same_bits, nbytes(x) + x.numel() + tokens * 56 * 4
+    packed = {'use_tma_aligned_col_major_sf': True, 'round_sf': True, 'use_packed_ue8m0': True}
+    cases = []
+    for fmt, npc, flags, label in (('e4m3', 128, {}, 'e4m3 128/ch H7168'), ('e4m3', 128, packed, 'e4m3 128/ch packed UE8M0 H7168'),
+                                   ('e2m1', 32, {}, 'e2m1 32/ch H7168')):
+        sf_bytes = tokens * (-(-7168 // npc)) * (1 if flags else 4)
+        cases.append((label, partial(ours.quant.per_token_cast, x, fmt, npc, **flags), partial(tk.quant.per_token_cast, x, fmt, npc, **flags),
+                      _all_same_bits, nbytes(x) + x.numel() // (2 if fmt == 'e2m1' else 1) + sf_bytes))
+    return cases
 
 
 def per_token_requant_case(tk, tokens):
+    """A quantised input re-quantised: e4m3 (128, 128) blocks to e4m3 128 per scale factor (packed UE8M0) and to e2m1
+    32 per scale factor (float32 scale factors without round_sf, upstream's default, and packed UE8M0), e2m1 (32, 32)
+    blocks to e2m1 (packed UE8M0)."""
     x = torch.randn(tokens, 7168, device='cuda').bfloat16()
-    flags = dict(use_tma_aligned_col_major_sf=True, round_sf=True, use_packed_ue8m0=True)
-    q = ours.quant.per_block_cast(x, 'e4m3', (128, 128), **flags)
-    return 'e4m3 (128,128) -> e4m3 128/ch packed UE8M0 H7168', \
-        lambda: ours.quant.per_token_cast(q, 'e4m3', 128, x_block_size=(128, 128), **flags), \
-        lambda: tk.quant.per_token_cast(q, 'e4m3', 128, x_block_size=(128, 128), **flags), _all_same_bits, 2 * x.numel() + tokens * 56 * 4
+    packed = {'use_tma_aligned_col_major_sf': True, 'round_sf': True, 'use_packed_ue8m0': True}
+    cases = []
+    for in_fmt, block, fmt, npc, flags, label in (
+            ('e4m3', (128, 128), 'e4m3', 128, packed, 'e4m3 (128,128) -> e4m3 128/ch packed UE8M0 H7168'),
+            ('e4m3', (128, 128), 'e2m1', 32, {}, 'e4m3 (128,128) -> e2m1 32/ch f32 sf H7168'),
+            ('e4m3', (128, 128), 'e2m1', 32, packed, 'e4m3 (128,128) -> e2m1 32/ch packed UE8M0 H7168'),
+            ('e2m1', (32, 32), 'e2m1', 32, packed, 'e2m1 (32,32) -> e2m1 32/ch packed UE8M0 H7168')):
+        q = ours.quant.per_block_cast(x, in_fmt, block, **flags)
+        mine = partial(ours.quant.per_token_cast, q, fmt, npc, x_block_size=block, **flags)
+        theirs = partial(tk.quant.per_token_cast, q, fmt, npc, x_block_size=block, **flags)
+        cases.append((label, mine, theirs, _all_same_bits, nbytes(*q, *mine())))
+    return cases
 
 
 def cast_back_case(tk, tokens):
@@ -309,6 +333,14 @@ CASES = {
 }
 
 
+def error_row(kernel: str, exc: Exception, label: str = '') -> dict:
+    row = {'kernel': kernel, 'error': f'{type(exc).__name__}: {exc}'[:500]}
+    if label:
+        row['shape'] = label
+    print(f'{kernel:34s} {label} ERROR {row["error"]}', flush=True)
+    return row
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--out', default=None)
@@ -327,28 +359,26 @@ def main() -> int:
     for kernel, case in CASES.items():
         if not fnmatch.fnmatchcase(kernel, args.kernels):
             continue
+        label = ''
         try:
-            label, mine, theirs, compare, moved = case(tk, args.tokens)
-            t0 = time.perf_counter()
-            expected = theirs()
-            torch.cuda.synchronize()
-            first_call_s = time.perf_counter() - t0
-            same = bool(compare(mine(), expected))
-            ours_us, theirs_us = [], []
-            for _ in range(3):  # interleaved
-                ours_us.append(timer.device_us(mine))
-                theirs_us.append(timer.device_us(theirs))
-            row = {'kernel': kernel, 'shape': label, 'tokens': args.tokens, 'same_result': same, 'upstream_first_call_s': first_call_s,
-                   'ours_us': min(ours_us), 'upstream_us': min(theirs_us), 'ours_of_copy': moved / min(ours_us) / 1e3 / copy_gbs,
-                   'upstream_of_copy': moved / min(theirs_us) / 1e3 / copy_gbs}
-        except Exception as exc:  # report and go on: one upstream failure must not hide the other cases
-            row = {'kernel': kernel, 'error': f'{type(exc).__name__}: {exc}'[:500]}
-            print(f'{kernel:34s} ERROR {row["error"]}', flush=True)
-            rows.append(row)
-            continue
-        rows.append(row)
-        print(f'{kernel:34s} {label:38s} same={same!s:5s} ours {row["ours_us"]:8.1f} us ({100 * row["ours_of_copy"]:5.1f}%)  '
-              f'upstream {row["upstream_us"]:8.1f} us ({100 * row["upstream_of_copy"]:5.1f}%)  first call {first_call_s:.2f} s', flush=True)
+            for label, mine, theirs, compare, moved in cases_of(case, tk, args.tokens):
+                t0 = time.perf_counter()
+                expected = theirs()
+                torch.cuda.synchronize()
+                first_call_s = time.perf_counter() - t0
+                same = bool(compare(mine(), expected))
+                ours_us, theirs_us = [], []
+                for _ in range(3):  # interleaved
+                    ours_us.append(timer.device_us(mine))
+                    theirs_us.append(timer.device_us(theirs))
+                row = {'kernel': kernel, 'shape': label, 'tokens': args.tokens, 'same_result': same, 'upstream_first_call_s': first_call_s,
+                       'ours_us': min(ours_us), 'upstream_us': min(theirs_us), 'ours_of_copy': moved / min(ours_us) / 1e3 / copy_gbs,
+                       'upstream_of_copy': moved / min(theirs_us) / 1e3 / copy_gbs}
+                rows.append(row)
+                print(f'{kernel:34s} {label:38s} same={same!s:5s} ours {row["ours_us"]:8.1f} us ({100 * row["ours_of_copy"]:5.1f}%)  '
+                      f'upstream {row["upstream_us"]:8.1f} us ({100 * row["upstream_of_copy"]:5.1f}%)  first call {first_call_s:.2f} s', flush=True)
+        except Exception as exc:  # report and go on: one upstream failure must not hide the other kernels
+            rows.append(error_row(kernel, exc, label))
     if args.out:
         with open(args.out, 'w') as f:
             for row in rows:
