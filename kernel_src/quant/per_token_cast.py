@@ -65,18 +65,28 @@ E2M1_MIN_BLOCKS_BY_TARGET = {('sm_100a', 'bfloat16', 'f32'): 7}
 # same 512 bytes, took the kernel to 70% of copy bandwidth. Every word read holds an element of the vector, so
 # no read leaves the memory the vector lies in. __ldg keeps them global loads (the address went through an
 # integer, which made plain loads generic ones).
+# The kernel's integer (ALU) pipe is its bound (80-82% busy, and its time tracked that pipe's instruction count
+# against the aligned kernel's), so the address is formed on the FMA pipe, by two unsigned 32 x 32 -> 64-bit
+# multiply-adds (row * 2 row_stride onto base + 2 col, both int32 >= 0), the fifth word is one of two predicated
+# loads at fixed offsets (no address of its own), and the permute's selector is a multiply-add of the half-word
+# bit: where the signed 64-bit index, its shifts and the selects took about seven ALU instructions a vector more.
 _UNALIGNED_BF16_PRELUDE = """
-template <typename T> __device__ __forceinline__ void tk_load_bf16x8_words(const T* base, long long index, void* dst) {
-  const unsigned long long address = (unsigned long long)(base + index);
+template <typename T> __device__ __forceinline__ void tk_load_bf16x8_words(const T* base, int row, int row_stride, int col, void* dst) {
+  const unsigned long long address = (unsigned long long)(unsigned)row * (2u * (unsigned)row_stride)
+                                     + ((unsigned long long)base + 2ull * (unsigned)col);
   const unsigned* w = (const unsigned*)(address & ~3ull);
-  const unsigned odd = (unsigned)(address >> 1) & 1u;
-  const unsigned w0 = __ldg(w), w1 = __ldg(w + 1), w2 = __ldg(w + 2), w3 = __ldg(w + 3), w4 = __ldg(w + 3 + odd);
-  const unsigned selector = odd ? 0x5432u : 0x3210u;
+  const unsigned half_word = (unsigned)address & 2u;  // 2 when the vector starts in the high half of a word
+  const unsigned w0 = __ldg(w), w1 = __ldg(w + 1), w2 = __ldg(w + 2), w3 = __ldg(w + 3);
+  unsigned w4;
+  asm("{.reg .pred p; setp.ne.u32 p, %2, 0; @p ld.global.nc.u32 %0, [%1+16]; @!p ld.global.nc.u32 %0, [%1+12];}"
+      : "=r"(w4) : "l"(w), "r"(half_word));
+  // 0x5432 from the high half. prmt, not __byte_perm, whose selector nvcc masks (one more instruction a vector).
+  const unsigned selector = 0x3210u + half_word * 0x1111u;
   unsigned* d = (unsigned*)dst;
-  d[0] = __byte_perm(w0, w1, selector);
-  d[1] = __byte_perm(w1, w2, selector);
-  d[2] = __byte_perm(w2, w3, selector);
-  d[3] = __byte_perm(w3, w4, selector);
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d[0]) : "r"(w0), "r"(w1), "r"(selector));
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d[1]) : "r"(w1), "r"(w2), "r"(selector));
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d[2]) : "r"(w2), "r"(w3), "r"(selector));
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d[3]) : "r"(w3), "r"(w4), "r"(selector));
 }
 """
 
@@ -216,14 +226,14 @@ def build(arch: Arch, in_dtype: str, fmt: str, sf_format: str, per_row: bool, al
                     # nvcc merged each vector's halves (PRMT) inside the branch, so each vector waited for its
                     # loads before the next vector's were issued: one round trip per vector (Nsight: 0.46
                     # issue, 15 cycles per instruction). Now all of a thread's loads are in flight at once.
-                    row_in_x = T.Cast('int64', T.min(rows[j], num_tokens - 1))
+                    row_in_x = T.min(rows[j], num_tokens - 1)
                     col_in_x = T.min(vecs[j], hidden // epv - 1) * epv
                     if word_loads:
-                        T.evaluate(T.call_extern('void', 'tk_load_bf16x8_words', x.data, row_in_x * row_stride + col_in_x,
+                        T.evaluate(T.call_extern('void', 'tk_load_bf16x8_words', x.data, row_in_x, row_stride, col_in_x,
                                                  T.address_of(values[j, 0])))
                     else:
                         for e in T.unroll(epv):
-                            values[j, e] = x[row_in_x, col_in_x + e]
+                            values[j, e] = x[T.Cast('int64', row_in_x), col_in_x + e]
             wide = T.alloc_local((num_vectors, epv) if widen else (1,), T.float32)
             if widen and fp4:
                 # A bf16 is the top half of its float32: the even element of each word is the word shifted
