@@ -35,6 +35,7 @@ from kernel_src.quant.common import (
     FORMATS, IN_DTYPES, MODE_CAST, MODE_PRECOMPUTED, MODE_SF_ONLY, SF_FORMATS, block_scale, e2m1_saturated, e2m1_word,
     products_bounded,
 )
+from kernel_src.quant.nibbles import PRMT_PRELUDE
 from kernel_src.quant.token_sf import bf16_amax_into, cta_max, sf_flat_view, store_token_sf, store_token_sf_flat, token_sf_tensor
 
 NUM_THREADS = 128
@@ -69,7 +70,8 @@ E2M1_MIN_BLOCKS_BY_TARGET = {('sm_100a', 'bfloat16', 'f32'): 7}
 # against the aligned kernel's), so the address is formed on the FMA pipe, by two unsigned 32 x 32 -> 64-bit
 # multiply-adds (row * 2 row_stride onto base + 2 col, both int32 >= 0), the fifth word is one of two predicated
 # loads at fixed offsets (no address of its own), and the permute's selector is a multiply-add of the half-word
-# bit: where the signed 64-bit index, its shifts and the selects took about seven ALU instructions a vector more.
+# bit (its permutes tk_prmt's, kernel_src.quant.nibbles): where the signed 64-bit index, its shifts and the selects took
+# about seven ALU instructions a vector more (GPU run 1 of docs/gpu-runs/2026-12-01-h200-i.md: e2m1 50.5 -> 48.8 us).
 _UNALIGNED_BF16_PRELUDE = """
 template <typename T> __device__ __forceinline__ void tk_load_bf16x8_words(const T* base, int row, int row_stride, int col, void* dst) {
   const unsigned long long address = (unsigned long long)(unsigned)row * (2u * (unsigned)row_stride)
@@ -80,13 +82,13 @@ template <typename T> __device__ __forceinline__ void tk_load_bf16x8_words(const
   unsigned w4;
   asm("{.reg .pred p; setp.ne.u32 p, %2, 0; @p ld.global.nc.u32 %0, [%1+16]; @!p ld.global.nc.u32 %0, [%1+12];}"
       : "=r"(w4) : "l"(w), "r"(half_word));
-  // 0x5432 from the high half. prmt, not __byte_perm, whose selector nvcc masks (one more instruction a vector).
+  // 0x5432 from the high half. tk_prmt (PRMT_PRELUDE), not __byte_perm, whose selector nvcc masks.
   const unsigned selector = 0x3210u + half_word * 0x1111u;
   unsigned* d = (unsigned*)dst;
-  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d[0]) : "r"(w0), "r"(w1), "r"(selector));
-  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d[1]) : "r"(w1), "r"(w2), "r"(selector));
-  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d[2]) : "r"(w2), "r"(w3), "r"(selector));
-  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d[3]) : "r"(w3), "r"(w4), "r"(selector));
+  d[0] = tk_prmt(w0, w1, selector);
+  d[1] = tk_prmt(w1, w2, selector);
+  d[2] = tk_prmt(w2, w3, selector);
+  d[3] = tk_prmt(w3, w4, selector);
 }
 """
 
@@ -189,7 +191,7 @@ def build(arch: Arch, in_dtype: str, fmt: str, sf_format: str, per_row: bool, al
     ):
         word_loads = not aligned and in_dtype == 'bfloat16'
         with T.Kernel(T.ceildiv(num_tokens * vectors_per_row, slots), threads=num_threads,
-                      prelude=_UNALIGNED_BF16_PRELUDE if word_loads else None) as pid:
+                      prelude=PRMT_PRELUDE + _UNALIGNED_BF16_PRELUDE if word_loads else None) as pid:
             T.annotate_min_blocks_per_sm(min_blocks)
             T.assume(hidden % 16 == 0)
             if aligned:
