@@ -270,8 +270,12 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) 
             elif in_row < num_in_sf_rows and in_block < num_in_sf_blocks:
                 scales[k] = x_sf[in_row, in_block]
         else:
-            for e in T.vectorized(in_bytes):
-                all_data[k * in_bytes + e] = T.cast(0, in_dtype)
+            # Zero words, not T.cast(0, e4m3) bytes: nvcc does not fold that conversion, and its F2FP, byte merges and
+            # copies (8-12 SASS instructions a chunk, predicated off in active threads but issued by all) stayed in
+            # every thread's stream.
+            zero_words = T.view(all_data, (per_thread * in_bytes // 4,), T.uint32)
+            for w in T.unroll(in_bytes // 4):
+                zero_words[k * in_bytes // 4 + w] = T.uint32(0)
 
     @T.macro
     def encode_word(values, w, codes):
