@@ -81,10 +81,10 @@ def main() -> int:
     if args.upstream:
         import tile_kernels as tk
 
-        from benchmarks import upstream
+        from benchmarks.upstream import CASES as UPSTREAM_CASES
 
         for kernel in args.upstream:
-            for label, _, theirs, _, _ in upstream.cases_of(upstream.CASES[kernel], tk, args.tokens):
+            for label, _, theirs, _, _ in cases_of(UPSTREAM_CASES[kernel], tk, args.tokens):
                 profiled(f'upstream {kernel} {label}', theirs)
     return 0
 

@@ -36,7 +36,8 @@ def main() -> int:
     args = parser.parse_args()
     import tile_kernels as tk
 
-    from benchmarks.upstream import CASES, cases_of
+    from benchmarks.run import cases_of
+    from benchmarks.upstream import CASES
 
     for kernel, case in CASES.items():
         if not fnmatch.fnmatchcase(kernel, args.kernels):

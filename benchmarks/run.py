@@ -91,8 +91,9 @@ def nbytes(*tensors) -> int:
 # -- serves inputs that take different paths through its kernel ----------------------------------------------------
 
 
-def cases_of(case, spec, tokens) -> list:
-    result = case(spec, tokens)
+def cases_of(case, *args) -> list:
+    """case(*args) as a list of cases (benchmarks.upstream's builders too, whose cases are longer tuples)."""
+    result = case(*args)
     return result if isinstance(result, list) else [result]
 
 

@@ -20,7 +20,7 @@ from functools import partial
 import torch
 
 import tile_kernels_aot as ours
-from benchmarks.run import Timer, copy_bandwidth, nbytes
+from benchmarks.run import Timer, cases_of, copy_bandwidth, nbytes
 
 
 def _same_bits(a, b):
@@ -36,11 +36,7 @@ def _close(a, b):
 
 
 # -- one case builder per kernel: tokens -> (label, ours, theirs, compare, bytes moved), or a list of them -------
-
-
-def cases_of(case, tk, tokens) -> list:
-    result = case(tk, tokens)
-    return result if isinstance(result, list) else [result]
+# -- (benchmarks.run.cases_of takes either) ---------------------------------------------------------------------
 
 
 def transpose_case(tk, tokens):
