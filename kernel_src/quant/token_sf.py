@@ -22,19 +22,21 @@ def token_sf_tensor(packed: bool, rows, blocks, words, word_stride, stride_t, st
 
 
 @T.macro
-def bf16_amax_into(values, amax, rows: int, row_pairs: int):
-    """amax[0] = max(amax[0], largest |v| of the local bf16 buffer `values`, rows x 2 * row_pairs), on bf16 pairs:
-    |a| and max are exact in bf16 and one instruction covers two elements, and no float32 copy of the values
-    is made (they are widened only where they are cast). __hmax2 skips a NaN as fmaxf does; a pair
-    maximum left NaN (every value NaN) is skipped by the fmaxf that fold it in."""
-    pairs = T.view(values, (rows, row_pairs), T.bfloat16x2)
+def bf16_amax_into(values, amax, rows: int, row_pairs: int, row=0, into=0):
+    """amax[into] = max(amax[into], largest |v| of rows row .. row + rows of the local bf16 buffer `values`, each
+    2 * row_pairs wide), on bf16 pairs: |a| and max are exact in bf16 and one instruction covers two elements, and no
+    float32 copy of the values is made (they are widened only where they are cast). __hmax2 skips a NaN as fmaxf
+    does; a pair maximum left NaN (every value NaN) is skipped by the fmaxf that fold it in."""
+    pairs = T.view(values, (values.shape[0], row_pairs), T.bfloat16x2)
     pair_amax = T.alloc_local((1,), T.bfloat16x2)
-    pair_amax[0] = T.abs2(pairs[0, 0])
-    for j in T.unroll(rows):
+    pair_amax[0] = T.abs2(pairs[row, 0])
+    for p in T.unroll(1, row_pairs):
+        pair_amax[0] = T.max2(pair_amax[0], T.abs2(pairs[row, p]))
+    for j in T.unroll(1, rows):
         for p in T.unroll(row_pairs):
-            pair_amax[0] = T.max2(pair_amax[0], T.abs2(pairs[j, p]))
+            pair_amax[0] = T.max2(pair_amax[0], T.abs2(pairs[row + j, p]))
     pair_halves = T.view(pair_amax, (2,), T.bfloat16)
-    amax[0] = T.max(amax[0], T.max(T.Cast('float32', pair_halves[0]), T.Cast('float32', pair_halves[1])))
+    amax[into] = T.max(amax[into], T.max(T.Cast('float32', pair_halves[0]), T.Cast('float32', pair_halves[1])))
 
 
 @T.macro
