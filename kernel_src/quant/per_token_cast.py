@@ -241,7 +241,7 @@ def build(arch: Arch, in_dtype: str, fmt: str, sf_format: str, per_row: bool, al
                         for e in T.unroll(epv):
                             values[j, e] = x[T.Cast('int64', row_in_x), col_in_x + e]
             wide = T.alloc_local((num_vectors, epv) if widen else (1,), T.float32)
-            if widen and fp4:
+            if widen:
                 # A bf16 is the top half of its float32: the even element of each word is the word shifted
                 # up 16, the odd one the word with its low half masked off, one instruction each. The plain
                 # conversion cost the odd element a PRMT (moving it down) and then the same shift.
@@ -250,10 +250,6 @@ def build(arch: Arch, in_dtype: str, fmt: str, sf_format: str, per_row: bool, al
                     for w in T.unroll(epv // 2):
                         wide[j, 2 * w] = T.reinterpret(words[j, w] << T.uint32(16), T.float32)
                         wide[j, 2 * w + 1] = T.reinterpret(words[j, w] & T.uint32(0xFFFF0000), T.float32)
-            elif widen:
-                for j in T.unroll(num_vectors):
-                    for e in T.vectorized(epv):
-                        wide[j, e] = T.Cast('float32', values[j, e])
             for j in T.unroll(num_vectors):
                 if fp4:
                     # Started from the first pair (one FMNMX of two |.|), not from 0: a vector of NaNs then has
