@@ -15,8 +15,10 @@ q = e4m3_satfinite(v * multiplier).
   not depend on the grid size (set_num_sms). The 128-wide blocks of all rows form one flat sequence that a
   persistent grid-stride loop deals out: a block is 8 adjacent lanes, each holding 16 of its elements (2
   bf16 or 4 fp32 16-byte vectors; lane i: vectors i, i + 8, ...), so that one row lookup, one butterfly
-  and one scale serve 16 elements a thread, and each load instruction reads whole 128-byte runs. One step
-  is in flight per thread (row lookups one step ahead), with 8 (bf16) or 6 (fp32) warps a scheduler. per_row is
+  and one scale serve 16 elements a thread, and each load instruction reads whole 128-byte runs. A thread
+  computes one step at a time, with 8 (bf16) or 6 (fp32) warps a scheduler; fp32 loads it then (row lookups
+  one step ahead), bf16 copied it into shared memory (cp.async) while computing the step before (row lookups
+  two steps ahead). per_row is
   the same kernel with the row as the block: 2^tpr_log2 adjacent lanes (a
   run-time size, up to the CTA) of 16 elements each, the same element code, and the row amax across warps through
   named barriers (_ROW_MAX_PRELUDE).
@@ -52,7 +54,8 @@ FWD_THREADS = 256
 # Dealt out, the flat kernel no longer gains from fetching its next step into L2 while it computes one (which
 # took adjacent blocks from 29.7 to 28.8 us): without that prefetch it went from 27.7-28.1 to 26.1-26.5 us, as the
 # per-row kernel, which never kept its prefetch, measured 1 us slower with it (GPU runs 1-4 and 6 of
-# docs/gpu-runs/2026-12-01-h200-d.md). Both still fetch their first step into L2 while they build the silu table.
+# docs/gpu-runs/2026-12-01-h200-d.md). Both used to fetch their first step into L2 while they built the silu table;
+# staged, they copy it into shared memory instead (see _STAGE_PRELUDE).
 DEAL_WARPS = 4
 FWD_ELEMENTS = 16  # flat kernel: elements of each half per thread and step (2 bf16 or 4 fp32 vectors), in one 128-wide block
 # per_row: the flat kernel's step with one row as its block, 2^tpr_log2 adjacent threads of 16 elements each (tpr_log2
@@ -191,19 +194,20 @@ __device__ __forceinline__ float tk_row_max_wide(float* partials, float amax, in
   const unsigned partial = slot[((tid >> tpr_log2) << row_warps_log2) + (tid & 31 & ((1 << row_warps_log2) - 1))];
   return __uint_as_float(__reduce_max_sync(0xffffffffu, partial));
 }
-// One per-row step of a bf16 lane into L2: its 2 gate and 2 up vectors (columns col and col + 8 * 2^tpr_log2).
-template <typename T> __device__ __forceinline__ void tk_prefetch_row_step_bf16(const T* x, int row, int width, int hidden, int lane,
-                                                                                 int tpr_log2) {
-  const T* gate = x + (long long)row * width;
-  #pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    const int col = ((j << tpr_log2) + lane) * 8;
-    if (col < hidden) {
-      asm volatile("prefetch.global.L2 [%0];" :: "l"(gate + col));
-      asm volatile("prefetch.global.L2 [%0];" :: "l"(gate + hidden + col));
-    }
-  }
+"""
+
+
+# The bf16 forward kernels' staging of their next step in shared memory: each thread copies its own four 16-byte
+# vectors of step t + 1 with cp.async (cp.async.cg: through L2, not L1) while it computes step t, and reads only what
+# it copied itself after its own cp.async.wait_group, so no barrier joins the threads. Without it, a warp's loads of a
+# step were only in flight while that warp waited on them (64 registers a thread at 1024 threads leave no room for a
+# second step in registers), and the kernels spent about half their time with the issue slots idle.
+_STAGE_PRELUDE = """
+__device__ __forceinline__ void tk_stage16(void* smem, const void* gmem) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"((unsigned)__cvta_generic_to_shared(smem)), "l"(gmem) : "memory");
 }
+__device__ __forceinline__ void tk_stage_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void tk_stage_wait_previous() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
 """
 
 
@@ -317,14 +321,6 @@ __device__ __forceinline__ void tk_silu_lookup_bf16x8(const void* gate, const fl
   }
 }
 __device__ __forceinline__ float tk_bf16_bits_to_float(int bits) { return __uint_as_float((unsigned)bits << 16); }
-template <typename T> __device__ __forceinline__ void tk_prefetch_l2(const T* p, int index = 0) {
-  asm volatile("prefetch.global.L2 [%0];" :: "l"(p + index));
-}
-// One flat step of a lane into L2: its 2 gate and 2 up vectors (vector j at column col + 64 j, up `hidden` further).
-template <typename T> __device__ __forceinline__ void tk_prefetch_step_bf16(const T* x, int row, int width, int hidden, int col) {
-  const T* gate = x + (long long)row * width + col;
-  tk_prefetch_l2(gate); tk_prefetch_l2(gate + 64); tk_prefetch_l2(gate + hidden); tk_prefetch_l2(gate + hidden + 64);
-}
 """.replace('TABLE_MINUS_LOW_OFFSETS', hex(-4 * TABLE_LOW_BITS * 0x10001 % 2**32))
 
 
@@ -379,6 +375,16 @@ def track_division_range(div_range, a):
     div_range[1] = T.min(div_range[1], T.abs(a))
 
 
+class _FormedRowVectors:
+    """row_vectors[j] of the per-row forward written out as j * 2^tpr_log2 + lane at each use (see build_forward)."""
+
+    def __init__(self, lane, tpr_log2):
+        self.lane, self.tpr_log2 = lane, tpr_log2
+
+    def __getitem__(self, j):
+        return (j << self.tpr_log2) + self.lane
+
+
 def check_forward(in_dtype: str, sf_format: str, per_row: bool, row_threads: int) -> None:
     if in_dtype not in IN_DTYPES:
         raise ValueError(f'in_dtype must be one of {sorted(IN_DTYPES)}, got {in_dtype!r}')
@@ -402,6 +408,7 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool, row_
     lanes = BLOCK // FWD_ELEMENTS
     lanes_log2 = lanes.bit_length() - 1
     table = words  # bf16: silu from the shared table (_SILU_TABLE_PRELUDE)
+    staged = table  # bf16: the next step staged in shared memory (_STAGE_PRELUDE)
     threads = row_threads if per_row else TABLE_THREADS if table else FWD_THREADS
     min_blocks = max(1, FWD_MIN_BLOCKS_BY_TARGET.get((arch.target, in_dtype), FWD_MIN_BLOCKS[in_dtype]) * FWD_THREADS // threads)
     blocks_per_step = threads // lanes
@@ -477,24 +484,70 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool, row_
     # epv * (num_vectors / 2) * 2^tpr_log2 = 8 * 2^tpr_log2 < hidden, is always inside the row, and only the second half
     # is tested (with j a loop variable, nvcc folds the test of the first half away after unrolling; without it each
     # of those vectors paid a compare, filler moves and a branch around its store a step).
-    def vector_in_row(j, lane, tpr_log2):
-        return T.Or(j < num_vectors // 2, ((j << tpr_log2) + lane) * epv < hidden)
+    def vector_in_row(j, row_vectors):
+        return T.Or(j < num_vectors // 2, row_vectors[j] * epv < hidden)
 
     @T.macro
-    def load_row_step(x, gate, up, row, lane, tpr_log2):
+    def load_row_step(x, gate, up, row, row_vectors):
         """per_row: load_step with the row as the block, 2^tpr_log2 lanes (vector j of lane i at j * 2^tpr_log2 + i).
         A vector past the row's end gets gate 1 and up 0: inside the silu table's window and the fast division's
         range, so it sends no step to the exact path; the amax, the clamp recount and the stores skip it."""
         for j in T.unroll(num_vectors):
-            if vector_in_row(j, lane, tpr_log2):
+            if vector_in_row(j, row_vectors):
                 for e in T.vectorized(epv):
-                    gate[j, e] = x[T.Cast(T.int64, row), ((j << tpr_log2) + lane) * epv + e]
+                    gate[j, e] = x[T.Cast(T.int64, row), row_vectors[j] * epv + e]
                 for e in T.vectorized(epv):
-                    up[j, e] = x[T.Cast(T.int64, row), hidden + ((j << tpr_log2) + lane) * epv + e]
+                    up[j, e] = x[T.Cast(T.int64, row), hidden + row_vectors[j] * epv + e]
             else:
                 for e in T.unroll(epv):
                     gate[j, e] = T.Cast(in_dtype, T.float32(1))
                     up[j, e] = T.Cast(in_dtype, T.float32(0))
+
+    def stage_col(j, block, lane, row_vectors):
+        """The first column of vector j of the lane's step (flat: of block `block`; per_row: of the row)."""
+        if per_row:
+            return row_vectors[j] * epv
+        return block * BLOCK + (j * lanes + lane) * epv
+
+    @T.macro
+    def stage_vector(stage, x, slot, row, block, lane, row_vectors, tid, j):
+        T.evaluate(T.call_extern('void', 'tk_stage16', T.address_of(stage[slot, j, tid, 0]),
+                                 T.address_of(x[T.Cast(T.int64, row), stage_col(j, block, lane, row_vectors)])))
+        T.evaluate(T.call_extern('void', 'tk_stage16', T.address_of(stage[slot, num_vectors + j, tid, 0]),
+                                 T.address_of(x[T.Cast(T.int64, row), hidden + stage_col(j, block, lane, row_vectors)])))
+
+    @T.macro
+    def unstage_vector(stage, gate, up, slot, tid, j):
+        for e in T.vectorized(epv):
+            gate[j, e] = stage[slot, j, tid, e]
+        for e in T.vectorized(epv):
+            up[j, e] = stage[slot, num_vectors + j, tid, e]
+
+    @T.macro
+    def stage_step(stage, x, slot, row, block, lane, row_vectors, tid):
+        """_STAGE_PRELUDE: the lane's vectors of a step, gate j at stage[slot, j, tid] and up j at
+        stage[slot, num_vectors + j, tid] (a warp's copies and reads are then 512 contiguous bytes: no bank
+        conflicts); per_row, only the vectors inside the row."""
+        for j in T.unroll(num_vectors):
+            if per_row:
+                if vector_in_row(j, row_vectors):
+                    stage_vector(stage, x, slot, row, block, lane, row_vectors, tid, j)
+            else:
+                stage_vector(stage, x, slot, row, block, lane, row_vectors, tid, j)
+
+    @T.macro
+    def unstage_step(stage, gate, up, slot, row_vectors, tid):
+        """load_step / load_row_step from the staged copy of the step (the filler of load_row_step past the row)."""
+        for j in T.unroll(num_vectors):
+            if per_row:
+                if vector_in_row(j, row_vectors):
+                    unstage_vector(stage, gate, up, slot, tid, j)
+                else:
+                    for e in T.unroll(epv):
+                        gate[j, e] = T.Cast(in_dtype, T.float32(1))
+                        up[j, e] = T.Cast(in_dtype, T.float32(0))
+            else:
+                unstage_vector(stage, gate, up, slot, tid, j)
 
     @T.macro
     def build_silu_table(silu_table, table_gates, table_silu, div_range_build, clamp_c, tid):
@@ -533,6 +586,25 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool, row_
         dealt out across the CTAs (row r of a step's rows to CTA r mod num_ctas; see DEAL_WARPS)."""
         return (step * (threads >> tpr_log2) + (tid >> tpr_log2)) * num_ctas + pid
 
+    @T.macro
+    def look_up_step(step, next_row, next_block, next_live, next_expert, next_index, pos_to_expert, pos_to_token_topk,
+                     with_pos_to_expert, with_weight, pid, tid, num_ctas, num_iters, num_rows, blocks_per_row, row_magic, row_shift,
+                     tpr_log2):
+        """Step `step`'s row (and flat: block) and its lookups, issued now and read an iteration or two later. Steps
+        past the last are not live (and their block index is not formed, so it never overflows)."""
+        if per_row:
+            next_row[0] = row_of_step(T.min(step, num_iters - 1), pid, tid, num_ctas, tpr_log2)
+        else:
+            blk = flat_block(T.min(step, num_iters - 1), pid, tid, num_ctas)
+            next_row[0] = T.Cast(T.int32, (T.Cast(T.int64, blk) * row_magic) >> T.Cast(T.int64, row_shift))
+            next_block[0] = blk - next_row[0] * blocks_per_row
+        next_live[0] = T.Cast(T.int32, T.And(step < num_iters, next_row[0] < num_rows))
+        if next_live[0] != 0:
+            if with_pos_to_expert != 0:
+                next_expert[0] = pos_to_expert[next_row[0]]
+            if with_weight != 0:
+                next_index[0] = pos_to_token_topk[next_row[0]]
+
     @T.prim_func
     def swiglu_forward(
         x: T.Tensor[(num_rows, width), in_dtype],
@@ -557,7 +629,7 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool, row_
         sf_floor: T.float32,
     ):
         prelude = _NAN_MIN_MAX_PRELUDE + _FAST_DIV_PRELUDE + (_BF16_WORDS_PRELUDE + _SILU_TABLE_PRELUDE if words else '') + (
-            _ROW_MAX_PRELUDE.replace('NUM_WARPS', str(num_warps)) if per_row else '')
+            _ROW_MAX_PRELUDE.replace('NUM_WARPS', str(num_warps)) if per_row else '') + (_STAGE_PRELUDE if staged else '')
         with T.Kernel(num_ctas, threads=threads, prelude=prelude) as pid:
             # The table kernel: one CTA an SM of 4x the threads, the same 64-register budget.
             T.annotate_min_blocks_per_sm(min_blocks)
@@ -579,17 +651,24 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool, row_
             for c in T.unroll(3):
                 counts[c] = 0
 
-            # One grid-stride step in flight per thread, and more warps instead of a software pipeline:
-            # the SwiGLU of an element is a serial chain (exponential, reciprocal, Newton steps and the
+            # One grid-stride step computed at a time per thread, and more warps instead of a software pipeline in
+            # registers: the SwiGLU of an element is a serial chain (exponential, reciprocal, Newton steps and the
             # division's slow-path branch, ~100 cycles for ~28 instructions), so a warp issues about one
             # instruction in three cycles by itself and the scheduler needs several warps computing at
-            # once. Two steps in flight per thread took 128 registers (2 CTAs, 4 warps a scheduler);
+            # once. Two steps in registers per thread took 128 registers (2 CTAs, 4 warps a scheduler);
             # one step of 16 elements fits 64 for bf16 (4 CTAs of 256, or 1 of 1024 with the silu table: 8 warps a
-            # scheduler; fp32: 80, 6 warps),
-            # and the warps waiting for their loads keep the memory system busy while the others compute.
-            # Only the row lookups run a step ahead (their values are used one step later, so the
-            # dependent x loads never wait for them): iteration t looks up step t and loads and
-            # computes step t - 1, whose lookups arrived during iteration t - 1.
+            # scheduler; fp32: 80, 6 warps).
+            # fp32: the row lookups run a step ahead (their values are used one step later, so the dependent x
+            # loads never wait for them): iteration t looks up step t and loads and computes step t - 1, whose
+            # lookups arrived during iteration t - 1; the warps waiting for their loads keep the memory system
+            # busy while the others compute.
+            # bf16 (staged, _STAGE_PRELUDE): the next step's x is copied into shared memory while the current one
+            # computes, so a warp no longer waits for its loads at each step: 4-5% faster (flat 26.3-26.6 ->
+            # 25.4-25.6 us, per row 27.3-27.6 -> 26.2-26.4 us at 8192 x 2048; GPU run 2 of
+            # docs/gpu-runs/2026-12-01-h200-k.md), and step 0 copied before the table's build, not prefetched into
+            # L2, 1-3% more for the flat kernels, under 1% per row (run 4). The staging takes 128 KB of shared
+            # memory beside the 42 KB table.
+            # fp32 (3-4 CTAs of 256 an SM) already runs at 82-87% of copy and is left as it was.
             next_row = T.alloc_local((1,), T.int32)
             next_block = T.alloc_local((1,), T.int32)
             next_live = T.alloc_local((1,), T.int32)
@@ -609,6 +688,47 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool, row_
             # element loop does not test use_clamp.
             clamp_c = T.alloc_var(T.float32)
             clamp_c = T.if_then_else(use_clamp != 0, clamp_value, T.float32(float('inf')))
+            if per_row:
+                lane = tid & ((1 << tpr_log2) - 1)
+            else:
+                lane = tid & (lanes - 1)
+            # per_row: vector j of this lane (j * 2^tpr_log2 + lane, in vectors of the row), the same every step. The
+            # staged kernel binds it once rather than forming it from the run-time tpr_log2 at each copy, load, test
+            # and store of every step (per row bf16 26.6 -> 26.3 us, GPU run 2 of docs/gpu-runs/2026-12-01-h200-k.md);
+            # for the fp32 kernels that measured 3% faster at 256 threads but 2% slower at 512, so they form it.
+            if staged:
+                row_vectors = T.alloc_local((num_vectors,), T.int32)
+                if per_row:
+                    for j in T.unroll(num_vectors):
+                        row_vectors[j] = (j << tpr_log2) + lane
+            else:
+                row_vectors = _FormedRowVectors(lane, tpr_log2)
+            next_row[0] = 0
+            next_block[0] = 0
+            next_live[0] = 0
+            next_expert[0] = 0
+            next_index[0] = 0
+            if staged:
+                # Staged: the lookups run two steps ahead, the copy one: iteration t looks up step t + 1, copies
+                # step t (its lookups arrived during iteration t - 1, so that a skipped row is not read) and loads
+                # its weight, then computes step t - 1 from its copy. Step 0 is looked up and copied before the silu
+                # table is built (about 150 instructions a thread, which would otherwise leave the memory system
+                # idle), its row whether skipped or not, as its lookups have not arrived yet.
+                stage = T.alloc_shared((2, 2 * num_vectors, threads, epv), in_dtype)
+                staged_row = T.alloc_local((1,), T.int32)
+                staged_block = T.alloc_local((1,), T.int32)
+                staged_live = T.alloc_local((1,), T.int32)
+                staged_weight = T.alloc_local((1,), T.float32)
+                staged_row[0] = 0
+                staged_block[0] = 0
+                staged_live[0] = 0
+                staged_weight[0] = T.float32(1)
+                look_up_step(0, next_row, next_block, next_live, next_expert, next_index, pos_to_expert, pos_to_token_topk,
+                             with_pos_to_expert, with_weight, pid, tid, num_ctas, num_iters, num_rows, blocks_per_row, row_magic,
+                             row_shift, tpr_log2)
+                if next_live[0] != 0:
+                    stage_step(stage, x, 0, next_row[0], next_block[0], lane, row_vectors, tid)
+                T.evaluate(T.call_extern('void', 'tk_stage_commit'))
             if table:
                 # The silu table (_SILU_TABLE_PRELUDE), built before the loop: built inside it at t = 1, so as
                 # to overlap step 0's loads, tilelang put a barrier before the table stores of every iteration.
@@ -616,75 +736,58 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool, row_
                 table_gates = T.alloc_local((2 * TABLE_PER_SIGN // threads,), T.float32)
                 table_silu = T.alloc_local((2 * TABLE_PER_SIGN // threads,), T.float32)
                 div_range_build = T.alloc_local((2,), T.float32)
-                # The build (about 150 instructions a thread) would leave the memory system idle: step 0's x
-                # (and its row lookups) are fetched into L2 meanwhile, so that its loads hit L2.
-                if per_row:
-                    first_row = row_of_step(0, pid, tid, num_ctas, tpr_log2)
-                    if T.And(num_iters > 0, first_row < num_rows):
-                        T.evaluate(T.call_extern('void', 'tk_prefetch_row_step_bf16', x.data, first_row, width, hidden,
-                                                 tid & ((1 << tpr_log2) - 1), tpr_log2))
-                        if with_pos_to_expert != 0:
-                            T.evaluate(T.call_extern('void', 'tk_prefetch_l2', pos_to_expert.data, first_row))
-                        if with_weight != 0:
-                            T.evaluate(T.call_extern('void', 'tk_prefetch_l2', pos_to_token_topk.data, first_row))
-                else:
-                    first_blk = flat_block(0, pid, tid, num_ctas)
-                    first_row = T.Cast(T.int32, (T.Cast(T.int64, first_blk) * row_magic) >> T.Cast(T.int64, row_shift))
-                    if T.And(num_iters > 0, first_row < num_rows):
-                        first_block = first_blk - first_row * blocks_per_row
-                        T.evaluate(T.call_extern('void', 'tk_prefetch_step_bf16', x.data, first_row, width, hidden,
-                                                 first_block * BLOCK + (tid & (lanes - 1)) * epv))
-                        if with_pos_to_expert != 0:
-                            T.evaluate(T.call_extern('void', 'tk_prefetch_l2', pos_to_expert.data, first_row))
-                        if with_weight != 0:
-                            T.evaluate(T.call_extern('void', 'tk_prefetch_l2', pos_to_token_topk.data, first_row))
                 build_silu_table(silu_table, table_gates, table_silu, div_range_build, clamp_c, tid)
                 T.sync_threads()
             row = T.alloc_var(T.int32)
             block = T.alloc_var(T.int32)
             live = T.alloc_var(T.int32)
             index = T.alloc_var(T.int32)
-            if per_row:
-                lane = tid & ((1 << tpr_log2) - 1)
-            else:
-                lane = tid & (lanes - 1)
-            next_row[0] = 0
-            next_block[0] = 0
-            next_live[0] = 0
-            next_expert[0] = 0
-            next_index[0] = 0
             for t in T.serial(num_iters + 1):
                 # Step t - 1: its row and block (worked out once, with its lookups), and whether it is
                 # processed. The block, not the column, is carried: block * 128 + lane * epv keeps the
                 # vector alignment visible to tilelang, which then emits 16-byte loads and stores (the column
                 # is written out at each use: bound to a name it becomes a let that the vectoriser does not
                 # see through, and every access was split into single elements).
-                row = next_row[0]
-                block = next_block[0]
-                live = T.Cast(T.int32, T.And(next_live[0] != 0, T.Or(with_pos_to_expert == 0, next_expert[0] >= 0)))
-                index = next_index[0]
-                step_weight[0] = T.float32(1)
-                if live != 0:
-                    if per_row:
-                        load_row_step(x, gate, up, row, lane, tpr_log2)
-                    else:
-                        load_step(x, gate, up, row, block, lane)
-                    if with_weight != 0:
-                        step_weight[0] = T.if_then_else(index >= 0, topk_weights[T.max(index, 0)], T.float32(0))
-                # Lookups of step t, issued now and read at the start of the next iteration. Steps past
-                # the last are not live (and their block index is not formed, so it never overflows).
-                if per_row:
-                    next_row[0] = row_of_step(T.min(t, num_iters - 1), pid, tid, num_ctas, tpr_log2)
+                if staged:
+                    row = staged_row[0]
+                    block = staged_block[0]
+                    live = staged_live[0]
+                    step_weight[0] = staged_weight[0]
+                    staged_row[0] = next_row[0]
+                    staged_block[0] = next_block[0]
+                    staged_live[0] = T.Cast(T.int32, T.And(next_live[0] != 0, T.Or(with_pos_to_expert == 0, next_expert[0] >= 0)))
+                    index = next_index[0]
+                    look_up_step(t + 1, next_row, next_block, next_live, next_expert, next_index, pos_to_expert, pos_to_token_topk,
+                                 with_pos_to_expert, with_weight, pid, tid, num_ctas, num_iters, num_rows, blocks_per_row, row_magic,
+                                 row_shift, tpr_log2)
+                    staged_weight[0] = T.float32(1)
+                    if staged_live[0] != 0:
+                        if t > 0:  # (step 0 was copied before the table's build)
+                            stage_step(stage, x, t & 1, staged_row[0], staged_block[0], lane, row_vectors, tid)
+                        if with_weight != 0:
+                            staged_weight[0] = T.if_then_else(index >= 0, topk_weights[T.max(index, 0)], T.float32(0))
+                    if t > 0:
+                        T.evaluate(T.call_extern('void', 'tk_stage_commit'))
+                        T.evaluate(T.call_extern('void', 'tk_stage_wait_previous'))
+                    if live != 0:
+                        unstage_step(stage, gate, up, (t + 1) & 1, row_vectors, tid)
                 else:
-                    blk = flat_block(T.min(t, num_iters - 1), pid, tid, num_ctas)
-                    next_row[0] = T.Cast(T.int32, (T.Cast(T.int64, blk) * row_magic) >> T.Cast(T.int64, row_shift))
-                    next_block[0] = blk - next_row[0] * blocks_per_row
-                next_live[0] = T.Cast(T.int32, T.And(t < num_iters, next_row[0] < num_rows))
-                if next_live[0] != 0:
-                    if with_pos_to_expert != 0:
-                        next_expert[0] = pos_to_expert[next_row[0]]
-                    if with_weight != 0:
-                        next_index[0] = pos_to_token_topk[next_row[0]]
+                    row = next_row[0]
+                    block = next_block[0]
+                    live = T.Cast(T.int32, T.And(next_live[0] != 0, T.Or(with_pos_to_expert == 0, next_expert[0] >= 0)))
+                    index = next_index[0]
+                    step_weight[0] = T.float32(1)
+                    if live != 0:
+                        if per_row:
+                            load_row_step(x, gate, up, row, row_vectors)
+                        else:
+                            load_step(x, gate, up, row, block, lane)
+                        if with_weight != 0:
+                            step_weight[0] = T.if_then_else(index >= 0, topk_weights[T.max(index, 0)], T.float32(0))
+                    # Lookups of step t, issued now and read at the start of the next iteration.
+                    look_up_step(t, next_row, next_block, next_live, next_expert, next_index, pos_to_expert, pos_to_token_topk,
+                                 with_pos_to_expert, with_weight, pid, tid, num_ctas, num_iters, num_rows, blocks_per_row, row_magic,
+                                 row_shift, tpr_log2)
                 # The SwiGLU of step t - 1.
                 amax[0] = T.float32(0)
                 if live != 0:
@@ -747,7 +850,7 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool, row_
                         fast_ok = T.call_extern('int32', 'tk_div_fast_in_range', div_range[0], div_range[1]) != 0
                         if not fast_ok:
                             if per_row:
-                                load_row_step(x, gate, up, row, lane, tpr_log2)
+                                load_row_step(x, gate, up, row, row_vectors)
                             else:
                                 load_step(x, gate, up, row, block, lane)
                             for j in T.unroll(num_vectors):
@@ -756,7 +859,7 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool, row_
                                                                 clamp_c) * step_weight[0]
                     if per_row:
                         # Not the filler past the row's end: its act is 0 for c >= 0, not for a negative c.
-                        amax[0] = T.max(amax[0], _step_abs_max(act, num_vectors, epv, vector_in_row, lane, tpr_log2))
+                        amax[0] = T.max(amax[0], _step_abs_max(act, num_vectors, epv, vector_in_row, row_vectors))
                     else:
                         amax[0] = T.max(amax[0], _step_abs_max(act, num_vectors, epv))
                     # Only a step that reaches the clamp is counted exactly, from x read again (it is
@@ -769,13 +872,13 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool, row_
                             reach_exceeds = T.Or(reach[0] > clamp_c, reach[1] > clamp_c)
                         if reach_exceeds:
                             if per_row:
-                                load_row_step(x, gate, up, row, lane, tpr_log2)
+                                load_row_step(x, gate, up, row, row_vectors)
                             else:
                                 load_step(x, gate, up, row, block, lane)
                             for j in T.unroll(num_vectors):
                                 if per_row:
                                     # Only the row's own vectors, not the filler past its end.
-                                    if vector_in_row(j, lane, tpr_log2):
+                                    if vector_in_row(j, row_vectors):
                                         count_vector(gate, up, counts, clamp_c, j)
                                 else:
                                     count_vector(gate, up, counts, clamp_c, j)
@@ -806,9 +909,9 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool, row_
                         for e in T.vectorized(epv):
                             quantized[e] = T.Cast(T.float8_e4m3fn, act[j, e])
                         if per_row:
-                            if vector_in_row(j, lane, tpr_log2):
+                            if vector_in_row(j, row_vectors):
                                 for e in T.vectorized(epv):
-                                    out[T.Cast(T.int64, row), ((j << tpr_log2) + lane) * epv + e] = quantized[e]
+                                    out[T.Cast(T.int64, row), row_vectors[j] * epv + e] = quantized[e]
                         else:
                             for e in T.vectorized(epv):
                                 out[T.Cast(T.int64, row), block * BLOCK + (j * lanes + lane) * epv + e] = quantized[e]
