@@ -467,18 +467,6 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool, row_
             counts[1] = counts[1] + T.Cast(T.int32, r > clamp_c)
             counts[2] = counts[2] + T.Cast(T.int32, r < -clamp_c)
 
-    @T.macro
-    def load_step(x, gate, up, row, block, lane):
-        """The flat kernel's vectors of one step: the lane's part of 128-wide block `block` of row `row`, gate
-        and up (the column is written out, not bound to a name: a bound one became a let that tilelang could
-        not see through, and it split every access into single elements)."""
-        for j in T.unroll(num_vectors):
-            for e in T.vectorized(epv):
-                gate[j, e] = x[T.Cast(T.int64, row), block * BLOCK + (j * lanes + lane) * epv + e]
-        for j in T.unroll(num_vectors):
-            for e in T.vectorized(epv):
-                up[j, e] = x[T.Cast(T.int64, row), hidden + block * BLOCK + (j * lanes + lane) * epv + e]
-
     # per_row: the op takes the smallest 2^tpr_log2 lanes whose 16 elements each cover the row, so that
     # 2^tpr_log2 > hidden / 32 (hidden >= 128, tpr_log2 >= 3): a lane's first half of vectors, columns below
     # epv * (num_vectors / 2) * 2^tpr_log2 = 8 * 2^tpr_log2 < hidden, is always inside the row, and only the second half
@@ -486,6 +474,38 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool, row_
     # of those vectors paid a compare, filler moves and a branch around its store a step).
     def vector_in_row(j, row_vectors):
         return T.Or(j < num_vectors // 2, row_vectors[j] * epv < hidden)
+
+    def in_step(j, row_vectors):
+        """Whether vector j of the lane holds the step's elements: per_row, vector_in_row; flat, always (a Python
+        True, so the test is not emitted)."""
+        return vector_in_row(j, row_vectors) if per_row else True
+
+    def vector_col(j, block, lane, row_vectors):
+        """The first column of vector j of the lane's step: flat, in 128-wide block `block` (vector j of lane i at
+        j * lanes + i); per_row, in the row (row_vectors[j]). An expression, not a bound name (see load_step)."""
+        if per_row:
+            return row_vectors[j] * epv
+        return block * BLOCK + (j * lanes + lane) * epv
+
+    @T.macro
+    def fill_past_row(gate, up, j):
+        """per_row: vector j, past the row's end, as gate 1 and up 0 (see load_row_step)."""
+        for e in T.unroll(epv):
+            gate[j, e] = T.Cast(in_dtype, T.float32(1))
+            up[j, e] = T.Cast(in_dtype, T.float32(0))
+
+    @T.macro
+    def load_step(x, gate, up, row, block, lane):
+        """The flat kernel's vectors of one step: the lane's part of 128-wide block `block` of row `row`, gate
+        and up (the column is written out, not bound to a name: a bound one became a let that tilelang could
+        not see through, and it split every access into single elements). All gates, then all ups: in
+        load_row_step's order, vector by vector, the flat cubins change (not measured, so kept apart)."""
+        for j in T.unroll(num_vectors):
+            for e in T.vectorized(epv):
+                gate[j, e] = x[T.Cast(T.int64, row), vector_col(j, block, lane, None) + e]
+        for j in T.unroll(num_vectors):
+            for e in T.vectorized(epv):
+                up[j, e] = x[T.Cast(T.int64, row), hidden + vector_col(j, block, lane, None) + e]
 
     @T.macro
     def load_row_step(x, gate, up, row, row_vectors):
@@ -495,26 +515,18 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool, row_
         for j in T.unroll(num_vectors):
             if vector_in_row(j, row_vectors):
                 for e in T.vectorized(epv):
-                    gate[j, e] = x[T.Cast(T.int64, row), row_vectors[j] * epv + e]
+                    gate[j, e] = x[T.Cast(T.int64, row), vector_col(j, None, None, row_vectors) + e]
                 for e in T.vectorized(epv):
-                    up[j, e] = x[T.Cast(T.int64, row), hidden + row_vectors[j] * epv + e]
+                    up[j, e] = x[T.Cast(T.int64, row), hidden + vector_col(j, None, None, row_vectors) + e]
             else:
-                for e in T.unroll(epv):
-                    gate[j, e] = T.Cast(in_dtype, T.float32(1))
-                    up[j, e] = T.Cast(in_dtype, T.float32(0))
-
-    def stage_col(j, block, lane, row_vectors):
-        """The first column of vector j of the lane's step (flat: of block `block`; per_row: of the row)."""
-        if per_row:
-            return row_vectors[j] * epv
-        return block * BLOCK + (j * lanes + lane) * epv
+                fill_past_row(gate, up, j)
 
     @T.macro
     def stage_vector(stage, x, slot, row, block, lane, row_vectors, tid, j):
         T.evaluate(T.call_extern('void', 'tk_stage16', T.address_of(stage[slot, j, tid, 0]),
-                                 T.address_of(x[T.Cast(T.int64, row), stage_col(j, block, lane, row_vectors)])))
+                                 T.address_of(x[T.Cast(T.int64, row), vector_col(j, block, lane, row_vectors)])))
         T.evaluate(T.call_extern('void', 'tk_stage16', T.address_of(stage[slot, num_vectors + j, tid, 0]),
-                                 T.address_of(x[T.Cast(T.int64, row), hidden + stage_col(j, block, lane, row_vectors)])))
+                                 T.address_of(x[T.Cast(T.int64, row), hidden + vector_col(j, block, lane, row_vectors)])))
 
     @T.macro
     def unstage_vector(stage, gate, up, slot, tid, j):
@@ -529,25 +541,17 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool, row_
         stage[slot, num_vectors + j, tid] (a warp's copies and reads are then 512 contiguous bytes: no bank
         conflicts); per_row, only the vectors inside the row."""
         for j in T.unroll(num_vectors):
-            if per_row:
-                if vector_in_row(j, row_vectors):
-                    stage_vector(stage, x, slot, row, block, lane, row_vectors, tid, j)
-            else:
+            if in_step(j, row_vectors):
                 stage_vector(stage, x, slot, row, block, lane, row_vectors, tid, j)
 
     @T.macro
     def unstage_step(stage, gate, up, slot, row_vectors, tid):
         """load_step / load_row_step from the staged copy of the step (the filler of load_row_step past the row)."""
         for j in T.unroll(num_vectors):
-            if per_row:
-                if vector_in_row(j, row_vectors):
-                    unstage_vector(stage, gate, up, slot, tid, j)
-                else:
-                    for e in T.unroll(epv):
-                        gate[j, e] = T.Cast(in_dtype, T.float32(1))
-                        up[j, e] = T.Cast(in_dtype, T.float32(0))
-            else:
+            if in_step(j, row_vectors):
                 unstage_vector(stage, gate, up, slot, tid, j)
+            else:
+                fill_past_row(gate, up, j)
 
     @T.macro
     def build_silu_table(silu_table, table_gates, table_silu, div_range_build, clamp_c, tid):
@@ -696,11 +700,10 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool, row_
             # staged kernel binds it once rather than forming it from the run-time tpr_log2 at each copy, load, test
             # and store of every step (per row bf16 26.6 -> 26.3 us, GPU run 2 of docs/gpu-runs/2026-12-01-h200-k.md);
             # for the fp32 kernels that measured 3% faster at 256 threads but 2% slower at 512, so they form it.
-            if staged:
+            if staged and per_row:
                 row_vectors = T.alloc_local((num_vectors,), T.int32)
-                if per_row:
-                    for j in T.unroll(num_vectors):
-                        row_vectors[j] = (j << tpr_log2) + lane
+                for j in T.unroll(num_vectors):
+                    row_vectors[j] = (j << tpr_log2) + lane
             else:
                 row_vectors = _FormedRowVectors(lane, tpr_log2)
             next_row[0] = 0
@@ -876,11 +879,7 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool, row_
                             else:
                                 load_step(x, gate, up, row, block, lane)
                             for j in T.unroll(num_vectors):
-                                if per_row:
-                                    # Only the row's own vectors, not the filler past its end.
-                                    if vector_in_row(j, row_vectors):
-                                        count_vector(gate, up, counts, clamp_c, j)
-                                else:
+                                if in_step(j, row_vectors):  # (not the filler past a row's end)
                                     count_vector(gate, up, counts, clamp_c, j)
                 # Block amax: a butterfly over the block's lanes (adjacent; every lane takes part: a
                 # skipped or missing row is a whole number of blocks, all with amax 0).
@@ -908,13 +907,9 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool, row_
                             act[j, e] = act[j, e] * multiplier[0]
                         for e in T.vectorized(epv):
                             quantized[e] = T.Cast(T.float8_e4m3fn, act[j, e])
-                        if per_row:
-                            if vector_in_row(j, row_vectors):
-                                for e in T.vectorized(epv):
-                                    out[T.Cast(T.int64, row), row_vectors[j] * epv + e] = quantized[e]
-                        else:
+                        if in_step(j, row_vectors):
                             for e in T.vectorized(epv):
-                                out[T.Cast(T.int64, row), block * BLOCK + (j * lanes + lane) * epv + e] = quantized[e]
+                                out[T.Cast(T.int64, row), vector_col(j, block, lane, row_vectors) + e] = quantized[e]
             if count_clamp != 0:
                 count_into(counts, clamped_count, red_counts, tid)
 
