@@ -1,10 +1,8 @@
 """Persistent requant: time each case with the grid capped at k CTAs an SM (exp only)."""
-import sys
-import torch
 import tile_kernels_aot
+from benchmarks.run import Timer, cases_of, per_token_requant_case
 from tile_kernels_aot import _launch
 from tile_kernels_aot._select import prebuilt_specs
-from benchmarks.run import Timer, per_token_requant_case, cases_of
 
 real = _launch.LoadedKernel.blocks_per_sm
 cap = [None]

@@ -1,9 +1,9 @@
 """Time a kernel's benchmark cases with the persistent grid capped at k CTAs an SM (exp only): diag_cap.py KERNEL."""
 import sys
-import tile_kernels_aot
+
+from benchmarks.run import CASES, Timer, cases_of
 from tile_kernels_aot import _launch
-from tile_kernels_aot._select import prebuilt_specs, find_kernel
-from benchmarks.run import Timer, CASES, cases_of
+from tile_kernels_aot._select import find_kernel, prebuilt_specs
 
 real = _launch.LoadedKernel.blocks_per_sm
 cap = [None]
