@@ -480,6 +480,14 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool, row_
         True, so the test is not emitted)."""
         return vector_in_row(j, row_vectors) if per_row else True
 
+    def step_is_live(next_live, next_expert, with_pos_to_expert):
+        """Whether a looked-up step (look_up_step) is processed: its row exists and pos_to_expert does not skip it."""
+        return T.Cast(T.int32, T.And(next_live[0] != 0, T.Or(with_pos_to_expert == 0, next_expert[0] >= 0)))
+
+    def weight_of(topk_weights, index):
+        """A row's weight from its pos_to_token_topk entry: 0 for a negative index."""
+        return T.if_then_else(index >= 0, topk_weights[T.max(index, 0)], T.float32(0))
+
     def vector_col(j, block, lane, row_vectors):
         """The first column of vector j of the lane's step: flat, in 128-wide block `block` (vector j of lane i at
         j * lanes + i); per_row, in the row (row_vectors[j]). An expression, not a bound name (see load_step)."""
@@ -758,7 +766,7 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool, row_
                     step_weight[0] = staged_weight[0]
                     staged_row[0] = next_row[0]
                     staged_block[0] = next_block[0]
-                    staged_live[0] = T.Cast(T.int32, T.And(next_live[0] != 0, T.Or(with_pos_to_expert == 0, next_expert[0] >= 0)))
+                    staged_live[0] = step_is_live(next_live, next_expert, with_pos_to_expert)
                     index = next_index[0]
                     look_up_step(t + 1, next_row, next_block, next_live, next_expert, next_index, pos_to_expert, pos_to_token_topk,
                                  with_pos_to_expert, with_weight, pid, tid, num_ctas, num_iters, num_rows, blocks_per_row, row_magic,
@@ -768,7 +776,7 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool, row_
                         if t > 0:  # (step 0 was copied before the table's build)
                             stage_step(stage, x, t & 1, staged_row[0], staged_block[0], lane, row_vectors, tid)
                         if with_weight != 0:
-                            staged_weight[0] = T.if_then_else(index >= 0, topk_weights[T.max(index, 0)], T.float32(0))
+                            staged_weight[0] = weight_of(topk_weights, index)
                     if t > 0:
                         T.evaluate(T.call_extern('void', 'tk_stage_commit'))
                         T.evaluate(T.call_extern('void', 'tk_stage_wait_previous'))
@@ -777,7 +785,7 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool, row_
                 else:
                     row = next_row[0]
                     block = next_block[0]
-                    live = T.Cast(T.int32, T.And(next_live[0] != 0, T.Or(with_pos_to_expert == 0, next_expert[0] >= 0)))
+                    live = step_is_live(next_live, next_expert, with_pos_to_expert)
                     index = next_index[0]
                     step_weight[0] = T.float32(1)
                     if live != 0:
@@ -786,7 +794,7 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool, row_
                         else:
                             load_step(x, gate, up, row, block, lane)
                         if with_weight != 0:
-                            step_weight[0] = T.if_then_else(index >= 0, topk_weights[T.max(index, 0)], T.float32(0))
+                            step_weight[0] = weight_of(topk_weights, index)
                     # Lookups of step t, issued now and read at the start of the next iteration.
                     look_up_step(t, next_row, next_block, next_live, next_expert, next_index, pos_to_expert, pos_to_token_topk,
                                  with_pos_to_expert, with_weight, pid, tid, num_ctas, num_iters, num_rows, blocks_per_row, row_magic,
