@@ -18,8 +18,8 @@ sizes (as shifts), round_sf and the strides. Every access is masked against the 
 
 e2m1 input: a chunk's 32 codes hold at most eight magnitudes, so its amax is the value of the largest one and,
 for a finite factor, its output codes come from a table of the eight magnitudes' outputs (see the kernel).
-e4m3 input to e2m1: two elements an instruction in f16 lanes under a power-of-two factor
-(E4M3_TO_E2M1_F16_PRELUDE), else element by element in float32, as e4m3 to e4m3 goes.
+e4m3 input to e2m1: two elements an instruction in f16 lanes when every active lane of the warp has a power-of-two
+factor (E4M3_TO_E2M1_F16_PRELUDE), else element by element in float32, as e4m3 to e4m3 goes.
 
 The chunk's row, chunk of the row and the scale factors' block indices are int32 locals bound once: pasted as
 expressions, tilelang widened each use to 64 bits before its shifts, and every address took 64-bit shifts and
@@ -498,8 +498,14 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) 
                             encode_word(values, w, codes)
                 elif f16_path:
                     factor_exponent = T.Cast('int32', T.reinterpret(factor, T.uint32) >> T.uint32(23))
-                    # A power of two whose double is in f16's normal range, no NaN in the chunk, and every product within 6.
-                    if T.And(power_of_two_between(factor, -14, 14), T.And(chunk_amax * factor <= T.float32(6), T.Not(T.isnan(chunk_amax)))):
+                    # A power of two whose double is in f16's normal range, no NaN in the chunk, and every product within 6,
+                    # in every active lane of the warp, so that a warp takes one path. Without round_sf some chunks still have a
+                    # power-of-two factor (7.5% of the benchmark's), and a warp holding one ran both paths (91% of warps):
+                    # Nsight counted 23.7 active threads a warp instruction; voted, 32, and 24% fewer warp instructions
+                    # (49.0-49.2 -> 36.4-36.8 us, run 1 of docs/gpu-runs/2026-12-02-h200-b.md). The float32 path is exact for any
+                    # factor.
+                    f16_exact = T.And(power_of_two_between(factor, -14, 14), T.And(chunk_amax * factor <= T.float32(6), T.Not(T.isnan(chunk_amax))))
+                    if T.all_sync(T.Or(T.Not(active), f16_exact)) != 0:
                         f16_exponent = T.Cast('uint32', factor_exponent - (127 - 15) + 1) << T.uint32(10)  # twice the factor
                         factor_pair = f16_exponent | (f16_exponent << T.uint32(16))
                         # 2^28 in a register (round_sf >> 31 is 0, but no compiler can prove it).

@@ -253,7 +253,8 @@ def test_per_token_cast_of_quantised_input(spec, num_tokens, hidden):
 def test_per_token_cast_of_quantised_input_with_extreme_scale_factors(spec):
     """Each chunk picks its path from its factor (input scale factor times output multiplier): e2m1 input
     re-encodes through a table of its eight magnitudes' outputs when the factor is finite, e4m3 input to e2m1
-    works in f16 lanes when the factor is a power of two in f16's normal range, and everything else goes
+    works in f16 lanes when the factors of every active lane of the warp are powers of two in f16's normal range
+    (the warp's other chunks here push some warps off that path, and keep others on it), and everything else goes
     element by element in float32. Scale factors from 2^-120 to 2^120 and zero, and (32, 32) blocks of signed
     zeros with a scale factor of 2^10, whose factor (2^10 times the floor's multiplier 2^126) is infinite, so
     0 * factor is NaN and every code comes out +0, where the table or the f16 lanes would have kept the -0
