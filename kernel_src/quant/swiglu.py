@@ -530,6 +530,14 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool, row_
                 fill_past_row(gate, up, j)
 
     @T.macro
+    def load_from_x(x, gate, up, row, block, lane, row_vectors):
+        """The lane's vectors of a step read from x in the kernel's layout: load_row_step per row, else load_step."""
+        if per_row:
+            load_row_step(x, gate, up, row, row_vectors)
+        else:
+            load_step(x, gate, up, row, block, lane)
+
+    @T.macro
     def stage_vector(stage, x, slot, row, block, lane, row_vectors, tid, j):
         T.evaluate(T.call_extern('void', 'tk_stage16', T.address_of(stage[slot, j, tid, 0]),
                                  T.address_of(x[T.Cast(T.int64, row), vector_col(j, block, lane, row_vectors)])))
@@ -789,10 +797,7 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool, row_
                     index = next_index[0]
                     step_weight[0] = T.float32(1)
                     if live != 0:
-                        if per_row:
-                            load_row_step(x, gate, up, row, row_vectors)
-                        else:
-                            load_step(x, gate, up, row, block, lane)
+                        load_from_x(x, gate, up, row, block, lane, row_vectors)
                         if with_weight != 0:
                             step_weight[0] = weight_of(topk_weights, index)
                     # Lookups of step t, issued now and read at the start of the next iteration.
@@ -860,10 +865,7 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool, row_
                         # IEEE division, from x read again (in cache) rather than loaded vectors kept live.
                         fast_ok = T.call_extern('int32', 'tk_div_fast_in_range', div_range[0], div_range[1]) != 0
                         if not fast_ok:
-                            if per_row:
-                                load_row_step(x, gate, up, row, row_vectors)
-                            else:
-                                load_step(x, gate, up, row, block, lane)
+                            load_from_x(x, gate, up, row, block, lane, row_vectors)
                             for j in T.unroll(num_vectors):
                                 for e in T.unroll(epv):
                                     act[j, e] = _clamped_swiglu(T.Cast(T.float32, gate[j, e]), T.Cast(T.float32, up[j, e]),
@@ -882,10 +884,7 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool, row_
                         else:
                             reach_exceeds = T.Or(reach[0] > clamp_c, reach[1] > clamp_c)
                         if reach_exceeds:
-                            if per_row:
-                                load_row_step(x, gate, up, row, row_vectors)
-                            else:
-                                load_step(x, gate, up, row, block, lane)
+                            load_from_x(x, gate, up, row, block, lane, row_vectors)
                             for j in T.unroll(num_vectors):
                                 if in_step(j, row_vectors):  # (not the filler past a row's end)
                                     count_vector(gate, up, counts, clamp_c, j)
