@@ -140,12 +140,38 @@ def inverse_pow2(exponent):
     return T.reinterpret((T.uint32(254) - exponent) << T.uint32(23), T.float32)
 
 
+# block_scale's two divisions without nvcc's FCHK operand test and the branch to its slow path (fast_division=True):
+# clamped / fmax and fmax / clamped each as q0 = RN(a y), q = RN(q0 - y RN(b q0 - a)) (Markstein's correction) from
+# y = RN(1 / b): for b = fmax the float32 nearest 1 / fmax (SCALE_RECIPROCALS), for b = clamped tk_rcp_rn_fast, which
+# is nvcc's own fast path of rcp.rn.f32 and so RN(1 / b) for every exponent field in [1, 252] (see
+# kernel_src.quant.swiglu, whose backward uses the same two functions). With y exact, the residual is exact and q is
+# RN(a / b): tests/cpu/test_scale_division.py replays both divisions in exact integers over every float32 significand
+# of the variable operand, for fmax 6 and 448. The sequence is used for clamped in [floor, SCALE_DIVISION_MAX], where
+# reciprocal, quotients and residuals stay far from overflow and both results are normal floats (near e2m1's floor
+# 6 * 2^-126 the residual of clamped / 6 is subnormal, but a multiple of 2^-148, so still exact); a larger or
+# infinite clamped takes IEEE `/`.
+RCP_DIV_PRELUDE = """
+__device__ __forceinline__ float tk_rcp_rn_fast(float b) {
+  float y; asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(b));
+  return __fmaf_rn(y, __fmaf_rn(-b, y, 1.0f), y);
+}
+__device__ __forceinline__ float tk_div_rn_fast_by(float a, float b, float y) {
+  const float q = __fmul_rn(a, y);
+  return __fmaf_rn(-y, __fmaf_rn(b, q, -a), q);
+}
+"""
+SCALE_DIVISION_MAX = 2.0**100
+# The float32 nearest 1 / fmax, as its bits (a literal in the CUDA source could be printed short).
+SCALE_RECIPROCALS = {448.0: 0x3B124925, 6.0: 0x3E2AAAAB}
+
+
 @T.macro
-def block_scale(amax, sf_floor, fmax, round_sf, packed, sf, multiplier, j):
+def block_scale(amax, sf_floor, fmax, round_sf, packed, sf, multiplier, j, fast_division=False):
     """sf[j] and multiplier[j] of a block of that amax: clamped = max(amax, sf_floor), sf = clamped / fmax and
     multiplier = fmax / clamped (two divisions, as upstream); with round_sf, or packed (UE8M0 holds powers
     of two only, so the ops require round_sf), the power of two at or above sf and its exact inverse, and
-    packed sf[j] is that power's exponent byte as a float.
+    packed sf[j] is that power's exponent byte as a float. fast_division: the divisions by RCP_DIV_PRELUDE's
+    sequence, which the kernel's prelude must then hold.
 
     A kernel scalar passed to a macro takes the name of the macro's parameter in the lowered kernel: pass
     the floor scalar as `sf_floor` and round_sf as `round_sf`, the names the ops bind."""
@@ -159,6 +185,15 @@ def block_scale(amax, sf_floor, fmax, round_sf, packed, sf, multiplier, j):
             sf[j] = T.Cast(T.float32, exponent)
         else:
             sf[j] = pow2(exponent)
+    elif fast_division:
+        if clamped <= T.float32(SCALE_DIVISION_MAX):
+            multiplier[j] = T.call_extern('float32', 'tk_div_rn_fast_by', T.float32(fmax), clamped,
+                                          T.call_extern('float32', 'tk_rcp_rn_fast', clamped))
+            sf[j] = T.call_extern('float32', 'tk_div_rn_fast_by', clamped, T.float32(fmax),
+                                  T.reinterpret(T.uint32(SCALE_RECIPROCALS[fmax]), T.float32))
+        else:
+            multiplier[j] = T.float32(fmax) / clamped
+            sf[j] = clamped / T.float32(fmax)
     else:
         multiplier[j] = T.float32(fmax) / clamped
         sf[j] = clamped / T.float32(fmax)

@@ -33,7 +33,7 @@ from tilelang import language as T
 from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
 from kernel_src.quant.addressing import magic_quotient
 from kernel_src.quant.common import (
-    FLOAT32_EXPONENT_MASK, FORMATS, SF_FORMATS, block_scale, e2m1_saturated, e2m1_top_nibble, e2m1_word, let, products_bounded,
+    FLOAT32_EXPONENT_MASK, FORMATS, RCP_DIV_PRELUDE, SF_FORMATS, block_scale, e2m1_saturated, e2m1_top_nibble, e2m1_word, let, products_bounded,
 )
 from kernel_src.quant.nibbles import (
     CODE_MAGNITUDES, PRMT_PRELUDE, byte_perm, e2m1_word_through_table, largest_magnitude, prmt, table_bytes_of_codes, table_word,
@@ -333,7 +333,8 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) 
         num_ctas = (T.ceildiv(num_tokens, TILE_ROWS) * T.ceildiv(chunks_per_row, TILE_CHUNKS) if tiled
                     else T.ceildiv(num_tokens * chunks_per_row, NUM_THREADS * per_thread))
         with T.Kernel(num_ctas, threads=NUM_THREADS,
-                      prelude=E4M3_TO_E2M1_F16_PRELUDE if f16_path else PRMT_PRELUDE if in_fp4 else '') as block_index:
+                      prelude=(E4M3_TO_E2M1_F16_PRELUDE if f16_path else PRMT_PRELUDE if in_fp4 else '')
+                      + ('' if packed else RCP_DIV_PRELUDE)) as block_index:
             T.assume(in_width % in_bytes == 0)
             T.assume(row_stride % 16 == 0)
             if tiled and packed:
@@ -435,7 +436,10 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) 
                 for s in T.unroll(2):  # blocks of 64 or 128 elements span 2 or 4 lanes
                     if s < npc_log2 - 5:
                         amax[0] = T.max(amax[0], T.shfl_xor(amax[0], 1 << s))
-                block_scale(amax[0], T.float32(floor), fmax, round_sf, packed, sf, multiplier, 0)
+                # Without nvcc's FCHK tests and slow-path branches (kernel_src.quant.common, RCP_DIV_PRELUDE): about 12
+                # instructions a chunk fewer on the float32 scale factors' path without round_sf, where e2m1 -> e2m1
+                # and e4m3 -> e2m1 measured 1-2% faster (run 2 of docs/gpu-runs/2026-12-02-h200-c.md).
+                block_scale(amax[0], T.float32(floor), fmax, round_sf, packed, sf, multiplier, 0, fast_division=True)
                 factor = T.alloc_var(T.float32)
                 factor = scales[k] * multiplier[0]
 

@@ -39,7 +39,7 @@ import tilelang  # noqa: F401  (puts its bundled tvm on the path)
 from tilelang import language as T
 
 from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
-from kernel_src.quant.common import IN_DTYPES, SF_FORMATS, block_scale
+from kernel_src.quant.common import IN_DTYPES, RCP_DIV_PRELUDE, SF_FORMATS, block_scale
 from kernel_src.quant.token_sf import store_token_sf, token_sf_tensor
 
 E4M3_MAX = 448.0
@@ -155,16 +155,7 @@ __device__ __forceinline__ int tk_div_fast_in_range(float largest, float smalles
 # is compared against FAST_DIV_MIN_BELOW, the float just below FAST_DIV_MIN. tk_opaque_zero (0, hidden from
 # nvcc in a volatile asm) keeps the redo's loads from being merged with the step's own.
 FAST_DIV_MIN_BELOW = FAST_DIV_MIN * (1 - 2.0**-24)
-_BACKWARD_DIV_PRELUDE = """
-__device__ __forceinline__ float tk_rcp_rn_fast(float b) {
-  float y; asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(b));
-  return __fmaf_rn(y, __fmaf_rn(-b, y, 1.0f), y);
-}
-__device__ __forceinline__ float tk_div_rn_fast_by(float a, float b, float y) {
-  const float q = __fmul_rn(a, y);
-  return __fmaf_rn(-y, __fmaf_rn(b, q, -a), q);
-}
-__device__ __forceinline__ float tk_abs_below_or_nan_at_zero(float a) { return fabsf(__int_as_float(__float_as_int(a) - 1)); }
+_BACKWARD_DIV_PRELUDE = RCP_DIV_PRELUDE + """__device__ __forceinline__ float tk_abs_below_or_nan_at_zero(float a) { return fabsf(__int_as_float(__float_as_int(a) - 1)); }
 __device__ __forceinline__ int tk_div_fast_in_range_or_zero(float largest, float smallest_below) {
   return largest <= FAST_DIV_MAXf && smallest_below >= FAST_DIV_MIN_BELOWf;
 }

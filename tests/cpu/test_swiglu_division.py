@@ -35,6 +35,8 @@ import numpy as np
 import pytest
 import torch
 
+from tests.cpu.exact_float32 import divide, fma
+
 swiglu = pytest.importorskip('kernel_src.quant.swiglu')
 
 SIGNIFICAND_BITS = 24
@@ -62,45 +64,7 @@ def test_newton_step_gives_the_correctly_rounded_reciprocal():
         assert (y == correctly_rounded).all(), f'first failing significand {b[y != correctly_rounded][0]:#x}'
     # b = 1 (B = 2^23): 1/b = 1 exactly, and within an ulp of it the step still gives 1.
     for y0 in [1 - 2**-24, 1.0, 1 + 2**-23]:
-        assert _fma(y0, _fma(-1.0, y0, 1.0), y0) == 1.0
-
-
-# Exact float32 arithmetic on Python integers: a value is n * 2^x.
-def _split(v: float) -> tuple[int, int]:
-    m, x = math.frexp(v)
-    return int(m * (1 << 53)), x - 53
-
-
-def _round(n: int, x: int, sticky: bool = False) -> float:
-    """n * 2^x (plus a sticky bit below it) rounded to the nearest float32, ties to even; normal range only."""
-    if n == 0:
-        assert not sticky
-        return 0.0
-    sign = -1 if n < 0 else 1
-    n = abs(n)
-    shift = n.bit_length() - SIGNIFICAND_BITS
-    if shift > 0:
-        floor, rest, half = n >> shift, n & ((1 << shift) - 1), 1 << (shift - 1)
-        n = floor + (rest > half or (rest == half and (sticky or floor & 1)))
-        x += shift
-    else:
-        assert not sticky
-    value = sign * math.ldexp(n, x)
-    assert 2.0**-126 <= abs(value) < 2.0**128, 'left the normal range'
-    return value
-
-
-def _fma(a: float, b: float, c: float) -> float:
-    (na, xa), (nb, xb), (nc, xc) = _split(a), _split(b), _split(c)
-    x = min(xa + xb, xc)
-    return _round((na * nb << (xa + xb - x)) + (nc << (xc - x)), x)
-
-
-def _divide(a: float, b: float) -> float:
-    """a / b correctly rounded to float32."""
-    (na, xa), (nb, xb) = _split(a), _split(b)
-    quotient, rest = divmod(abs(na) << 64, abs(nb))
-    return math.copysign(_round(quotient, xa - xb - 64, rest != 0), a)
+        assert fma(y0, fma(-1.0, y0, 1.0), y0) == 1.0
 
 
 def _float32_neighbours(v: float, ulps: int) -> list[float]:
@@ -115,16 +79,16 @@ def _float32_neighbours(v: float, ulps: int) -> list[float]:
 
 
 def _fast_division(a: float, b: float, y0: float) -> float:
-    y = _fma(y0, _fma(-b, y0, 1.0), y0)
-    q0 = _fma(a, y, 0.0) if a != 0 else a
-    return _fma(-y, _fma(b, q0, -a), q0)
+    y = fma(y0, fma(-b, y0, 1.0), y0)
+    q0 = fma(a, y, 0.0) if a != 0 else a
+    return fma(-y, fma(b, q0, -a), q0)
 
 
 def _check_gate(a: float, b_ulps: int) -> None:
     assert swiglu.FAST_DIV_MIN <= abs(a) <= swiglu.FAST_DIV_MAX
     for b in _float32_neighbours(1 + math.exp(-a), b_ulps):
         y0 = float(np.float32(1 / b))  # RN(1 / b): 1 / b in float64 is within 2^-53, never a float32 tie
-        assert _fast_division(a, b, y0) == _divide(a, b), (a, b)
+        assert _fast_division(a, b, y0) == divide(a, b), (a, b)
 
 
 def test_every_bfloat16_gate_in_range():
@@ -210,7 +174,7 @@ def test_zero_gate_on_the_backward_fast_path():
     """a = +-0: b = 1 + exp(0) = 2, and from MUFU.RCP's result or either neighbour the Newton step gives 1/2
     (the sigmoid), and the quotient is a zero of a's sign (IEEE +-0 / 2)."""
     for y0 in _float32_neighbours(0.5, 1):
-        y = _fma(y0, _fma(-2.0, y0, 1.0), y0)
+        y = fma(y0, fma(-2.0, y0, 1.0), y0)
         assert y == 0.5
     b, y = np.float32(2.0), np.float32(0.5)
     for a in (np.float32(0.0), np.float32(-0.0)):
