@@ -144,9 +144,9 @@ def inverse_pow2(exponent):
 # clamped / fmax and fmax / clamped each as q0 = RN(a y), q = RN(q0 - y RN(b q0 - a)) (Markstein's correction) from
 # y = RN(1 / b): for b = fmax the float32 nearest 1 / fmax (SCALE_RECIPROCALS), for b = clamped tk_rcp_rn_fast, which
 # is nvcc's own fast path of rcp.rn.f32 and so RN(1 / b) for every exponent field in [1, 252] (see
-# kernel_src.quant.swiglu, whose backward uses the same two functions). With y exact, the residual is exact and q is
-# RN(a / b): tests/cpu/test_scale_division.py replays both divisions in exact integers over every float32 significand
-# of the variable operand, for fmax 6 and 448. The sequence is used for clamped in [floor, SCALE_DIVISION_MAX], where
+# kernel_src.quant.swiglu, whose backward uses the same two functions). With y exact, q is RN(a / b):
+# tests/cpu/test_scale_division.py replays both divisions, each step rounded once, over every float32 significand of
+# the variable operand, for fmax 6 and 448. The sequence is used for clamped in [floor, SCALE_DIVISION_MAX], where
 # reciprocal, quotients and residuals stay far from overflow and both results are normal floats (near e2m1's floor
 # 6 * 2^-126 the residual of clamped / 6 is subnormal, but a multiple of 2^-148, so still exact); a larger or
 # infinite clamped takes IEEE `/`.
