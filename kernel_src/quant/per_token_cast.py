@@ -11,7 +11,7 @@ input alignment and whether a block is a whole row are compile time. The hidden 
 float32) and the mode (cast, scale factors only, or cast with precomputed scale factors, whose multiplier
 is 1 / sf) are run-time arguments, so a handful of binaries serve every model.
 
-Layout (`per_row=False`): each row is padded to whole blocks and cut into 16-byte vectors; the vectors of
+Layout (`per_row=False`): each row is padded to whole blocks and cut into vectors of `vec_bytes` (16, or 32 for SM100); the vectors of
 all rows form one flat sequence of `num_tokens * vectors_per_row`, and CTA b owns vectors
 [b * slots, (b + 1) * slots) with thread t holding vectors b * slots + j * 128 + t. So no slot is idle
 whatever the hidden size, and a block's lanes are adjacent in a warp (a row is a whole number of blocks),
@@ -21,7 +21,7 @@ an amax. `per_row=True` (num_per_channels == hidden) is its own kernel (build_pe
 held in registers in chunks of 128 x ROW_VECTORS vectors (one chunk for bf16 rows up to 8192 channels and
 every float32 row; wider bf16 rows are read twice), the amax reduced through shared memory.
 
-The `aligned` variant assumes a 16-byte aligned pointer and row stride; the other loads element by
+The `aligned` variant assumes a pointer and row stride aligned to the vector; the other (16-byte vectors) loads element by
 element (bf16: by the aligned 4-byte words that hold them), unconditionally from indices clamped into x,
 and zeroes a masked vector's amax instead of its values. Every store is masked against the buffer dims, so no run-time argument can make it write
 out of bounds.
@@ -39,7 +39,14 @@ from kernel_src.quant.nibbles import PRMT_PRELUDE
 from kernel_src.quant.token_sf import bf16_amax_into, cta_max, sf_flat_view, store_token_sf, store_token_sf_flat, token_sf_tensor
 
 NUM_THREADS = 128
-NUM_VECTORS = 4  # vectors per thread in the flat layout: 64 bytes of loads in flight
+NUM_VECTORS = 4  # 16-byte vectors per thread in the flat layout: 64 bytes of loads in flight
+# Bytes a vector of the flat aligned kernel: 32 where the input's pointer and row stride allow, else 16. tilelang
+# lowers a thread's 32 aligned bytes to one LDG / STG.E.ENL2.256 on sm_100a (upstream's casts use 256-bit accesses
+# there) and to two 16-byte ones on sm_90a, where the 32-byte kernels still measured faster: two vectors a thread
+# instead of four, so half the per-vector work (indices, masks, butterflies, scale factors) per byte; bf16 -> e2m1
+# 81.2-81.7% -> 87.7-88.3% of copy with float32 scale factors, 79.1-79.6% -> 84.7-85.2% with packed UE8M0, float32
+# -> e2m1 95% -> 98-99%, e4m3 level near the ceiling (run 3 of docs/gpu-runs/2026-12-02-h200-c.md).
+VEC_BYTES = (16, 32)
 # per_row: 16-byte vectors a thread holds in registers (a chunk of 128 x that many vectors of the row). A
 # CTA loads its chunk, then reduces and casts with nothing in flight, so the rows resident per SM are what
 # hides the load latency, and the registers a row needs decide how many fit. bf16: 8 vectors (rows of up
@@ -101,13 +108,17 @@ def pick(values, k):
     return T.Select((k & 1) != 0, pick(values[1::2], k >> 1), pick(values[0::2], k >> 1))
 
 
-def check(in_dtype: str, fmt: str, sf_format: str, per_row: bool, aligned: bool) -> None:
+def check(in_dtype: str, fmt: str, sf_format: str, per_row: bool, aligned: bool, vec_bytes: int) -> None:
     if in_dtype not in IN_DTYPES:
         raise ValueError(f'in_dtype must be one of {sorted(IN_DTYPES)}, got {in_dtype!r}')
     if fmt not in FORMATS:
         raise ValueError(f'fmt must be one of {sorted(FORMATS)}, got {fmt!r}')
     if sf_format not in SF_FORMATS:
         raise ValueError(f'sf_format must be one of {SF_FORMATS}, got {sf_format!r}')
+    if vec_bytes not in VEC_BYTES:
+        raise ValueError(f'vec_bytes must be one of {VEC_BYTES}, got {vec_bytes!r}')
+    if vec_bytes != 16 and (per_row or not aligned):
+        raise ValueError('vec_bytes=32 is built for the flat aligned kernel only')
 
 
 def _buffer_types(fp4: bool, packed: bool):
@@ -121,16 +132,16 @@ def _buffer_types(fp4: bool, packed: bool):
     return num_tokens, hidden, T.dynamic('row_stride'), num_sf_blocks, num_sf_words, out_type, T.int8 if fp4 else T.float8_e4m3fn, sf_type
 
 
-def build(arch: Arch, in_dtype: str, fmt: str, sf_format: str, per_row: bool, aligned: bool,
+def build(arch: Arch, in_dtype: str, fmt: str, sf_format: str, per_row: bool, aligned: bool, vec_bytes: int,
           num_threads: int = NUM_THREADS, num_vectors: int = 0) -> KernelProgram:
     if per_row:
         return build_per_row(in_dtype, fmt, sf_format)
     elem_bytes = IN_DTYPES[in_dtype]
-    epv = 16 // elem_bytes  # elements per vector
+    epv = vec_bytes // elem_bytes  # elements per vector
     fp4 = fmt == 'e2m1'
     packed = sf_format == 'ue8m0'
     fmax, floor = FORMATS[fmt]
-    num_vectors = num_vectors or NUM_VECTORS
+    num_vectors = num_vectors or NUM_VECTORS * 16 // vec_bytes  # 64 bytes of loads a thread either way
     min_blocks = E2M1_MIN_BLOCKS_BY_TARGET.get((arch.target, in_dtype, sf_format), E2M1_MIN_BLOCKS) if fp4 else FLAT_MIN_BLOCKS
     slots = num_threads * num_vectors
     group_log2 = (num_vectors - 1).bit_length()  # lanes that share the scale work, log2
@@ -172,7 +183,11 @@ def build(arch: Arch, in_dtype: str, fmt: str, sf_format: str, per_row: bool, al
             # separate registers that nvcc merges back byte by byte. A masked vector's codes are computed
             # and dropped.
             codes = T.alloc_local((1,), code_word)
-            codes[0] = T.Cast(code_word, e2m1_word([as_float(values, wide, j, e) * multiplier[j] for e in range(epv)], clamp=False))
+            products = [as_float(values, wide, j, e) * multiplier[j] for e in range(epv)]
+            if epv <= 8:
+                codes[0] = T.Cast(code_word, e2m1_word(products, clamp=False))
+            else:  # a 32-byte bf16 vector: two words of eight codes
+                codes[0] = T.Cast(code_word, e2m1_word(products[:8], clamp=False)) | (T.Cast(code_word, e2m1_word(products[8:], clamp=False)) << T.Cast(code_word, 32))
             code_bytes = T.view(codes, (epv // 2,), T.int8)
             if rows[j] < num_tokens and vecs[j] * epv < hidden:
                 # Addressed in code words by an unsigned 32-bit index (row * hidden + col < 2^31, the op's
@@ -348,7 +363,7 @@ def build(arch: Arch, in_dtype: str, fmt: str, sf_format: str, per_row: bool, al
                         for e in T.vectorized(epv):
                             out_flat[unsigned_wide_mad(rows[j], hidden // epv, vecs[j]) * epv + e] = quantized[e]
 
-    return KernelProgram(per_token_cast, alignment={'x': 16 if aligned else elem_bytes, 'out': 16, 'out_sf': 1 if packed else 4})
+    return KernelProgram(per_token_cast, alignment={'x': vec_bytes if aligned else elem_bytes, 'out': 16, 'out_sf': 1 if packed else 4})
 
 
 def build_per_row(in_dtype: str, fmt: str, sf_format: str) -> KernelProgram:
@@ -467,9 +482,10 @@ def prebuilt():
     for in_dtype in IN_DTYPES:
         for fmt in FORMATS:
             for sf_format in SF_FORMATS:
-                yield dict(in_dtype=in_dtype, fmt=fmt, sf_format=sf_format, per_row=False, aligned=True)
-                yield dict(in_dtype=in_dtype, fmt=fmt, sf_format=sf_format, per_row=False, aligned=False)
-                yield dict(in_dtype=in_dtype, fmt=fmt, sf_format=sf_format, per_row=True, aligned=True)
+                for vec_bytes in VEC_BYTES:
+                    yield dict(in_dtype=in_dtype, fmt=fmt, sf_format=sf_format, per_row=False, aligned=True, vec_bytes=vec_bytes)
+                yield dict(in_dtype=in_dtype, fmt=fmt, sf_format=sf_format, per_row=False, aligned=False, vec_bytes=16)
+                yield dict(in_dtype=in_dtype, fmt=fmt, sf_format=sf_format, per_row=True, aligned=True, vec_bytes=16)
 
 
 DECL = KernelDecl(
@@ -480,6 +496,7 @@ DECL = KernelDecl(
         param('sf_format', 'str', 'sf'),
         param('per_row', 'bool', 'row'),
         param('aligned', 'bool', 'al'),
+        param('vec_bytes', 'int', 'vb'),
     ),
     factory=build,
     prebuilt=prebuilt,

@@ -11,7 +11,7 @@ import pytest
 SUBSET = [
     {'kernel': 'transpose.batched_transpose', 'params': {'elem_bytes': 2, 'vec_bytes': 16, 'tile_m': 64, 'tile_n': 64}},
     {'kernel': 'moe.topk_gate', 'params': {'num_experts': 256, 'num_topk': 8}},
-    {'kernel': 'quant.per_token_cast', 'params': {'in_dtype': 'bfloat16', 'fmt': 'e4m3', 'sf_format': 'f32', 'per_row': False, 'aligned': True}},
+    {'kernel': 'quant.per_token_cast', 'params': {'in_dtype': 'bfloat16', 'fmt': 'e4m3', 'sf_format': 'f32', 'per_row': False, 'aligned': True, 'vec_bytes': 32}},
 ]
 
 

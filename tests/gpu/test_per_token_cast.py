@@ -19,9 +19,13 @@ ROUND_TRIP_BOUND = {'e4m3': 1e-3, 'e2m1': 2e-2}
 
 
 def input_for(spec: dict, num_tokens: int, hidden: int) -> torch.Tensor:
-    """Strided rows either 16-byte aligned (aligned specs) or not (the element-wise variant)."""
+    """Strided rows that select the spec: 32-byte aligned (32-byte vectors, and per row), 16-byte aligned but not 32
+    (16-byte vectors), or neither (the element-wise variant)."""
     dtype = DTYPES[spec['in_dtype']]
-    offset, extra = (0, 64) if spec['aligned'] else (1, 1)
+    if not spec['aligned']:
+        offset, extra = 1, 1
+    else:
+        offset, extra = (16 // dtype.itemsize if spec['vec_bytes'] == 16 and not spec['per_row'] else 0), 64
     base = torch.randn((num_tokens + 1) * (hidden + extra) + offset, device='cuda').to(dtype)
     return base[offset:offset + num_tokens * (hidden + extra)].view(num_tokens, hidden + extra)[:, :hidden]
 
@@ -99,6 +103,28 @@ def test_per_token_cast_per_row_wider_than_registers(spec, hidden):
 
 
 @pytest.mark.parametrize('fmt', ('e4m3', 'e2m1'))
+@pytest.mark.parametrize('in_dtype', ('bfloat16', 'float32'))
+def test_per_token_cast_takes_narrow_vectors_where_wide_ones_do_not_fit(in_dtype, fmt):
+    """An input whose pointer or row stride is a multiple of 16 bytes but not of 32 takes the 16-byte kernel, a 32-byte
+    aligned one the 32-byte kernel: both exact."""
+    dtype = DTYPES[in_dtype]
+    step = 16 // dtype.itemsize  # elements in 16 bytes
+    base = torch.randn(64 * 7168 + 64 * step + step, device='cuda').to(dtype)
+    inputs = {
+        32: base[:64 * 7168].view(64, 7168),
+        16: base[step:step + 64 * 7168].view(64, 7168),  # the pointer 16 bytes past a 32-byte boundary
+    }
+    inputs['16 (row stride)'] = base[:64 * (7168 + step)].view(64, 7168 + step)[:, :7168]
+    for expected, x in inputs.items():
+        spec = per_token_cast_spec(x, fmt, 32, False)
+        assert spec['aligned'] and spec['vec_bytes'] == (32 if expected == 32 else 16), (expected, spec)
+        out, sf = tile_kernels_aot.quant.per_token_cast(x, fmt, 32)
+        out_ref, sf_ref = reference.cast(x, fmt, (1, 32))
+        assert_bitwise_equal(out, out_ref)
+        assert_bitwise_equal(sf, sf_ref)
+
+
+@pytest.mark.parametrize('fmt', ('e4m3', 'e2m1'))
 def test_per_token_cast_saturates_and_handles_tiny_blocks(fmt):
     x = torch.randn((64, 7168), device='cuda', dtype=torch.bfloat16)
     x[0, :128] = 0  # amax 0 -> clamped to the floor
@@ -145,6 +171,7 @@ def test_per_token_cast_e2m1_of_nan(spec):
     and every scale factor is the reference's for the same input with the NaNs replaced by zeros."""
     hidden = 7168
     x = input_for(spec, 40, hidden)
+    assert per_token_cast_spec(x, 'e2m1', hidden if spec['per_row'] else 32, spec['sf_format'] == 'ue8m0') == spec
     int_dtype = torch.int16 if spec['in_dtype'] == 'bfloat16' else torch.int32
     # Narrowing an int64 to int16/int32 wraps, so the patterns above the sign bit become the negative integers of the same bits.
     nans = torch.tensor(NAN_BITS[spec['in_dtype']], dtype=torch.int64).to(int_dtype).cuda().view(x.dtype)

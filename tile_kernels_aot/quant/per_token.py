@@ -15,8 +15,8 @@ import torch
 from tile_kernels_aot import _checks
 from tile_kernels_aot._select import find_kernel
 from tile_kernels_aot.quant._common import (
-    FORMATS, IN_DTYPES, INDEX_LIMIT, MODE_CAST, MODE_PRECOMPUTED, MODE_SF_ONLY, VECTOR_BYTES, QuantTensor, alloc_quant_out, alloc_sf,
-    check_cast_back_args, check_input_sf, check_int_pair, check_out_fmt, check_packed_ue8m0, check_sf_flags, dtype_name, is_pow2, magic,
+    FORMATS, IN_DTYPES, INDEX_LIMIT, MODE_CAST, MODE_PRECOMPUTED, MODE_SF_ONLY, VECTOR_BYTES, WIDE_VECTOR_BYTES, QuantTensor, alloc_quant_out,
+    alloc_sf, check_cast_back_args, check_input_sf, check_int_pair, check_out_fmt, check_packed_ue8m0, check_sf_flags, dtype_name, is_pow2, magic,
     not_built, packed_sf_bytes, row_aligned, sf_format, unpack_quant,
 )
 from tile_kernels_aot.quant.e5m6 import cast_back_from_e5m6, per_token_cast_to_e5m6
@@ -89,8 +89,9 @@ def _per_token_cast(
         raise ValueError(f'{op}: x is too large: {num_tokens} x {hidden} elements reach the 32-bit index range')
     out = alloc_quant_out(num_tokens, hidden, fmt, x.device)
     if num_tokens:
-        row_magic, row_shift = magic(padded_vectors)
         spec = per_token_cast_spec(x, fmt, num_per_channels, packed)
+        padded_vectors = padded_vectors * VECTOR_BYTES // spec['vec_bytes']  # in the spec's vectors (a block is 16 or more elements)
+        row_magic, row_shift = magic(padded_vectors)
         scalars = dict(vectors_per_row=padded_vectors, row_magic=row_magic, row_shift=row_shift, npc_log2=num_per_channels.bit_length() - 1,
                        round_sf=int(round_sf), mode=mode)
         find_kernel('quant.per_token_cast', spec, device)(device, {'x': x, 'out': out, 'out_sf': sf_arg}, scalars)
@@ -147,9 +148,12 @@ def _requantize(op: str, x: object, fmt: str, num_per_channels: int, x_block_siz
 
 
 def per_token_cast_spec(x: torch.Tensor, fmt: str, num_per_channels: int, use_packed_ue8m0: bool) -> dict:
-    """The spec that serves `x`: the 16-byte vector variant when its pointer and row stride allow it."""
+    """The spec that serves `x`: the vector variant when its pointer and row stride are 16-byte aligned, with 32-byte
+    vectors when they are 32-byte aligned too (not per row)."""
     per_row = num_per_channels == x.shape[1] and num_per_channels not in _BLOCK_WIDTHS
-    return dict(in_dtype=IN_DTYPES[x.dtype], fmt=fmt, sf_format=sf_format(use_packed_ue8m0), per_row=per_row, aligned=row_aligned(x, VECTOR_BYTES))
+    aligned = row_aligned(x, VECTOR_BYTES)
+    vec_bytes = WIDE_VECTOR_BYTES if aligned and not per_row and row_aligned(x, WIDE_VECTOR_BYTES) else VECTOR_BYTES
+    return dict(in_dtype=IN_DTYPES[x.dtype], fmt=fmt, sf_format=sf_format(use_packed_ue8m0), per_row=per_row, aligned=aligned, vec_bytes=vec_bytes)
 
 
 def per_token_cast(
