@@ -18,16 +18,19 @@ def main(run_dir: str) -> None:
     rows = [json.loads(line) for line in (root / 'bench.jsonl').read_text().splitlines()]
     copy = rows[0]
     print(f'Copy bandwidth measured in the same run: {copy["gbs"]:.0f} GB/s (bytes read + written).\n')
+    same_size = all('of_same_size_copy' in r for r in rows[1:])  # (runs before the twenty-first session have no such column)
     for kernel in sorted({r['kernel'] for r in rows[1:]}):
         print(f'### {kernel}\n')
         decode = any('decode' in r for r in rows if r['kernel'] == kernel)
-        header = '| spec | shape | time (us) | GB/s | of copy |'
+        header = '| spec | shape | time (us) | GB/s | of copy |' + (' of a copy of its size |' if same_size else '')
         if decode:
             header += ' decode T=1 / 32 / 128: device us (graph) | host us per call |'
         print(header)
         print('|' + ' --- |' * (header.count('|') - 1))
         for r in sorted((r for r in rows if r['kernel'] == kernel), key=lambda r: spec_text(r['spec'])):
             line = f'| {spec_text(r["spec"])} | {r["shape"]} | {r["us"]:.1f} | {r["gbs"]:.0f} | {100 * r["of_copy"]:.1f}% |'
+            if same_size:
+                line += f' {100 * r["of_same_size_copy"]:.1f}% |'
             if decode:
                 d = r.get('decode', {})
                 line += ' ' + ' / '.join(f'{d[t]["graph_us"]:.1f}' for t in sorted(d, key=int)) + ' |'
