@@ -40,7 +40,7 @@ def cast_inputs(p):
     npc = 128 if p['fmt'] == 'e4m3' else 32
     out = torch.empty(TOKENS, 7168 // 2 if p['fmt'] == 'e2m1' else 7168, dtype=torch.int8 if p['fmt'] == 'e2m1' else torch.float8_e4m3fn, device='cuda')
     sf = torch.empty(TOKENS, 7168 // npc, device='cuda')
-    vectors_per_row = 7168 * x.element_size() // 16
+    vectors_per_row = 7168 * x.element_size() // p['vec_bytes']
     magic, shift = _magic(vectors_per_row)
     scalars = dict(vectors_per_row=vectors_per_row, row_magic=magic, row_shift=shift, npc_log2=npc.bit_length() - 1, round_sf=0, mode=0)
 

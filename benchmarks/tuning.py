@@ -31,11 +31,11 @@ TRANSPOSE = variant('tune.transpose', batched_transpose.DECL, {'max_warps': 'w'}
     if not batched_transpose.check_or_none(eb, v, tm, tn)
 ])
 
-# Threads and 16-byte vectors a thread, for the aligned kernels (fifth session) and the unaligned bf16 ones
+# Threads and 16-byte vectors a thread (vec_bytes=16), for the aligned kernels (fifth session) and the unaligned bf16 ones
 # (element-wise loads). More vectors (7 or 8 a thread, or 4 in CTAs of 256) spill under the kernels' register cap,
 # and so do CTAs of 256 for the unaligned e2m1 kernels since their cap is 8 CTAs an SM (32 registers).
 PER_TOKEN_CAST = variant('tune.per_token_cast', per_token_cast.DECL, {'num_threads': 't', 'num_vectors': 'n'}, lambda: [
-    dict(in_dtype=d, fmt=f, sf_format='f32', per_row=False, aligned=aligned, num_threads=t, num_vectors=n)
+    dict(in_dtype=d, fmt=f, sf_format='f32', per_row=False, aligned=aligned, vec_bytes=16, num_threads=t, num_vectors=n)
     for d in ('bfloat16', 'float32') for f in ('e4m3', 'e2m1') for aligned in (True, False)
     if aligned or d == 'bfloat16'
     for t, n in ((128, 2), (128, 4), (256, 2))
