@@ -11,9 +11,10 @@ input alignment and whether a block is a whole row are compile time. The hidden 
 float32) and the mode (cast, scale factors only, or cast with precomputed scale factors, whose multiplier
 is 1 / sf) are run-time arguments, so a handful of binaries serve every model.
 
-Layout (`per_row=False`): each row is padded to whole blocks and cut into vectors of `vec_bytes` (16, or 32 for SM100); the vectors of
-all rows form one flat sequence of `num_tokens * vectors_per_row`, and CTA b owns vectors
-[b * slots, (b + 1) * slots) with thread t holding vectors b * slots + j * 128 + t. So no slot is idle
+Layout (`per_row=False`): each row is padded to whole blocks and cut into vectors of `vec_bytes` (32 where the input's
+pointer and row stride are 32-byte aligned, else 16, see VEC_BYTES); the vectors of all rows form one flat sequence
+of `num_tokens * vectors_per_row`, and CTA b owns vectors [b * slots, (b + 1) * slots) with thread t holding vectors
+b * slots + j * 128 + t. So no slot is idle
 whatever the hidden size, and a block's lanes are adjacent in a warp (a row is a whole number of blocks),
 which makes the block amax a butterfly of shuffles. The row of a flat vector index comes from a
 multiply-shift by a host-computed magic number, not a division. Padding reads as zero, which cannot raise
