@@ -329,10 +329,13 @@ def swiglu_backward_case(spec, tokens):
 
 def per_block_cast_case(spec, tokens):
     dtype = {'bfloat16': torch.bfloat16, 'float32': torch.float32}[spec['in_dtype']]
-    x = torch.randn(tokens, 7168, device='cuda').to(dtype)
+    # The 16-byte vector variant serves inputs whose pointer or row stride is 16- but not 32-byte aligned.
+    offset = 16 // dtype.itemsize if spec['vec_bytes'] == 16 else 0
+    x = torch.randn(tokens, 7168 + offset, device='cuda').to(dtype)[:, offset:]
     block = (spec['block_m'], spec['block_k'])
     packed = spec['sf_format'] == 'ue8m0'
     flags = dict(use_tma_aligned_col_major_sf=packed, round_sf=packed, use_packed_ue8m0=packed)
+    assert tile_kernels_aot.quant.per_block.per_block_cast_spec(x, spec['fmt'], block, packed) == spec
     fn = lambda: tile_kernels_aot.quant.per_block_cast(x, spec['fmt'], block, **flags)  # noqa: E731
     return f'T={tokens}, H=7168, block {block}', fn, nbytes(x, *fn())
 

@@ -11,12 +11,12 @@ strides, i.e. row-major or TMA-aligned column-major, or packed UE8M0 bytes). Run
 the hidden size (a multiple of 16), the row stride, round_sf and the mode (cast, scale factors only, or
 cast with precomputed float32 scale factors, whose multiplier is 1 / sf).
 
-Layout (`TileShape`): a CTA of 256 threads owns one row block (block_m rows) and `lanes` 16-byte vectors of
+Layout (`TileShape`): a CTA of 256 threads owns one row block (block_m rows) and `lanes` vectors (`vec_bytes`, 16 or 32) of
 each of those rows. A warp covers 32 / lanes rows of `lanes` adjacent vectors (256 or 512 contiguous bytes
 per row), and thread (warp w, lane l) holds vector l % lanes of rows j * 8 * (32 / lanes) + w * (32 / lanes)
 + l // lanes, j < vectors. So all of a thread's vectors lie in one scale-factor block, and the block amax
-is: the thread's own maximum, a butterfly over the lanes of the block (and over the two rows of a warp when
-a warp covers two), then the eight warps' partials through shared memory. All loads are issued before any
+is: the thread's own maximum, a butterfly over the lanes of the block (and over the rows of a warp when a warp
+covers several), then the eight warps' partials through shared memory. All loads are issued before any
 arithmetic. Rows past num_tokens and vectors past hidden read as zero (e4m3) or re-read the last row or the
 row's last vector in the same block (e2m1), which cannot raise an amax, and every store is masked against
 the buffer dims, so no run-time argument can make the kernel write out of bounds. Unlike upstream (whose
@@ -36,7 +36,10 @@ from kernel_src.quant.common import (
 
 NUM_THREADS = 256
 NUM_WARPS = NUM_THREADS // 32
-VECTOR_BYTES = 16
+# Bytes a vector: 32 where the input's pointer and row stride allow (one 256-bit access on sm_100a, as upstream's
+# casts use there; two 16-byte ones on sm_90a), else 16. A CTA row covers the same bytes either way, in half as many
+# lanes, so a warp covers twice the rows and a thread holds half as many vectors.
+VEC_BYTES = (16, 32)
 BLOCK_SIZES = (32, 128)
 PREBUILT_BLOCKS = ((128, 128), (32, 32))  # the block shapes upstream tests; the other two build on request
 # CTAs per SM the register allocation must allow for e4m3 with 128-row blocks (256 threads: at most 80 registers):
@@ -83,11 +86,13 @@ class TileShape:
         return tid % self.lanes
 
     @staticmethod
-    def for_block(block_m: int, lanes_per_block: int) -> 'TileShape':
+    def for_block(block_m: int, lanes_per_block: int, vec_bytes: int = 16) -> 'TileShape':
         if block_m == 1:
             # Independent rows: a row segment of 32 vectors per warp, 4 rows per thread.
+            assert vec_bytes == 16
             return TileShape(1, lanes_per_block, 32, 4)
-        lanes = 32 if (block_m == 32 or lanes_per_block == 32) else 16
+        # 512 bytes of a row per CTA where a block is 32 rows or 512 bytes wide, else 256.
+        lanes = (512 if (block_m == 32 or lanes_per_block * vec_bytes == 512) else 256) // vec_bytes
         shape = TileShape(block_m, lanes_per_block, lanes, block_m * lanes // NUM_THREADS)
         assert shape.rows == block_m and lanes % lanes_per_block == 0
         return shape
@@ -136,8 +141,8 @@ def block_max(tile: TileShape, value, i, red, tid):
     for s in T.unroll(tile.lanes_per_block.bit_length() - 1):
         value[i] = T.max(value[i], T.shfl_xor(value[i], 1 << s))
     if tile.block_m > 1:
-        if tile.rows_per_warp == 2:
-            value[i] = T.max(value[i], T.shfl_xor(value[i], 16))
+        for r in range(tile.rows_per_warp.bit_length() - 1):  # a warp's rows: lanes `lanes` apart
+            value[i] = T.max(value[i], T.shfl_xor(value[i], tile.lanes << r))
         lane = tid % 32
         if lane < tile.lanes and lane % tile.lanes_per_block == 0:
             red[tid // 32, lane // tile.lanes_per_block] = value[i]
@@ -163,7 +168,7 @@ def store_sf(out_sf, packed: bool, sf_row, block, sf, last):
         out_sf[sf_row, block] = sf
 
 
-def check(in_dtype: str, fmt: str, block_m: int, block_k: int, sf_format: str) -> None:
+def check(in_dtype: str, fmt: str, block_m: int, block_k: int, sf_format: str, vec_bytes: int) -> None:
     if in_dtype not in IN_DTYPES:
         raise ValueError(f'in_dtype must be one of {sorted(IN_DTYPES)}, got {in_dtype!r}')
     if fmt not in FORMATS:
@@ -172,17 +177,19 @@ def check(in_dtype: str, fmt: str, block_m: int, block_k: int, sf_format: str) -
         raise ValueError(f'block_m and block_k must be in {BLOCK_SIZES}, got ({block_m}, {block_k})')
     if sf_format not in SF_FORMATS:
         raise ValueError(f'sf_format must be one of {SF_FORMATS}, got {sf_format!r}')
+    if vec_bytes not in VEC_BYTES:
+        raise ValueError(f'vec_bytes must be one of {VEC_BYTES}, got {vec_bytes!r}')
 
 
-def build(arch: Arch, in_dtype: str, fmt: str, block_m: int, block_k: int, sf_format: str) -> KernelProgram:
+def build(arch: Arch, in_dtype: str, fmt: str, block_m: int, block_k: int, sf_format: str, vec_bytes: int) -> KernelProgram:
     elem_bytes = IN_DTYPES[in_dtype]
-    epv = VECTOR_BYTES // elem_bytes  # elements per vector
+    epv = vec_bytes // elem_bytes  # elements per vector
     code_word = f'uint{4 * epv}'  # e2m1: the codes of one vector
     fp4 = fmt == 'e2m1'
     bf16_pairs = fp4 and in_dtype == 'bfloat16'
     packed = sf_format == 'ue8m0'
     fmax, floor = FORMATS[fmt]
-    tile = TileShape.for_block(block_m, block_k // epv)
+    tile = TileShape.for_block(block_m, block_k // epv, vec_bytes)
     cols = tile.lanes * epv  # columns per CTA
 
     num_tokens = T.dynamic('num_tokens')
@@ -247,7 +254,11 @@ def build(arch: Arch, in_dtype: str, fmt: str, block_m: int, block_k: int, sf_fo
                     elements = [(bf16_high_as_float if e % 2 else bf16_low_as_float)(source[j, e // 2]) for e in range(epv)]
                 else:
                     elements = [source[j, e] for e in range(epv)]
-                codes[0] = T.Cast(code_word, e2m1_word([v * multiplier for v in elements]))
+                products = [v * multiplier for v in elements]
+                if epv <= 8:
+                    codes[0] = T.Cast(code_word, e2m1_word(products))
+                else:  # a 32-byte bf16 vector: two words of eight codes
+                    codes[0] = T.Cast(code_word, e2m1_word(products[:8])) | (T.Cast(code_word, e2m1_word(products[8:])) << T.Cast(code_word, 32))
                 code_bytes = T.view(codes, (epv // 2,), T.int8)
                 if T.And(row < num_tokens, col < hidden) if masked else T.bool(True):
                     # In whole code words, unsigned (one IMAD.WIDE.U32), not signed 64-bit row * width + col.
@@ -369,7 +380,7 @@ def build(arch: Arch, in_dtype: str, fmt: str, block_m: int, block_k: int, sf_fo
                     else:
                         cast_and_store(out, out_flat, wide, multiplier, bx, col, tid, True)
 
-    return KernelProgram(per_block_cast, alignment={'x': VECTOR_BYTES, 'out': 16, 'out_sf': 1 if packed else 4})
+    return KernelProgram(per_block_cast, alignment={'x': vec_bytes, 'out': 16, 'out_sf': 1 if packed else 4})
 
 
 def prebuilt():
@@ -377,7 +388,8 @@ def prebuilt():
         for fmt in FORMATS:
             for block_m, block_k in PREBUILT_BLOCKS:
                 for sf_format in SF_FORMATS:
-                    yield dict(in_dtype=in_dtype, fmt=fmt, block_m=block_m, block_k=block_k, sf_format=sf_format)
+                    for vec_bytes in VEC_BYTES:
+                        yield dict(in_dtype=in_dtype, fmt=fmt, block_m=block_m, block_k=block_k, sf_format=sf_format, vec_bytes=vec_bytes)
 
 
 DECL = KernelDecl(
@@ -388,6 +400,7 @@ DECL = KernelDecl(
         param('block_m', 'int', 'bm'),
         param('block_k', 'int', 'bk'),
         param('sf_format', 'str', 'sf'),
+        param('vec_bytes', 'int', 'vb'),
     ),
     factory=build,
     prebuilt=prebuilt,

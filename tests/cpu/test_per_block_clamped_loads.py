@@ -15,13 +15,13 @@ import pytest
 pbc = pytest.importorskip('kernel_src.quant.per_block_cast')
 
 BLOCKS = [(128, 128), (32, 32), (128, 32), (32, 128)]
-ELEMENTS_PER_VECTOR = (8, 4)  # bfloat16, float32
+VECTORS = [(16, 8), (16, 4), (32, 16), (32, 8)]  # (vec_bytes, elements per vector): bfloat16, float32 of each width
 SHAPES = [(1, 16), (33, 48), (127, 576), (128, 256), (200, 1040), (97, 7168 + 16)]
 
 
-def _reads(block_m, block_k, epv, num_tokens, hidden):
+def _reads(block_m, block_k, vec_bytes, epv, num_tokens, hidden):
     """(thread row, thread col, read row, read col) of every vector of every thread of every CTA."""
-    tile = pbc.TileShape.for_block(block_m, block_k // epv)
+    tile = pbc.TileShape.for_block(block_m, block_k // epv, vec_bytes)
     cols = tile.lanes * epv
     tid = np.arange(pbc.NUM_THREADS)
     bx = np.arange(-(-num_tokens // block_m))
@@ -36,12 +36,13 @@ def _reads(block_m, block_k, epv, num_tokens, hidden):
 
 
 @pytest.mark.parametrize('block', BLOCKS)
-@pytest.mark.parametrize('epv', ELEMENTS_PER_VECTOR)
+@pytest.mark.parametrize('vector', VECTORS)
 @pytest.mark.parametrize('shape', SHAPES)
-def test_clamped_reads_stay_in_their_block_and_cover_it(block, epv, shape):
+def test_clamped_reads_stay_in_their_block_and_cover_it(block, vector, shape):
     block_m, block_k = block
+    vec_bytes, epv = vector
     num_tokens, hidden = shape
-    row, col, read_row, read_col = _reads(block_m, block_k, epv, num_tokens, hidden)
+    row, col, read_row, read_col = _reads(block_m, block_k, vec_bytes, epv, num_tokens, hidden)
     assert (read_row >= 0).all() and (read_row < num_tokens).all()
     assert (read_col >= 0).all() and (read_col + epv <= hidden).all() and (read_col % epv == 0).all()
     live = (col // block_k) * block_k < hidden  # the thread's block has a column inside x

@@ -5,6 +5,7 @@ import torch
 
 import tile_kernels_aot
 from tile_kernels_aot import reference
+from tile_kernels_aot.quant.per_block import per_block_cast_spec
 
 from .helpers import TOKEN_COUNTS, assert_bitwise_equal, calc_diff, check_unbiased, installed_specs, poison_allocator
 
@@ -23,9 +24,12 @@ def sf_configs(spec: dict) -> list:
     return [(False, True, False), (False, False, False), (True, False, False)]
 
 
-def strided_input(num_tokens: int, hidden: int, dtype: torch.dtype, pad: int = 0) -> torch.Tensor:
-    x = torch.randn((num_tokens, hidden + pad), device='cuda', dtype=dtype)
-    return x[:, :hidden] if pad else x
+def strided_input(num_tokens: int, hidden: int, dtype: torch.dtype, pad: int = 0, vec_bytes: int = 32) -> torch.Tensor:
+    """Rows of hidden + pad elements (a multiple of 32 bytes) from a pointer 32-byte aligned (vec_bytes 32), or 16 bytes
+    past such a boundary (vec_bytes 16), so that the op takes that spec."""
+    offset = 0 if vec_bytes == 32 else 16 // dtype.itemsize
+    base = torch.randn(num_tokens * (hidden + pad) + offset, device='cuda', dtype=dtype)
+    return base[offset:].view(num_tokens, hidden + pad)[:, :hidden]
 
 
 @pytest.mark.parametrize('spec', installed_specs('quant.per_block_cast'))
@@ -33,7 +37,9 @@ def strided_input(num_tokens: int, hidden: int, dtype: torch.dtype, pad: int = 0
 def test_per_block_cast_bitwise(spec, num_tokens):
     dtype, fmt, block = DTYPES[spec['in_dtype']], spec['fmt'], (spec['block_m'], spec['block_k'])
     for hidden in HIDDEN_SIZES:
-        x = strided_input(num_tokens, hidden, dtype)
+        x = strided_input(num_tokens, hidden, dtype, vec_bytes=spec['vec_bytes'])
+        if num_tokens:
+            assert per_block_cast_spec(x, fmt, block, spec['sf_format'] == 'ue8m0') == spec, 'the op would pick another spec'
         num_rows, num_blocks = -(-num_tokens // block[0]), -(-hidden // block[1])
         out_shape = (num_tokens, hidden // 2 if fmt == 'e2m1' else hidden)
         out_dtype = torch.int8 if fmt == 'e2m1' else torch.float8_e4m3fn
@@ -62,7 +68,8 @@ def test_per_block_cast_strided_rows(spec):
     dtype, fmt, block = DTYPES[spec['in_dtype']], spec['fmt'], (spec['block_m'], spec['block_k'])
     col_major, round_sf, packed = sf_configs(spec)[0]
     args = dict(use_tma_aligned_col_major_sf=col_major, round_sf=round_sf, use_packed_ue8m0=packed)
-    x = strided_input(4001, 2048, dtype, pad=64)
+    x = strided_input(4001, 2048, dtype, pad=64, vec_bytes=spec['vec_bytes'])
+    assert per_block_cast_spec(x, fmt, block, packed) == spec
     out, sf = quant.per_block_cast(x, fmt, block, **args)
     out_ref, sf_ref = reference.per_block_cast(x.contiguous(), fmt, block, **args)
     assert_bitwise_equal(out, out_ref)

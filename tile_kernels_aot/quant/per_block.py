@@ -19,7 +19,8 @@ import torch
 from tile_kernels_aot import _checks
 from tile_kernels_aot._select import find_kernel
 from tile_kernels_aot.quant._common import (
-    FORMATS, IN_DTYPES, MAX_GRID_Y, MODE_CAST, MODE_PRECOMPUTED, MODE_SF_ONLY, VECTOR_BYTES, QuantTensor, alloc_quant_out, alloc_sf,
+    FORMATS, IN_DTYPES, MAX_GRID_Y, MODE_CAST, MODE_PRECOMPUTED, MODE_SF_ONLY, VECTOR_BYTES, WIDE_VECTOR_BYTES, QuantTensor, alloc_quant_out,
+    alloc_sf,
     check_bool, check_e4m3, check_input_sf, check_int_pair, check_packed_ue8m0, check_sf_flags, is_pow2, packed_sf_bytes, row_aligned, sf_format,
     unpack_quant,
 )
@@ -64,9 +65,17 @@ def _per_block_cast(op: str, x, fmt, block_size, use_tma_aligned_col_major_sf, r
         returned, sf_arg = alloc_sf(num_rows, num_blocks, col_major, packed, x.device)
     out = alloc_quant_out(num_tokens, hidden, fmt, x.device)
     if num_tokens:
-        spec = dict(in_dtype=IN_DTYPES[x.dtype], fmt=fmt, block_m=block_m, block_k=block_k, sf_format=sf_format(packed))
+        spec = per_block_cast_spec(x, fmt, (block_m, block_k), packed)
         find_kernel('quant.per_block_cast', spec, device)(device, {'x': x, 'out': out, 'out_sf': sf_arg}, {'round_sf': int(round_sf), 'mode': mode})
     return out, returned
+
+
+def per_block_cast_spec(x: torch.Tensor, fmt: str, block_size: tuple[int, int], use_packed_ue8m0: bool) -> dict:
+    """The spec that serves a (16-byte aligned) `x`: 32-byte vectors where its pointer and row stride are 32-byte
+    aligned too."""
+    vec_bytes = WIDE_VECTOR_BYTES if row_aligned(x, WIDE_VECTOR_BYTES) else VECTOR_BYTES
+    return dict(in_dtype=IN_DTYPES[x.dtype], fmt=fmt, block_m=block_size[0], block_k=block_size[1], sf_format=sf_format(use_packed_ue8m0),
+                vec_bytes=vec_bytes)
 
 
 def per_block_cast(
