@@ -104,6 +104,15 @@ def e2m1_word(values, clamp=True):
     return word
 
 
+def e2m1_vector_codes(values, clamp=True):
+    """The e2m1 codes of a vector's float32 values (up to 16; as e2m1_word, value i in nibble i) as one unsigned word of
+    4 bits a value (uint16, uint32 or uint64), which a cast stores as bytes: a vector of 16 takes two words of eight."""
+    code_word = f'uint{4 * len(values)}'
+    if len(values) <= 8:
+        return T.Cast(code_word, e2m1_word(values, clamp))
+    return T.Cast(code_word, e2m1_word(values[:8], clamp)) | (T.Cast(code_word, e2m1_word(values[8:], clamp)) << T.Cast(code_word, 32))
+
+
 def pow2_scale_carry(fmax: float) -> tuple[int, int]:
     """(carry, f) of pow2_scale_exponent for fmax = F * 2^f, F in (1, 2): carry = 2^23 - 1 - F's mantissa bits."""
     fraction, exponent = math.frexp(fmax)  # fmax = fraction * 2^exponent, fraction in [1/2, 1)
@@ -185,15 +194,11 @@ def block_scale(amax, sf_floor, fmax, round_sf, packed, sf, multiplier, j, fast_
             sf[j] = T.Cast(T.float32, exponent)
         else:
             sf[j] = pow2(exponent)
-    elif fast_division:
-        if clamped <= T.float32(SCALE_DIVISION_MAX):
-            multiplier[j] = T.call_extern('float32', 'tk_div_rn_fast_by', T.float32(fmax), clamped,
-                                          T.call_extern('float32', 'tk_rcp_rn_fast', clamped))
-            sf[j] = T.call_extern('float32', 'tk_div_rn_fast_by', clamped, T.float32(fmax),
-                                  T.reinterpret(T.uint32(SCALE_RECIPROCALS[fmax]), T.float32))
-        else:
-            multiplier[j] = T.float32(fmax) / clamped
-            sf[j] = clamped / T.float32(fmax)
+    elif fast_division and clamped <= T.float32(SCALE_DIVISION_MAX):
+        multiplier[j] = T.call_extern('float32', 'tk_div_rn_fast_by', T.float32(fmax), clamped,
+                                      T.call_extern('float32', 'tk_rcp_rn_fast', clamped))
+        sf[j] = T.call_extern('float32', 'tk_div_rn_fast_by', clamped, T.float32(fmax),
+                              T.reinterpret(T.uint32(SCALE_RECIPROCALS[fmax]), T.float32))
     else:
         multiplier[j] = T.float32(fmax) / clamped
         sf[j] = clamped / T.float32(fmax)

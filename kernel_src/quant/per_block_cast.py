@@ -31,7 +31,7 @@ from tilelang import language as T
 from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
 from kernel_src.quant.addressing import unsigned_wide_mad
 from kernel_src.quant.common import (
-    FORMATS, IN_DTYPES, MODE_CAST, MODE_PRECOMPUTED, MODE_SF_ONLY, SF_FORMATS, e2m1_word, inverse_pow2, pow2, pow2_scale_exponent,
+    FORMATS, IN_DTYPES, MODE_CAST, MODE_PRECOMPUTED, MODE_SF_ONLY, SF_FORMATS, e2m1_vector_codes, inverse_pow2, pow2, pow2_scale_exponent,
 )
 
 NUM_THREADS = 256
@@ -254,11 +254,7 @@ def build(arch: Arch, in_dtype: str, fmt: str, block_m: int, block_k: int, sf_fo
                     elements = [(bf16_high_as_float if e % 2 else bf16_low_as_float)(source[j, e // 2]) for e in range(epv)]
                 else:
                     elements = [source[j, e] for e in range(epv)]
-                products = [v * multiplier for v in elements]
-                if epv <= 8:
-                    codes[0] = T.Cast(code_word, e2m1_word(products))
-                else:  # a 32-byte bf16 vector: two words of eight codes
-                    codes[0] = T.Cast(code_word, e2m1_word(products[:8])) | (T.Cast(code_word, e2m1_word(products[8:])) << T.Cast(code_word, 32))
+                codes[0] = e2m1_vector_codes([v * multiplier for v in elements])
                 code_bytes = T.view(codes, (epv // 2,), T.int8)
                 if T.And(row < num_tokens, col < hidden) if masked else T.bool(True):
                     # In whole code words, unsigned (one IMAD.WIDE.U32), not signed 64-bit row * width + col.

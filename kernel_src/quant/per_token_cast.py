@@ -33,7 +33,7 @@ from tilelang import language as T
 from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
 from kernel_src.quant.addressing import magic_quotient, unsigned_index, unsigned_wide_mad
 from kernel_src.quant.common import (
-    FORMATS, IN_DTYPES, MODE_CAST, MODE_PRECOMPUTED, MODE_SF_ONLY, SF_FORMATS, block_scale, e2m1_saturated, e2m1_word,
+    FORMATS, IN_DTYPES, MODE_CAST, MODE_PRECOMPUTED, MODE_SF_ONLY, SF_FORMATS, block_scale, e2m1_saturated, e2m1_vector_codes,
     products_bounded,
 )
 from kernel_src.quant.nibbles import PRMT_PRELUDE
@@ -184,11 +184,7 @@ def build(arch: Arch, in_dtype: str, fmt: str, sf_format: str, per_row: bool, al
             # separate registers that nvcc merges back byte by byte. A masked vector's codes are computed
             # and dropped.
             codes = T.alloc_local((1,), code_word)
-            products = [as_float(values, wide, j, e) * multiplier[j] for e in range(epv)]
-            if epv <= 8:
-                codes[0] = T.Cast(code_word, e2m1_word(products, clamp=False))
-            else:  # a 32-byte bf16 vector: two words of eight codes
-                codes[0] = T.Cast(code_word, e2m1_word(products[:8], clamp=False)) | (T.Cast(code_word, e2m1_word(products[8:], clamp=False)) << T.Cast(code_word, 32))
+            codes[0] = e2m1_vector_codes([as_float(values, wide, j, e) * multiplier[j] for e in range(epv)], clamp=False)
             code_bytes = T.view(codes, (epv // 2,), T.int8)
             if rows[j] < num_tokens and vecs[j] * epv < hidden:
                 # Addressed in code words by an unsigned 32-bit index (row * hidden + col < 2^31, the op's
@@ -416,7 +412,7 @@ def build_per_row(in_dtype: str, fmt: str, sf_format: str) -> KernelProgram:
                 # The vector's codes as one word that the byte-vector store reads back whole (see the flat
                 # kernel); a masked vector's codes are computed and dropped.
                 codes = T.alloc_local((1,), code_word)
-                codes[0] = T.Cast(code_word, e2m1_word([T.Cast('float32', values[j, e]) * multiplier[0] for e in range(epv)]))
+                codes[0] = e2m1_vector_codes([T.Cast('float32', values[j, e]) * multiplier[0] for e in range(epv)])
                 code_bytes = T.view(codes, (epv // 2,), T.int8)
                 if vec * epv < hidden:
                     for e in T.vectorized(epv // 2):

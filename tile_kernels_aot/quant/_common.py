@@ -122,6 +122,12 @@ def check_packed_ue8m0(op: str, packed: bool, col_major: bool, round_sf: bool = 
         raise ValueError(f'{op}: use_packed_ue8m0 needs round_sf=True (UE8M0 holds powers of two only)')
 
 
+def vector_bytes(t: torch.Tensor) -> int:
+    """The widest vector the 2-D ``t`` allows the casts that come in both widths: 32 bytes where its pointer and row
+    stride are 32-byte aligned, else 16 (for a ``t`` the caller has found 16-byte aligned)."""
+    return WIDE_VECTOR_BYTES if row_aligned(t, WIDE_VECTOR_BYTES) else VECTOR_BYTES
+
+
 def row_aligned(t: torch.Tensor, alignment: int) -> bool:
     """Whether the data pointer and the row stride (in bytes) of a 2-D ``t`` are multiples of ``alignment``;
     the row stride of a single row is never used, so it does not count."""

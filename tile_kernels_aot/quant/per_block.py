@@ -19,10 +19,9 @@ import torch
 from tile_kernels_aot import _checks
 from tile_kernels_aot._select import find_kernel
 from tile_kernels_aot.quant._common import (
-    FORMATS, IN_DTYPES, MAX_GRID_Y, MODE_CAST, MODE_PRECOMPUTED, MODE_SF_ONLY, VECTOR_BYTES, WIDE_VECTOR_BYTES, QuantTensor, alloc_quant_out,
-    alloc_sf,
+    FORMATS, IN_DTYPES, MAX_GRID_Y, MODE_CAST, MODE_PRECOMPUTED, MODE_SF_ONLY, VECTOR_BYTES, QuantTensor, alloc_quant_out, alloc_sf,
     check_bool, check_e4m3, check_input_sf, check_int_pair, check_packed_ue8m0, check_sf_flags, is_pow2, packed_sf_bytes, row_aligned, sf_format,
-    unpack_quant,
+    unpack_quant, vector_bytes,
 )
 
 _BLOCK_SIZES = (32, 128)
@@ -73,9 +72,8 @@ def _per_block_cast(op: str, x, fmt, block_size, use_tma_aligned_col_major_sf, r
 def per_block_cast_spec(x: torch.Tensor, fmt: str, block_size: tuple[int, int], use_packed_ue8m0: bool) -> dict:
     """The spec that serves a (16-byte aligned) `x`: 32-byte vectors where its pointer and row stride are 32-byte
     aligned too."""
-    vec_bytes = WIDE_VECTOR_BYTES if row_aligned(x, WIDE_VECTOR_BYTES) else VECTOR_BYTES
     return dict(in_dtype=IN_DTYPES[x.dtype], fmt=fmt, block_m=block_size[0], block_k=block_size[1], sf_format=sf_format(use_packed_ue8m0),
-                vec_bytes=vec_bytes)
+                vec_bytes=vector_bytes(x))
 
 
 def per_block_cast(

@@ -15,9 +15,9 @@ import torch
 from tile_kernels_aot import _checks
 from tile_kernels_aot._select import find_kernel
 from tile_kernels_aot.quant._common import (
-    FORMATS, IN_DTYPES, INDEX_LIMIT, MODE_CAST, MODE_PRECOMPUTED, MODE_SF_ONLY, VECTOR_BYTES, WIDE_VECTOR_BYTES, QuantTensor, alloc_quant_out,
-    alloc_sf, check_cast_back_args, check_input_sf, check_int_pair, check_out_fmt, check_packed_ue8m0, check_sf_flags, dtype_name, is_pow2, magic,
-    not_built, packed_sf_bytes, row_aligned, sf_format, unpack_quant,
+    FORMATS, IN_DTYPES, INDEX_LIMIT, MODE_CAST, MODE_PRECOMPUTED, MODE_SF_ONLY, VECTOR_BYTES, QuantTensor, alloc_quant_out, alloc_sf,
+    check_cast_back_args, check_input_sf, check_int_pair, check_out_fmt, check_packed_ue8m0, check_sf_flags, dtype_name, is_pow2, magic,
+    not_built, packed_sf_bytes, row_aligned, sf_format, unpack_quant, vector_bytes,
 )
 from tile_kernels_aot.quant.e5m6 import cast_back_from_e5m6, per_token_cast_to_e5m6
 
@@ -84,13 +84,13 @@ def _per_token_cast(
     else:
         device = _checks.on_one_cuda_device(op, x=x)
         returned, sf_arg = alloc_sf(num_tokens, num_blocks, col_major, packed, x.device)
-    padded_vectors = (hidden if per_row else num_blocks * num_per_channels) // elems_per_vector
-    if num_tokens * padded_vectors * elems_per_vector > INDEX_LIMIT:
+    padded_elements = hidden if per_row else num_blocks * num_per_channels  # a whole number of 32-byte vectors
+    if num_tokens * padded_elements > INDEX_LIMIT:
         raise ValueError(f'{op}: x is too large: {num_tokens} x {hidden} elements reach the 32-bit index range')
     out = alloc_quant_out(num_tokens, hidden, fmt, x.device)
     if num_tokens:
         spec = per_token_cast_spec(x, fmt, num_per_channels, packed)
-        padded_vectors = padded_vectors * VECTOR_BYTES // spec['vec_bytes']  # in the spec's vectors (a block is 16 or more elements)
+        padded_vectors = padded_elements * x.element_size() // spec['vec_bytes']
         row_magic, row_shift = magic(padded_vectors)
         scalars = dict(vectors_per_row=padded_vectors, row_magic=row_magic, row_shift=row_shift, npc_log2=num_per_channels.bit_length() - 1,
                        round_sf=int(round_sf), mode=mode)
@@ -152,7 +152,7 @@ def per_token_cast_spec(x: torch.Tensor, fmt: str, num_per_channels: int, use_pa
     vectors when they are 32-byte aligned too (not per row)."""
     per_row = num_per_channels == x.shape[1] and num_per_channels not in _BLOCK_WIDTHS
     aligned = row_aligned(x, VECTOR_BYTES)
-    vec_bytes = WIDE_VECTOR_BYTES if aligned and not per_row and row_aligned(x, WIDE_VECTOR_BYTES) else VECTOR_BYTES
+    vec_bytes = vector_bytes(x) if aligned and not per_row else VECTOR_BYTES
     return dict(in_dtype=IN_DTYPES[x.dtype], fmt=fmt, sf_format=sf_format(use_packed_ue8m0), per_row=per_row, aligned=aligned, vec_bytes=vec_bytes)
 
 
