@@ -308,8 +308,12 @@ def swiglu_forward_case(spec, tokens):
 
 
 def swiglu_channel_case(spec, tokens):
+    from tile_kernels_aot.quant.swiglu import swiglu_forward_and_per_channel_cast_spec
     tokens = max(tokens // 128 * 128, 128)
-    x = torch.randn(tokens, 2 * 2048, device='cuda').bfloat16()
+    # The 16-byte vector variant serves inputs whose pointer is 16- but not 32-byte aligned.
+    offset = 8 if spec['vec_bytes'] == 16 else 0
+    x = torch.randn(tokens * 2 * 2048 + offset, device='cuda').bfloat16()[offset:].view(tokens, 2 * 2048)
+    assert swiglu_forward_and_per_channel_cast_spec(x, not spec['transpose']) == spec
     fn = lambda: tile_kernels_aot.quant.swiglu_forward_and_per_channel_cast_and_transpose(  # noqa: E731
         x, 'e4m3', 128, round_sf=True, without_transpose=not spec['transpose'], swiglu_clamp_value=10.0)
     return f'T={tokens}, H=2048, npt=128', fn, nbytes(x, *fn())

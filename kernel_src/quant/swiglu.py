@@ -89,6 +89,10 @@ CH_TOKENS = 128  # tokens per CTA (one block of 128 or four of 32)
 CH_CHANNELS = 64  # channels per CTA
 CH_SEGMENT = 32  # tokens per thread in the cast phase
 CH_MIN_BLOCKS = 4  # CTAs per SM the register allocation must allow
+# Bytes of x a vector of the load phase: 32 where x's pointer is 32-byte aligned (its rows, 4 * hidden bytes with
+# hidden a multiple of 64, always are), one 256-bit load on sm_100a, as upstream's per-channel SwiGLU takes on SM100;
+# else 16.
+CH_VEC_BYTES = (16, 32)
 
 BWD_THREADS = 64
 BWD_ELEMS = 16  # elements per thread-step (16 bytes of e4m3)
@@ -924,27 +928,35 @@ def prebuilt_forward():
             yield dict(in_dtype=in_dtype, sf_format='f32', per_row=True, row_threads=row_threads)
 
 
-def check_channel(transpose: bool) -> None:
+def check_channel(transpose: bool, vec_bytes: int) -> None:
     if not isinstance(transpose, bool):
         raise ValueError(f'transpose must be a bool, got {transpose!r}')
+    if vec_bytes not in CH_VEC_BYTES:
+        raise ValueError(f'vec_bytes must be one of {CH_VEC_BYTES}, got {vec_bytes!r}')
 
 
-def build_channel(arch: Arch, transpose: bool) -> KernelProgram:
+def build_channel(arch: Arch, transpose: bool, vec_bytes: int) -> KernelProgram:
     num_tokens = T.dynamic('num_tokens')
     width = T.dynamic('width')
     hidden = T.dynamic('hidden')
     num_sf_rows = T.dynamic('num_sf_rows')
     out_shape = (hidden, num_tokens) if transpose else (num_tokens, hidden)
     num_segments = CH_TOKENS // CH_SEGMENT
-    loads = CH_TOKENS * CH_CHANNELS // 8 // CH_THREADS  # 16-byte vectors of each half per thread
+    epv = vec_bytes // 2  # channels a vector
+    vectors_per_row = CH_CHANNELS // epv
+    loads = CH_TOKENS * vectors_per_row // CH_THREADS  # vectors of each half per thread
     HALF = CH_SEGMENT // 2  # tokens per lane in the cast phase
 
     def swizzled_chunk(token, chunk):
         """Where the 16-byte chunk `chunk` (8 channels) of token `token` lies in its act_shared row: the two
         halves of the row swap on bit 4 of the token. The cast phase's lanes read one 32-bit word (two channels)
         of tokens 16 apart from the same half-row of channels; without the swap the lane pair of a word would
-        hit the same bank (2-way conflicts on every load)."""
-        return T.bitwise_xor(chunk, ((token // 16) % 2) * (CH_CHANNELS // 16))
+        hit the same bank (2-way conflicts on every load). With 32-byte vectors the two chunks of a vector also
+        swap on bit 0 of the token: a thread stores its vector as two 16-byte halves, and a quarter-warp's first
+        store (4 vectors of each of two tokens) would otherwise put both tokens' even chunks on the same banks;
+        the cast phase's loads stay conflict-free, as the swap only permutes chunks within a half-row."""
+        swapped = T.bitwise_xor(chunk, ((token // 16) % 2) * (CH_CHANNELS // 16))
+        return swapped if vec_bytes == 16 else T.bitwise_xor(swapped, token % 2)
 
     def swizzled_byte(token, offset):
         """Where byte `offset` of token `token`'s e4m3 row (64 channels) lies in quantized_shared: the halves swap on
@@ -953,12 +965,10 @@ def build_channel(arch: Arch, transpose: bool) -> KernelProgram:
         return (offset + ((token // 16) % 2) * (CH_CHANNELS // 2)) % CH_CHANNELS
 
     @T.macro
-    def swiglu_vector(gate, up, gate_f32, up_f32, act_f32, act, act_shared, clamp_c, idx, i, fast, clamp):
-        """act of the thread's vector i (8 channels of token idx // 8), rounded to bf16, into act_shared; fast: with
-        tk_div_rn_fast (exact only if tk_gate_bits_in_div_range passed), else IEEE division; clamp: False only
-        where tk_clamps_are_identity passed (and with fast)."""
-        T.evaluate(T.call_extern('void', 'tk_widen_bf16x8', T.address_of(gate[i, 0]), T.address_of(gate_f32[0])))
-        T.evaluate(T.call_extern('void', 'tk_widen_bf16x8', T.address_of(up[i, 0]), T.address_of(up_f32[0])))
+    def swiglu_chunk(gate, up, gate_f32, up_f32, act_f32, act, act_shared, clamp_c, token, chunk, i, first, fast, clamp):
+        """Elements first .. first + 7 of the thread's vector i: 16-byte chunk `chunk` of token `token`."""
+        T.evaluate(T.call_extern('void', 'tk_widen_bf16x8', T.address_of(gate[i, first]), T.address_of(gate_f32[0])))
+        T.evaluate(T.call_extern('void', 'tk_widen_bf16x8', T.address_of(up[i, first]), T.address_of(up_f32[0])))
         for e in T.unroll(8):
             if fast and not clamp:
                 act_f32[e] = T.call_extern('float32', 'tk_div_rn_fast', gate_f32[e], T.float32(1) + T.exp(-gate_f32[e])) * up_f32[e]
@@ -970,7 +980,16 @@ def build_channel(arch: Arch, transpose: bool) -> KernelProgram:
         for e in T.vectorized(8):
             act[e] = T.Cast(T.bfloat16, act_f32[e])
         for e in T.vectorized(8):
-            act_shared[idx // 8, swizzled_chunk(idx // 8, idx % 8) * 8 + e] = act[e]
+            act_shared[token, swizzled_chunk(token, chunk) * 8 + e] = act[e]
+
+    @T.macro
+    def swiglu_vector(gate, up, gate_f32, up_f32, act_f32, act, act_shared, clamp_c, idx, i, fast, clamp):
+        """act of the thread's vector i (token idx // vectors_per_row), rounded to bf16, into act_shared, 8 channels
+        at a time; fast: with tk_div_rn_fast (exact only if tk_gate_bits_in_div_range passed), else IEEE division;
+        clamp: False only where tk_clamps_are_identity passed (and with fast)."""
+        for part in T.unroll(epv // 8):
+            swiglu_chunk(gate, up, gate_f32, up_f32, act_f32, act, act_shared, clamp_c, idx // vectors_per_row,
+                         (idx % vectors_per_row) * (epv // 8) + part, i, part * 8, fast, clamp)
 
     @T.prim_func
     def swiglu_forward_and_per_channel_cast(
@@ -995,8 +1014,8 @@ def build_channel(arch: Arch, transpose: bool) -> KernelProgram:
             act_shared = T.alloc_shared((CH_TOKENS, CH_CHANNELS), T.bfloat16)
             amax_shared = T.alloc_shared((num_segments, CH_CHANNELS), T.float32)
             quantized_shared = None if transpose else T.alloc_shared((CH_TOKENS, CH_CHANNELS), T.float8_e4m3fn)
-            gate = T.alloc_local((loads, 8), T.bfloat16)
-            up = T.alloc_local((loads, 8), T.bfloat16)
+            gate = T.alloc_local((loads, epv), T.bfloat16)
+            up = T.alloc_local((loads, epv), T.bfloat16)
             act = T.alloc_local((8,), T.bfloat16)
             act_f32 = T.alloc_local((8,), T.float32)
             t0 = pid_t * CH_TOKENS
@@ -1007,10 +1026,10 @@ def build_channel(arch: Arch, transpose: bool) -> KernelProgram:
             # than 32 bytes at a time behind each step's exponentials and divisions.
             for i in T.unroll(loads):
                 idx = i * CH_THREADS + tid
-                for e in T.vectorized(8):
-                    gate[i, e] = x[t0 + idx // 8, h0 + (idx % 8) * 8 + e]
-                for e in T.vectorized(8):
-                    up[i, e] = x[t0 + idx // 8, hidden + h0 + (idx % 8) * 8 + e]
+                for e in T.vectorized(epv):
+                    gate[i, e] = x[t0 + idx // vectors_per_row, h0 + (idx % vectors_per_row) * epv + e]
+                for e in T.vectorized(epv):
+                    up[i, e] = x[t0 + idx // vectors_per_row, hidden + h0 + (idx % vectors_per_row) * epv + e]
             # The clamp against c, or +inf without a clamp (the same results, NaN included): the element loop
             # then has no use_clamp test, which nvcc compiled to a branch around the up clamp of every element.
             clamp_c = T.alloc_var(T.float32)
@@ -1029,9 +1048,11 @@ def build_channel(arch: Arch, transpose: bool) -> KernelProgram:
             gate_bits[1] = T.uint32(0xFFFFFFFF)
             gate_bits[2] = T.uint32(0)
             for i in T.unroll(loads):
-                T.evaluate(T.call_extern('void', 'tk_track_gate_bits_bf16x8', T.address_of(gate[i, 0]),
-                                         T.address_of(gate_bits[0]), T.address_of(gate_bits[1])))
-                T.evaluate(T.call_extern('void', 'tk_track_magnitude_bf16x8', T.address_of(up[i, 0]), T.address_of(gate_bits[2])))
+                for part in T.unroll(epv // 8):
+                    T.evaluate(T.call_extern('void', 'tk_track_gate_bits_bf16x8', T.address_of(gate[i, part * 8]),
+                                             T.address_of(gate_bits[0]), T.address_of(gate_bits[1])))
+                    T.evaluate(T.call_extern('void', 'tk_track_magnitude_bf16x8', T.address_of(up[i, part * 8]),
+                                             T.address_of(gate_bits[2])))
             if T.call_extern('int32', 'tk_gate_bits_in_div_range', gate_bits[0], gate_bits[1], clamp_c) != 0:
                 # No value beyond the clamp (the usual case, and always without one): the clamps are identities.
                 if T.call_extern('int32', 'tk_clamps_are_identity', gate_bits[0], gate_bits[2], clamp_c) != 0:
@@ -1142,12 +1163,13 @@ def build_channel(arch: Arch, transpose: bool) -> KernelProgram:
                     for e in T.vectorized(16):
                         out[t0 + row, h0 + chunk * 16 + e] = quantized_shared[row, swizzled_byte(row, chunk * 16) + e]
 
-    return KernelProgram(swiglu_forward_and_per_channel_cast, alignment={'x': 16, 'out': 16, 'out_sf': 4})
+    return KernelProgram(swiglu_forward_and_per_channel_cast, alignment={'x': vec_bytes, 'out': 16, 'out_sf': 4})
 
 
 def prebuilt_channel():
-    yield dict(transpose=True)
-    yield dict(transpose=False)
+    for transpose in (True, False):
+        for vec_bytes in CH_VEC_BYTES:
+            yield dict(transpose=transpose, vec_bytes=vec_bytes)
 
 
 def check_backward(grad_dtype: str) -> None:
@@ -1379,8 +1401,12 @@ def prebuilt_backward():
 # stop the 16-byte vectorisation.
 PASS_CONFIGS = {'tl.disable_warp_specialized': True, 'tl.enable_lower_ldgstg': True, 'tl.disable_safe_memory_legalize': True}
 # The per-channel cast's e4m3 tile gets memory of its own: placed over act_shared (dead by then), it needed a
-# barrier between the last act_shared load and the first tile store, one more a CTA.
-CHANNEL_PASS_CONFIGS = {**PASS_CONFIGS, 'tl.disable_shared_memory_reuse': True}
+# barrier between the last act_shared load and the first tile store, one more a CTA. Its barriers are all its own
+# (T.sync_threads): tilelang's barrier insertion, which added none to the 16-byte kernels, put one between a
+# thread's two act_shared stores of a 32-byte vector (it could not prove them disjoint from other threads'), inside
+# the per-thread division paths, where it hung every CTA whose threads took different paths (GPU run 1 of
+# docs/gpu-runs/2026-12-02-h200-d.md; tests/cpu/test_lowering.py counts the barriers).
+CHANNEL_PASS_CONFIGS = {**PASS_CONFIGS, 'tl.disable_shared_memory_reuse': True, 'tl.disable_thread_storage_sync': True}
 
 FORWARD = KernelDecl(
     name='quant.swiglu_forward_and_per_token_cast',
@@ -1394,7 +1420,7 @@ FORWARD = KernelDecl(
 
 CHANNEL = KernelDecl(
     name='quant.swiglu_forward_and_per_channel_cast_and_transpose',
-    params=(param('transpose', 'bool', 'tr'),),
+    params=(param('transpose', 'bool', 'tr'), param('vec_bytes', 'int', 'vb')),
     factory=build_channel,
     prebuilt=prebuilt_channel,
     check=check_channel,

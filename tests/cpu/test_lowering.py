@@ -84,3 +84,18 @@ def test_a_lowering_that_drops_every_store_to_an_output_is_refused():
     assert 'out[' in lower(decl, {'shifted': 0}, Arch('sm_90a')).source
     with pytest.raises(LoweringError, match='stores to out, but the lowered device code no longer touches it'):
         lower(decl, {'shifted': 1}, Arch('sm_90a'))
+
+
+@pytest.mark.parametrize('transpose', (True, False))
+def test_per_channel_swiglu_has_only_its_own_barriers(transpose):
+    """The per-channel SwiGLU cast takes one of three paths per thread (its gates' range), so a barrier inside them
+    would hang a CTA whose threads split. tilelang's barrier insertion put one there for 32-byte vectors (two
+    shared-memory stores of a thread it could not prove disjoint from other threads'), which is why the kernel
+    turns it off: the source has exactly the kernel's own __syncthreads (act tile, amax of 128-token blocks, and
+    untransposed the e4m3 tile)."""
+    pytest.importorskip('tilelang')
+    from build_tools.lower import lower
+    from kernel_src.quant.swiglu import CHANNEL
+
+    source = lower(CHANNEL, {'transpose': transpose, 'vec_bytes': 32}, Arch('sm_90a')).source
+    assert source.count('__syncthreads()') == (2 if transpose else 3)

@@ -12,6 +12,7 @@ import torch
 
 import tile_kernels_aot
 from tile_kernels_aot import config, reference
+from tile_kernels_aot.quant.swiglu import swiglu_forward_and_per_channel_cast_spec
 
 from .helpers import TOKEN_COUNTS, assert_bitwise_equal, installed_specs, poison_allocator
 
@@ -60,6 +61,14 @@ def swiglu_input(num_rows: int, hidden: int, dtype: torch.dtype) -> torch.Tensor
     x = torch.randn(num_rows, 2 * hidden, device='cuda') * 3
     x[::13] *= 5
     return x.to(dtype)
+
+
+def channel_input(spec: dict, x: torch.Tensor) -> torch.Tensor:
+    """A contiguous copy of x from a pointer 32-byte aligned (the per-channel cast's 32-byte vectors) or 16 bytes past
+    such a boundary (its 16-byte vectors), so that the op takes the spec."""
+    offset = 0 if spec['vec_bytes'] == 32 else 16 // x.element_size()
+    moved = torch.empty(x.numel() + offset, dtype=x.dtype, device=x.device)[offset:].view(x.shape)
+    return moved.copy_(x)
 
 
 def layouts(spec: dict, npc: int) -> list[tuple[bool, bool, bool]]:
@@ -167,7 +176,7 @@ def test_forward_per_token_cast_optional_inputs(spec):
 @pytest.mark.parametrize('spec', installed_specs('quant.swiglu_forward_and_per_channel_cast_and_transpose'))
 def test_forward_per_channel_cast(spec, num_tokens):
     hidden = 2048
-    x = swiglu_input(num_tokens, hidden, torch.bfloat16)
+    x = channel_input(spec, swiglu_input(num_tokens, hidden, torch.bfloat16))
     for npt in (32, 128):
         for round_sf in (False, True):
             for clamp in CLAMPS:
@@ -182,9 +191,23 @@ def test_forward_per_channel_cast(spec, num_tokens):
 @pytest.mark.parametrize('hidden', CHANNEL_HIDDEN)
 @pytest.mark.parametrize('spec', installed_specs('quant.swiglu_forward_and_per_channel_cast_and_transpose'))
 def test_forward_per_channel_cast_hidden_sizes(spec, hidden):
-    x = swiglu_input(256, hidden, torch.bfloat16)
+    x = channel_input(spec, swiglu_input(256, hidden, torch.bfloat16))
     for npt in (32, 128):
         args = (x, 'e4m3', npt, True, not spec['transpose'], 0.5)
+        out, sf = tile_kernels_aot.quant.swiglu_forward_and_per_channel_cast_and_transpose(*args)
+        ref_out, ref_sf = reference.swiglu_forward_and_per_channel_cast_and_transpose(*args)
+        assert_bitwise_equal(out, ref_out)
+        assert_bitwise_equal(sf, ref_sf)
+
+
+@pytest.mark.parametrize('without_transpose', (False, True))
+def test_forward_per_channel_cast_takes_the_widest_vectors_x_allows(without_transpose):
+    """x 32-byte aligned takes the 32-byte kernel, x 16 bytes past a 32-byte boundary the 16-byte one: both exact."""
+    x = swiglu_input(256, 2048, torch.bfloat16)
+    for vec_bytes in (32, 16):
+        moved = channel_input({'vec_bytes': vec_bytes}, x)
+        assert swiglu_forward_and_per_channel_cast_spec(moved, without_transpose)['vec_bytes'] == vec_bytes
+        args = (moved, 'e4m3', 128, False, without_transpose, 10.0)
         out, sf = tile_kernels_aot.quant.swiglu_forward_and_per_channel_cast_and_transpose(*args)
         ref_out, ref_sf = reference.swiglu_forward_and_per_channel_cast_and_transpose(*args)
         assert_bitwise_equal(out, ref_out)
@@ -440,7 +463,7 @@ def test_forward_per_channel_cast_every_bfloat16_gate(spec):
     gates = torch.cat([gates, gates.new_zeros(-gates.numel() % (128 * 512))])
     l = gates[torch.randperm(gates.numel(), device='cuda')].view(-1, 512)
     r = torch.where(l.float().abs() > 2.0**100, 2.0**-110, 1.0).to(torch.bfloat16)
-    x = torch.cat([l, r], dim=1).contiguous()
+    x = channel_input(spec, torch.cat([l, r], dim=1))
     for npt in (32, 128):
         for clamp in (None, 10.0):
             args = (x, 'e4m3', npt, True, not spec['transpose'], clamp)

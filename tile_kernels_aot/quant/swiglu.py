@@ -30,6 +30,7 @@ from tile_kernels_aot import _checks, config
 from tile_kernels_aot._select import find_kernel, prebuilt_specs
 from tile_kernels_aot.quant._common import (
     IN_DTYPES, QuantTensor, alloc_sf, check_bool, check_e4m3, check_sf_flags, dtype_name, magic, sf_format, unpack_quant,
+    vector_bytes,
 )
 
 _E4M3_FLOOR = 1e-4  # amax floor of e4m3 scale factors (upstream's clamp_min)
@@ -221,6 +222,12 @@ def swiglu_forward_and_per_token_cast(
     return out, returned
 
 
+def swiglu_forward_and_per_channel_cast_spec(x: torch.Tensor, without_transpose: bool) -> dict:
+    """The prebuilt spec of the per-channel SwiGLU cast that serves the (checked) ``x``: 32-byte vectors where its
+    pointer is 32-byte aligned (its rows always are), else 16-byte ones."""
+    return dict(transpose=not without_transpose, vec_bytes=vector_bytes(x))
+
+
 def swiglu_forward_and_per_channel_cast_and_transpose(
     x: torch.Tensor,
     fmt: str,
@@ -268,7 +275,8 @@ def swiglu_forward_and_per_channel_cast_and_transpose(
     if num_tokens:
         scalars = dict(npt_log2=num_per_tokens.bit_length() - 1, round_sf=int(round_sf), use_clamp=int(clamp is not None),
                        clamp_value=0.0 if clamp is None else clamp)
-        find_kernel('quant.swiglu_forward_and_per_channel_cast_and_transpose', dict(transpose=not without_transpose), device)(
+        find_kernel('quant.swiglu_forward_and_per_channel_cast_and_transpose',
+                    swiglu_forward_and_per_channel_cast_spec(x, without_transpose), device)(
             device, {'x': x, 'out': out, 'out_sf': out_sf}, scalars)
     return out, out_sf
 
