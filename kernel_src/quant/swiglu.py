@@ -24,8 +24,8 @@ q = e4m3_satfinite(v * multiplier).
   named barriers (_ROW_MAX_PRELUDE).
 * swiglu_forward_and_per_channel_cast: bf16 input only; act is rounded to bf16 (the rounding point of
   upstream), then cast in blocks of (num_per_tokens, 1) (32 or 128 tokens, a run-time choice). A CTA
-  takes 128 tokens x 64 channels: a thread issues all of its loads (4 vectors of each half) before the
-  SwiGLU, then tests its gates' and ups' bf16 bits once (fast division in range; clamps without effect, so
+  takes 128 tokens x 64 channels: a thread issues all of its loads (4 16-byte or 2 32-byte vectors of each half,
+  `vec_bytes`) before the SwiGLU, then tests its gates' and ups' bf16 bits once (fast division in range; clamps without effect, so
   skipped) and takes one of three straight paths; act goes through shared memory, a thread then owns 32 tokens of one channel, and writes them
   (cast in pairs) as 32 contiguous bytes of the transposed output or as bytes of 32 rows.
 * swiglu_backward: one CTA of 64 threads per row of the fused layout, 16 elements per thread-step;
@@ -1404,7 +1404,7 @@ PASS_CONFIGS = {'tl.disable_warp_specialized': True, 'tl.enable_lower_ldgstg': T
 # barrier between the last act_shared load and the first tile store, one more a CTA. Its barriers are all its own
 # (T.sync_threads): tilelang's barrier insertion, which added none to the 16-byte kernels, put one between a
 # thread's two act_shared stores of a 32-byte vector (it could not prove them disjoint from other threads'), inside
-# the per-thread division paths, where it hung every CTA whose threads took different paths (GPU run 1 of
+# the per-thread division paths, which not every thread of a CTA reaches: the kernel hung (GPU runs 1-3 of
 # docs/gpu-runs/2026-12-02-h200-d.md; tests/cpu/test_lowering.py counts the barriers).
 CHANNEL_PASS_CONFIGS = {**PASS_CONFIGS, 'tl.disable_shared_memory_reuse': True, 'tl.disable_thread_storage_sync': True}
 

@@ -131,3 +131,22 @@ def test_ops_validate_before_touching_a_device():
         tk.moe.topk_sum_and_topk_group_idx(torch.randn(4, 8, 32), 2, 4)
     with pytest.raises(ValueError, match='group_count: group_idx must be on a CUDA device'):
         tk.moe.group_count(torch.zeros(4, 8, dtype=torch.int64), 256)
+
+
+@pytest.mark.parametrize('capability, offset, vec_bytes', [
+    ((10, 0), 0, 32),  # sm_100a: one 256-bit load a vector
+    ((10, 0), 8, 16),  # the pointer 16 bytes past a 32-byte boundary
+    ((9, 0), 0, 16),  # sm_90a: two 16-byte loads a 32-byte vector measured no faster on the H200
+    ((9, 0), 8, 16),
+])
+def test_per_channel_swiglu_vector_width_by_device_and_pointer(fake_device, capability, offset, vec_bytes):
+    """The choice as the op makes it: from the target of the binaries the device runs."""
+    from tile_kernels_aot.quant.swiglu import swiglu_forward_and_per_channel_cast_spec
+
+    fake_device[0] = ('NVIDIA Fake', capability)
+    target = _select.package_for_device(0).target
+    x = torch.empty(128 * 4096 + 64, dtype=torch.bfloat16)
+    x = x[(-x.data_ptr() % 32) // 2 + offset:][:128 * 4096].view(128, 4096)
+    for without_transpose in (False, True):
+        spec = swiglu_forward_and_per_channel_cast_spec(x, without_transpose, target)
+        assert spec == {'transpose': not without_transpose, 'vec_bytes': vec_bytes}

@@ -27,10 +27,10 @@ from typing import Optional
 import torch
 
 from tile_kernels_aot import _checks, config
-from tile_kernels_aot._select import find_kernel, prebuilt_specs
+from tile_kernels_aot._select import find_kernel, package_for_device, prebuilt_specs
 from tile_kernels_aot.quant._common import (
-    IN_DTYPES, QuantTensor, alloc_sf, check_bool, check_e4m3, check_sf_flags, dtype_name, magic, sf_format, unpack_quant,
-    vector_bytes,
+    IN_DTYPES, VECTOR_BYTES, QuantTensor, alloc_sf, check_bool, check_e4m3, check_sf_flags, dtype_name, magic, sf_format,
+    unpack_quant, vector_bytes,
 )
 
 _E4M3_FLOOR = 1e-4  # amax floor of e4m3 scale factors (upstream's clamp_min)
@@ -222,10 +222,19 @@ def swiglu_forward_and_per_token_cast(
     return out, returned
 
 
-def swiglu_forward_and_per_channel_cast_spec(x: torch.Tensor, without_transpose: bool) -> dict:
-    """The prebuilt spec of the per-channel SwiGLU cast that serves the (checked) ``x``: 32-byte vectors where its
-    pointer is 32-byte aligned (its rows always are), else 16-byte ones."""
-    return dict(transpose=not without_transpose, vec_bytes=vector_bytes(x))
+# Targets whose per-channel SwiGLU cast takes 32-byte vectors where x allows: one 256-bit load each on sm_100a
+# (upstream's choice on SM100). On sm_90a a 32-byte vector is two 16-byte loads, and the 32-byte kernel measured level
+# (transposed) to 1-2.4% slower (untransposed) than the 16-byte one on the same input (GPU run 4 of
+# docs/gpu-runs/2026-12-02-h200-d.md), so it keeps 16-byte vectors there.
+_CHANNEL_WIDE_TARGETS = ('sm_100a',)
+
+
+def swiglu_forward_and_per_channel_cast_spec(x: torch.Tensor, without_transpose: bool, target: str) -> dict:
+    """The prebuilt spec of the per-channel SwiGLU cast that serves the (checked) ``x`` on a GPU that runs the
+    ``target`` binaries: 32-byte vectors on the targets that gain from them where x's pointer is 32-byte aligned (its
+    rows always are), else 16-byte ones."""
+    wide = target in _CHANNEL_WIDE_TARGETS
+    return dict(transpose=not without_transpose, vec_bytes=vector_bytes(x) if wide else VECTOR_BYTES)
 
 
 def swiglu_forward_and_per_channel_cast_and_transpose(
@@ -276,7 +285,7 @@ def swiglu_forward_and_per_channel_cast_and_transpose(
         scalars = dict(npt_log2=num_per_tokens.bit_length() - 1, round_sf=int(round_sf), use_clamp=int(clamp is not None),
                        clamp_value=0.0 if clamp is None else clamp)
         find_kernel('quant.swiglu_forward_and_per_channel_cast_and_transpose',
-                    swiglu_forward_and_per_channel_cast_spec(x, without_transpose), device)(
+                    swiglu_forward_and_per_channel_cast_spec(x, without_transpose, package_for_device(device).target), device)(
             device, {'x': x, 'out': out, 'out_sf': out_sf}, scalars)
     return out, out_sf
 
