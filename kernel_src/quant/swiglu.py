@@ -89,9 +89,10 @@ CH_TOKENS = 128  # tokens per CTA (one block of 128 or four of 32)
 CH_CHANNELS = 64  # channels per CTA
 CH_SEGMENT = 32  # tokens per thread in the cast phase
 CH_MIN_BLOCKS = 4  # CTAs per SM the register allocation must allow
-# Bytes of x a vector of the load phase: 32 where x's pointer is 32-byte aligned (its rows, 4 * hidden bytes with
-# hidden a multiple of 64, always are), one 256-bit load on sm_100a, as upstream's per-channel SwiGLU takes on SM100;
-# else 16.
+# Bytes of x a vector of the load phase. The op takes 32 on sm_100a where x's pointer is 32-byte aligned (its rows,
+# 4 * hidden bytes with hidden a multiple of 64, always are): one 256-bit load, as upstream's per-channel SwiGLU on
+# SM100. Elsewhere 16: on sm_90a the 32-byte kernel (two 16-byte loads a vector) measured no faster (see
+# tile_kernels_aot.quant.swiglu); the H200 runs it in the GPU tests.
 CH_VEC_BYTES = (16, 32)
 
 BWD_THREADS = 64

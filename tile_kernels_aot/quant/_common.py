@@ -15,8 +15,8 @@ IN_DTYPES = {torch.bfloat16: 'bfloat16', torch.float32: 'float32'}  # high-preci
 OUT_DTYPES = {'bf16': torch.bfloat16, 'fp32': torch.float32}  # cast_back's fmt -> output dtype
 FORMATS = ('e4m3', 'e2m1')
 VECTOR_BYTES = 16
-# per_token_cast's flat kernel, per_block_cast and the per-channel SwiGLU cast, where the input's alignment allows
-# (their VEC_BYTES, CH_VEC_BYTES)
+# per_token_cast's flat kernel, per_block_cast and (on sm_100a) the per-channel SwiGLU cast, where the input's
+# alignment allows (their VEC_BYTES, CH_VEC_BYTES)
 WIDE_VECTOR_BYTES = 32
 MAX_GRID_Y = 65535
 # The `mode` scalar of the casts that share one kernel between the plain cast, its sf-only variant and its
