@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import tile_kernels_aot
-from tile_kernels_aot import config, reference
 import tile_kernels_aot.quant.swiglu as swiglu_ops
+from tile_kernels_aot import config, reference
 
 from .helpers import TOKEN_COUNTS, assert_bitwise_equal, installed_specs, poison_allocator
 
