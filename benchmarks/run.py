@@ -11,6 +11,7 @@ separately. Bandwidth counts each input read once and each output written once.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import fnmatch
 import json
 import statistics
@@ -24,6 +25,10 @@ import tile_kernels_aot
 from tile_kernels_aot._select import package_for_device, prebuilt_specs
 
 ITERS = 30
+# A case (its inputs, timings and decode sizes) still running after this many seconds is taken for a kernel that never
+# returns: every thread's traceback goes to stderr and the process exits, so a GPU session loses one step, not its
+# device time (twenty-second session). Cases take a few seconds.
+CASE_TIMEOUT_S = 120
 DECODE_TOKENS = (1, 32, 128)
 
 
@@ -468,11 +473,19 @@ def main() -> int:
     same_size_copy = SameSizeCopy(timer)
     gpu = torch.cuda.get_device_name(0)
     print(f'# {gpu}, torch {torch.__version__}, tile_kernels_aot {tile_kernels_aot.__version__}; copy bandwidth {copy_gbs:.0f} GB/s')
-    rows = [{'kernel': 'copy', 'gbs': copy_gbs, 'gpu': gpu}]
+    out = open(args.out, 'w') if args.out else None  # a row at a time: what ran survives a case that hangs
+
+    def record(row):
+        if out:
+            out.write(json.dumps(row) + '\n')
+            out.flush()
+
+    record({'kernel': 'copy', 'gbs': copy_gbs, 'gpu': gpu})
     for kernel, case in CASES.items():
         if not fnmatch.fnmatchcase(kernel, args.kernels):
             continue
         for spec in prebuilt_specs(kernel, 0):
+            faulthandler.dump_traceback_later(CASE_TIMEOUT_S, exit=True)
             for i, (label, fn, moved) in enumerate(cases_of(case, spec, args.tokens)):
                 us = timer.device_us(fn)
                 row = {'kernel': kernel, 'spec': spec, 'shape': label, 'us': us, 'gbs': moved / us / 1e3, 'of_copy': moved / us / 1e3 / copy_gbs,
@@ -482,15 +495,14 @@ def main() -> int:
                     for t in DECODE_TOKENS:
                         small = cases_of(case, spec, t)[i][1]
                         row['decode'][t] = {'graph_us': timer.graph_us(small), 'host_us': timer.host_us(small)}
-                rows.append(row)
+                record(row)
                 print(f'{kernel:28s} {json.dumps(spec, separators=(",", ":")):90s} {label:18s} {us:8.1f} us {row["gbs"]:7.0f} GB/s '
                       f'{100 * row["of_copy"]:5.1f}% ({100 * row["of_same_size_copy"]:5.1f}% of a copy of its size)', flush=True)
                 del fn
                 torch.cuda.empty_cache()
-    if args.out:
-        with open(args.out, 'w') as f:
-            for row in rows:
-                f.write(json.dumps(row) + '\n')
+            faulthandler.cancel_dump_traceback_later()
+    if out:
+        out.close()
     return 0
 
 

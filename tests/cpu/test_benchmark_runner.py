@@ -1,0 +1,56 @@
+"""benchmarks/run.py's loop without a GPU (stub timings): rows reach --out as they are measured, and a case that
+never returns ends the process with a traceback instead of holding the GPU session."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+STUBS = '''
+import sys, time, torch
+import benchmarks.run as run
+class Timer:
+    def device_us(self, fn, iters=30):
+        fn()
+        return 10.0
+run.Timer = Timer
+run.copy_bandwidth = lambda timer: 4000.0
+run.SameSizeCopy = lambda timer: (lambda moved: 5.0)
+run.prebuilt_specs = lambda kernel, device: [{'n': 1}, {'n': 2}]
+torch.cuda.get_device_name = lambda index: 'stub'
+torch.cuda.empty_cache = lambda: None
+run.CASE_TIMEOUT_S = 2
+'''
+
+
+def _run(tmp_path: Path, cases: str) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    out = tmp_path / 'bench.jsonl'
+    script = STUBS + textwrap.dedent(cases) + f'\nsys.argv = ["run", "--out", {str(out)!r}]\nsys.exit(run.main())\n'
+    done = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True, timeout=60,
+                          cwd=Path(__file__).resolve().parents[2])
+    rows = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
+    return done, rows
+
+
+def test_every_case_is_a_row(tmp_path):
+    done, rows = _run(tmp_path, "run.CASES = {'k.a': lambda spec, tokens: [('one', lambda: None, 1e6), ('two', lambda: None, 2e6)]}")
+    assert done.returncode == 0, done.stderr
+    assert rows[0] == {'kernel': 'copy', 'gbs': 4000.0, 'gpu': 'stub'}
+    assert [(r['spec']['n'], r['shape']) for r in rows[1:]] == [(1, 'one'), (1, 'two'), (2, 'one'), (2, 'two')]
+    assert rows[2]['gbs'] == pytest.approx(200.0) and rows[2]['of_same_size_copy'] == pytest.approx(0.5)
+
+
+def test_a_case_that_never_returns_ends_the_run_and_keeps_the_rows_before_it(tmp_path):
+    done, rows = _run(tmp_path, '''
+        def case(spec, tokens):
+            return ('hangs' if spec['n'] == 2 else 'returns', (lambda: time.sleep(60)) if spec['n'] == 2 else (lambda: None), 1e6)
+        run.CASES = {'k.a': case}
+    ''')
+    assert done.returncode != 0
+    assert 'Timeout' in done.stderr and 'device_us' in done.stderr
+    assert [r.get('shape') for r in rows] == [None, 'returns']
