@@ -170,7 +170,60 @@ def lower(decl: KernelDecl, params: dict, arch: Arch) -> Lowered:
     launch = dict(buffers=buffers, scalars=scalars, launches=_launches(art, data_to_buffer))
     _check_solvable(launch)
     _check_stores_kept(func, art)
+    for gv, dev in art.device_mod.functions.items():
+        _check_barriers_uniform(gv.name_hint, dev)
     return Lowered(source=art.kernel_source, launch=launch)
+
+
+def _check_barriers_uniform(symbol: str, dev: tirx.PrimFunc) -> None:
+    """Refuse a CTA-wide barrier (`__syncthreads()`) under a condition that threads of one CTA can answer differently.
+    Such a barrier is undefined behaviour, and one that tilelang's barrier pass put inside a kernel's per-thread paths
+    hung the GPU (docs/gpu-runs/2026-12-02-h200-d.md, runs 1-3), where the compute-sanitizers, at their small inputs,
+    saw nothing. A condition counts as uniform when it reads only the kernel's parameters, the block index, constants,
+    and variables bound (or loop variables ranging) over those; any load (a local, shared or global buffer) or the
+    thread index makes it per-thread. Named barriers inside extern helpers (bar.sync with a thread count) are not
+    seen here."""
+    uniform = set(dev.params)
+
+    def is_uniform(expr) -> bool:
+        ok = [True]
+
+        def visit(node):
+            if isinstance(node, tirx.BufferLoad) or (isinstance(node, tirx.Var) and node not in uniform):
+                ok[0] = False
+
+        tirx.stmt_functor.post_order_visit(tirx.Evaluate(expr), visit)
+        return ok[0]
+
+    def walk(stmt, conditions):
+        if isinstance(stmt, tirx.AttrStmt) and stmt.attr_key == 'thread_extent' and stmt.node.thread_tag.startswith('blockIdx'):
+            uniform.add(stmt.node.var)
+        elif isinstance(stmt, tirx.For) and is_uniform(stmt.min) and is_uniform(stmt.extent):
+            uniform.add(stmt.loop_var)
+        elif type(stmt).__name__ in ('Bind', 'LetStmt') and is_uniform(stmt.value):
+            uniform.add(stmt.var)
+        if isinstance(stmt, tirx.IfThenElse):
+            inner = conditions if is_uniform(stmt.condition) else conditions + [stmt.condition]
+            walk(stmt.then_case, inner)
+            if stmt.else_case is not None:
+                walk(stmt.else_case, inner)
+            return
+        if isinstance(stmt, tirx.While):
+            walk(stmt.body, conditions if is_uniform(stmt.condition) else conditions + [stmt.condition])
+            return
+        if isinstance(stmt, tirx.Evaluate) and isinstance(stmt.value, tirx.Call) and stmt.value.op.name.endswith('tvm_storage_sync'):
+            if conditions:
+                raise LoweringError(f'{symbol}: a __syncthreads() under a condition that threads of one CTA can answer '
+                                    f'differently ({conditions[-1]}): undefined, and a hang when they disagree')
+            return
+        for attr in ('body', 'seq', 'then_case', 'else_case', 'block'):
+            child = getattr(stmt, attr, None)
+            if child is None:
+                continue
+            for node in [child] if isinstance(child, tirx.Stmt) else child:
+                walk(node, conditions)
+
+    walk(dev.body, [])
 
 
 def _check_stores_kept(func, art) -> None:

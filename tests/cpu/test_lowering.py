@@ -99,3 +99,61 @@ def test_per_channel_swiglu_has_only_its_own_barriers(transpose):
 
     source = lower(CHANNEL, {'transpose': transpose, 'vec_bytes': 32}, Arch('sm_90a')).source
     assert source.count('__syncthreads()') == (2 if transpose else 3)
+
+
+def _barrier_under(arch, condition: int):
+    """A shared-memory round trip whose barrier sits under a condition: 0 the kernel scalar s (the same for every
+    thread), 1 the thread index, 2 a value the thread loaded (neither is the same for every thread of a CTA)."""
+    from tilelang import language as T
+
+    from kernel_src.decl import KernelProgram
+
+    n = T.dynamic('n')
+
+    @T.prim_func
+    def barrier_under(x: T.Tensor[(n,), T.float32], out: T.Tensor[(n,), T.float32], s: T.int32):
+        with T.Kernel(T.ceildiv(n, 128), threads=128) as pid:
+            tid = T.get_thread_binding()
+            tile = T.alloc_shared((128,), T.float32)
+            value = T.alloc_local((1,), T.float32)
+            value[0] = x[pid * 128 + tid]
+            tile[tid] = value[0]
+            if condition == 0:
+                if s > 0:
+                    T.sync_threads()
+            elif condition == 1:
+                if tid < 64:
+                    T.sync_threads()
+            else:
+                if value[0] > 0:
+                    T.sync_threads()
+            out[pid * 128 + tid] = tile[127 - tid]
+
+    return KernelProgram(barrier_under, alignment={'x': 4, 'out': 4})
+
+
+def test_a_barrier_that_threads_of_a_cta_may_not_all_reach_is_refused():
+    pytest.importorskip('tilelang')
+    from build_tools.lower import LoweringError, lower
+    from kernel_src.decl import KernelDecl, param
+
+    decl = KernelDecl(name='test.barrier_under', params=(param('condition', 'int', 'c'),), factory=_barrier_under,
+                      prebuilt=lambda: iter(()), check=lambda **_: None,
+                      pass_configs={'tl.disable_thread_storage_sync': True})
+    assert '__syncthreads()' in lower(decl, {'condition': 0}, Arch('sm_90a')).source
+    for condition in (1, 2):
+        with pytest.raises(LoweringError, match='__syncthreads.. under a condition that threads of one CTA'):
+            lower(decl, {'condition': condition}, Arch('sm_90a'))
+
+
+def test_the_per_channel_swiglu_with_tilelangs_barriers_is_refused():
+    """What hung the GPU (tilelang's barrier pass on the 32-byte per-channel cast) now stops the build."""
+    pytest.importorskip('tilelang')
+    import dataclasses
+
+    from build_tools.lower import LoweringError, lower
+    from kernel_src.quant.swiglu import CHANNEL
+
+    configs = {k: v for k, v in CHANNEL.pass_configs.items() if k != 'tl.disable_thread_storage_sync'}
+    with pytest.raises(LoweringError, match='tk_clamps_are_identity|tk_gate_bits_in_div_range'):
+        lower(dataclasses.replace(CHANNEL, pass_configs=configs), {'transpose': True, 'vec_bytes': 32}, Arch('sm_90a'))
