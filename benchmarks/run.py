@@ -336,10 +336,10 @@ def swiglu_channel_case(spec, tokens):
     def rows(offset):
         return torch.randn(tokens * 2 * 2048 + offset, device='cuda').bfloat16()[offset:].view(tokens, 2 * 2048)
 
-    taken = (x for x in map(rows, (0, 8)) if ops.swiglu_forward_and_per_channel_cast_spec(x, not spec['transpose'], target) == spec)
-    x = next(taken, None)
+    aligned, past = rows(0), rows(8)  # a 32-byte aligned pointer, and one 16 bytes past such a boundary
+    x = next((c for c in (aligned, past) if ops.swiglu_forward_and_per_channel_cast_spec(c, not spec['transpose'], target) == spec), None)
     forced = x is None
-    x = rows(0) if forced else x
+    x = aligned if forced else x
     fn = lambda: ops.swiglu_forward_and_per_channel_cast_and_transpose(  # noqa: E731
         x, 'e4m3', 128, round_sf=True, without_transpose=not spec['transpose'], swiglu_clamp_value=10.0)
     if forced:

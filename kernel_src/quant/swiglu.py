@@ -132,13 +132,9 @@ FAST_DIV_MIN = 2.0**-64
 #     (a = 2^-23) that a reciprocal 1 ulp off (MUFU.RCP's documented bound) would get wrong.
 # NaN (in a, hence in b), +-inf and zero fail the test. The residual is formed negated (b q - a) and the
 # correction subtracted: the same values as nvcc's a - b q and its addition, and a zero would keep its sign.
-_FAST_DIV_PRELUDE = """
-__device__ __forceinline__ float tk_div_rn_fast(float a, float b) {
-  float y; asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(b));
-  y = __fmaf_rn(y, __fmaf_rn(-b, y, 1.0f), y);
-  const float q = __fmul_rn(a, y);
-  return __fmaf_rn(-y, __fmaf_rn(b, q, -a), q);
-}
+# The sequence is RCP_DIV_PRELUDE's (kernel_src.quant.common): the reciprocal, then Markstein's correction.
+_FAST_DIV_PRELUDE = RCP_DIV_PRELUDE + """
+__device__ __forceinline__ float tk_div_rn_fast(float a, float b) { return tk_div_rn_fast_by(a, b, tk_rcp_rn_fast(b)); }
 __device__ __forceinline__ int tk_div_fast_in_range(float largest, float smallest) {
   return largest <= FAST_DIV_MAXf && smallest >= FAST_DIV_MINf;
 }
@@ -1406,7 +1402,8 @@ PASS_CONFIGS = {'tl.disable_warp_specialized': True, 'tl.enable_lower_ldgstg': T
 # (T.sync_threads): tilelang's barrier insertion, which added none to the 16-byte kernels, put one between a
 # thread's two act_shared stores of a 32-byte vector (it could not prove them disjoint from other threads'), inside
 # the per-thread division paths, which not every thread of a CTA reaches: the kernel hung (GPU runs 1-3 of
-# docs/gpu-runs/2026-12-02-h200-d.md; tests/cpu/test_lowering.py counts the barriers).
+# docs/gpu-runs/2026-12-02-h200-d.md). The build now refuses such a barrier (build_tools.lower._check_barriers_uniform),
+# and tests/cpu/test_lowering.py counts this kernel's.
 CHANNEL_PASS_CONFIGS = {**PASS_CONFIGS, 'tl.disable_shared_memory_reuse': True, 'tl.disable_thread_storage_sync': True}
 
 FORWARD = KernelDecl(
