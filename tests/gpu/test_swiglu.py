@@ -68,9 +68,12 @@ def channel_input(spec: dict, x: torch.Tensor, monkeypatch) -> torch.Tensor:
     such a boundary (its 16-byte vectors), with the op made to take the spec whatever this GPU's choice (an H200 runs
     the 32-byte kernel, sm_100a's choice, only so)."""
     monkeypatch.setattr(swiglu_ops, 'swiglu_forward_and_per_channel_cast_spec', lambda *args: dict(spec))
-    offset = 0 if spec['vec_bytes'] == 32 else 16 // x.element_size()
-    moved = torch.empty(x.numel() + offset, dtype=x.dtype, device=x.device)[offset:].view(x.shape)
-    return moved.copy_(x)
+    return copy_at(x, 0 if spec['vec_bytes'] == 32 else 16 // x.element_size())
+
+
+def copy_at(x: torch.Tensor, offset: int) -> torch.Tensor:
+    """A contiguous copy of x starting `offset` elements into a fresh (256-byte aligned) allocation."""
+    return torch.empty(x.numel() + offset, dtype=x.dtype, device=x.device)[offset:].view(x.shape).copy_(x)
 
 
 def layouts(spec: dict, npc: int) -> list[tuple[bool, bool, bool]]:
@@ -208,8 +211,7 @@ def test_forward_per_channel_cast_on_its_own_choice_of_kernel(without_transpose)
     (tests/cpu/test_select.py checks the choice) is exact on both."""
     x = swiglu_input(256, 2048, torch.bfloat16)
     for offset in (0, 8):
-        moved = torch.empty(x.numel() + offset, dtype=x.dtype, device=x.device)[offset:].view(x.shape).copy_(x)
-        args = (moved, 'e4m3', 128, False, without_transpose, 10.0)
+        args = (copy_at(x, offset), 'e4m3', 128, False, without_transpose, 10.0)
         out, sf = tile_kernels_aot.quant.swiglu_forward_and_per_channel_cast_and_transpose(*args)
         ref_out, ref_sf = reference.swiglu_forward_and_per_channel_cast_and_transpose(*args)
         assert_bitwise_equal(out, ref_out)
