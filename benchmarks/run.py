@@ -316,13 +316,18 @@ def swiglu_forward_case(spec, tokens):
         hidden = spec['row_threads'] * 16  # the widest row the spec's kernel takes
     npc = hidden if spec['per_row'] else 128
     packed = spec['sf_format'] == 'ue8m0'
-    x = torch.randn(tokens, 2 * hidden, device='cuda').to(dtype)
     p2tt, weights, p2e, _ = _swiglu_layout(tokens)
     count = torch.zeros(3, dtype=torch.int64, device='cuda')
-    fn = lambda: tile_kernels_aot.quant.swiglu_forward_and_per_token_cast(  # noqa: E731
-        x, 'e4m3', npc, p2tt, weights, p2e, use_tma_aligned_col_major_sf=packed, round_sf=True, use_packed_ue8m0=packed,
-        swiglu_clamp_value=10.0, clamped_count=count)
-    return f'T={tokens}, H={hidden}, npc={npc}', fn, nbytes(x, p2tt, weights, p2e, *fn())
+    cases = []
+    # randn, where no value reaches the clamp (10), and three times randn, where about one in a thousand does: the
+    # elements of a step with such a value are clamped, and the clamps counted from x read again.
+    for reached, scale in (('', 1), (', clamp reached', 3)):
+        x = (torch.randn(tokens, 2 * hidden, device='cuda') * scale).to(dtype)
+        fn = partial(tile_kernels_aot.quant.swiglu_forward_and_per_token_cast, x, 'e4m3', npc, p2tt, weights, p2e,
+                     use_tma_aligned_col_major_sf=packed, round_sf=True, use_packed_ue8m0=packed, swiglu_clamp_value=10.0,
+                     clamped_count=count)
+        cases.append((f'T={tokens}, H={hidden}, npc={npc}{reached}', fn, nbytes(x, p2tt, weights, p2e, *fn())))
+    return cases
 
 
 def swiglu_channel_case(spec, tokens):
@@ -333,18 +338,23 @@ def swiglu_channel_case(spec, tokens):
     tokens = max(tokens // 128 * 128, 128)
     target = package_for_device(0).target
 
-    def rows(offset):
-        return torch.randn(tokens * 2 * 2048 + offset, device='cuda').bfloat16()[offset:].view(tokens, 2 * 2048)
+    def rows(offset, scale=1):
+        return (torch.randn(tokens * 2 * 2048 + offset, device='cuda') * scale).bfloat16()[offset:].view(tokens, 2 * 2048)
 
-    aligned, past = rows(0), rows(8)  # a 32-byte aligned pointer, and one 16 bytes past such a boundary
-    x = next((c for c in (aligned, past) if ops.swiglu_forward_and_per_channel_cast_spec(c, not spec['transpose'], target) == spec), None)
-    forced = x is None
-    x = aligned if forced else x
-    fn = lambda: ops.swiglu_forward_and_per_channel_cast_and_transpose(  # noqa: E731
-        x, 'e4m3', 128, round_sf=True, without_transpose=not spec['transpose'], swiglu_clamp_value=10.0)
-    if forced:
-        fn = with_spec_function(ops, 'swiglu_forward_and_per_channel_cast_spec', spec, fn)
-    return f'T={tokens}, H=2048, npt=128' + (', forced' if forced else ''), fn, nbytes(x, *fn())
+    cases = []
+    # randn, where no value reaches the clamp (10), and three times randn, where about one in a thousand does (the
+    # tests' inputs): a thread with such a value takes the clamping path.
+    for reached, scale in (('', 1), (', clamp reached', 3)):
+        aligned, past = rows(0, scale), rows(8, scale)  # a 32-byte aligned pointer, and one 16 bytes past such a boundary
+        x = next((c for c in (aligned, past) if ops.swiglu_forward_and_per_channel_cast_spec(c, not spec['transpose'], target) == spec), None)
+        forced = x is None
+        x = aligned if forced else x
+        fn = partial(ops.swiglu_forward_and_per_channel_cast_and_transpose, x, 'e4m3', 128, round_sf=True,
+                     without_transpose=not spec['transpose'], swiglu_clamp_value=10.0)
+        if forced:
+            fn = with_spec_function(ops, 'swiglu_forward_and_per_channel_cast_spec', spec, fn)
+        cases.append((f'T={tokens}, H=2048, npt=128{reached}' + (', forced' if forced else ''), fn, nbytes(x, *fn())))
+    return cases
 
 
 def swiglu_backward_case(spec, tokens):

@@ -279,6 +279,11 @@ __device__ __forceinline__ int tk_clamps_are_identity(unsigned gate_largest, uns
   return tk_halves_at_most(__vmaxu2(gate_largest, up_largest), c) && c > 0.0f;
 }
 __device__ __forceinline__ int tk_reach_exceeds(unsigned reach, float c) { return !tk_halves_at_most(reach, c); }
+// Whether pred holds on every lane that runs this with it (a vote of the active lanes: some of the forward's tests sit
+// under per-lane conditions). A path test that lanes of one warp answer differently makes the warp run both paths one
+// after the other; where the other path is right for every value too (IEEE division, the clamps), the warp takes it
+// whenever one lane needs it.
+__device__ __forceinline__ int tk_warp_all(int pred) { return __all_sync(__activemask(), pred); }
 __device__ __forceinline__ int tk_up_clamp_is_identity(unsigned reach, float c) { return tk_halves_at_most(reach, c) && c > 0.0f; }
 """.replace('TABLE_HIGH_BITS', hex(TABLE_HIGH_BITS)).replace('TABLE_LOW_BITS', hex(TABLE_LOW_BITS)).replace(
     'DIV_MAX_BITS', hex(_bf16_bits(FAST_DIV_MAX))).replace('DIV_MIN_BITS', hex(_bf16_bits(FAST_DIV_MIN))).replace(
@@ -824,11 +829,11 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool, row_
                             else:
                                 T.evaluate(T.call_extern('void', 'tk_track_magnitude_bf16x8', T.address_of(up[j, 0]),
                                                          T.address_of(gate_bits[2])))
-                        if T.call_extern('int32', 'tk_gate_bits_in_table', gate_bits[0], gate_bits[1]) != 0:
+                        if T.call_extern('int32', 'tk_warp_all', T.call_extern('int32', 'tk_gate_bits_in_table', gate_bits[0], gate_bits[1])) != 0:
                             # silu(min(g, c)) of every gate from the table (the test above keeps every offset
                             # inside it), then the exact path's products: silu * clamped up * weight, without
                             # the up clamp's two FMNMX an element where the step shows it is an identity.
-                            if T.call_extern('int32', 'tk_up_clamp_is_identity', gate_bits[2], clamp_c) != 0:
+                            if T.call_extern('int32', 'tk_warp_all', T.call_extern('int32', 'tk_up_clamp_is_identity', gate_bits[2], clamp_c)) != 0:
                                 table_step(gate, up, act, up_wide, silu_table, step_weight, clamp_c, False)
                             else:
                                 table_step(gate, up, act, up_wide, silu_table, step_weight, clamp_c, True)
@@ -1050,9 +1055,13 @@ def build_channel(arch: Arch, transpose: bool, vec_bytes: int) -> KernelProgram:
                                              T.address_of(gate_bits[0]), T.address_of(gate_bits[1])))
                     T.evaluate(T.call_extern('void', 'tk_track_magnitude_bf16x8', T.address_of(up[i, part * 8]),
                                              T.address_of(gate_bits[2])))
-            if T.call_extern('int32', 'tk_gate_bits_in_div_range', gate_bits[0], gate_bits[1], clamp_c) != 0:
+            # One path a warp: each thread's tests pass or fail on its own values, and a warp whose threads
+            # disagreed ran two or three paths one after the other (on inputs with values beyond the clamp, most
+            # warps). The exact division and the clamps are right for every value, so the warp takes the most
+            # general path any of its threads needs.
+            if T.call_extern('int32', 'tk_warp_all', T.call_extern('int32', 'tk_gate_bits_in_div_range', gate_bits[0], gate_bits[1], clamp_c)) != 0:
                 # No value beyond the clamp (the usual case, and always without one): the clamps are identities.
-                if T.call_extern('int32', 'tk_clamps_are_identity', gate_bits[0], gate_bits[2], clamp_c) != 0:
+                if T.call_extern('int32', 'tk_warp_all', T.call_extern('int32', 'tk_clamps_are_identity', gate_bits[0], gate_bits[2], clamp_c)) != 0:
                     for i in T.unroll(loads):
                         swiglu_vector(gate, up, gate_f32, up_f32, act_f32, act, act_shared, clamp_c, i * CH_THREADS + tid, i, True,
                                       False)
