@@ -872,16 +872,21 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool, row_
                         amax[0] = T.max(amax[0], _step_abs_max(act, num_vectors, epv, vector_in_row, row_vectors))
                     else:
                         amax[0] = T.max(amax[0], _step_abs_max(act, num_vectors, epv))
-                    # Only a step that reaches the clamp is counted exactly, from x read again (it is
-                    # in cache): keeping the loaded vectors for this rare case would hold 32 registers
-                    # through the element loop.
+                    # Only a step that reaches the clamp is counted exactly, from its vectors read again:
+                    # keeping the loaded ones for this rare case would hold 32 registers through the element
+                    # loop. Staged, from the thread's own slots of the stage, which the next step's copy
+                    # overwrites only in the next iteration: from x (in L2) the recounting thread waited for a
+                    # load of its own at each such step, and per row its whole CTA with it, at the amax's barrier.
                     if count_clamp != 0:
                         if words:
                             reach_exceeds = T.call_extern('int32', 'tk_reach_exceeds', gate_bits[2], clamp_c) != 0
                         else:
                             reach_exceeds = T.Or(reach[0] > clamp_c, reach[1] > clamp_c)
                         if reach_exceeds:
-                            load_from_x(x, gate, up, row, block, lane, row_vectors)
+                            if staged:
+                                unstage_step(stage, gate, up, (t + 1) & 1, row_vectors, tid)
+                            else:
+                                load_from_x(x, gate, up, row, block, lane, row_vectors)
                             for j in T.unroll(num_vectors):
                                 if in_step(j, row_vectors):  # (not the filler past a row's end)
                                     count_vector(gate, up, counts, clamp_c, j)
