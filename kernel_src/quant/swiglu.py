@@ -285,6 +285,36 @@ __device__ __forceinline__ int tk_reach_exceeds(unsigned reach, float c) { retur
 // whenever one lane needs it.
 __device__ __forceinline__ int tk_warp_all(int pred) { return __all_sync(__activemask(), pred); }
 __device__ __forceinline__ int tk_up_clamp_is_identity(unsigned reach, float c) { return tk_halves_at_most(reach, c) && c > 0.0f; }
+// c rounded down to bf16, in both halves: for a bf16 x, x > c exactly when x > that (no bf16 lies strictly between
+// c and the bf16 below it), and x < -c when x < its negation; a NaN c stays NaN, which compares false as c does.
+__device__ __forceinline__ unsigned tk_bf16x2_clamp_pair(float c) {
+  const unsigned bits = __float_as_uint(c);
+  unsigned h = bits >> 16;  // toward zero: down for c >= 0
+  if ((bits >> 31) != 0 && (bits & 0xffffu) != 0) h += 1;  // below zero, down is away from it
+  if ((bits & 0x7fffffffu) > 0x7f800000u) h = 0x7fc0u;  // NaN
+  return h | (h << 16);
+}
+// The clamp counts of 8 gates and ups (g > c, u > c, u < -c, the float compares' results), a bf16x2 compare a pair
+// of elements for each: a mask of 16 bits a true half, so each count is a population count over 16.
+__device__ __forceinline__ void tk_count_clamped_bf16x8(const void* gate, const void* up, unsigned c_pair, int* counts) {
+  const unsigned* g = (const unsigned*)gate;
+  const unsigned* u = (const unsigned*)up;
+  const unsigned minus_c_pair = c_pair ^ 0x80008000u;
+  int gate_above = 0, up_above = 0, up_below = 0;
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    unsigned mask;
+    asm("set.gt.u32.bf16x2 %0, %1, %2;" : "=r"(mask) : "r"(g[i]), "r"(c_pair));
+    gate_above += __popc(mask);
+    asm("set.gt.u32.bf16x2 %0, %1, %2;" : "=r"(mask) : "r"(u[i]), "r"(c_pair));
+    up_above += __popc(mask);
+    asm("set.lt.u32.bf16x2 %0, %1, %2;" : "=r"(mask) : "r"(u[i]), "r"(minus_c_pair));
+    up_below += __popc(mask);
+  }
+  counts[0] += gate_above >> 4;
+  counts[1] += up_above >> 4;
+  counts[2] += up_below >> 4;
+}
 """.replace('TABLE_HIGH_BITS', hex(TABLE_HIGH_BITS)).replace('TABLE_LOW_BITS', hex(TABLE_LOW_BITS)).replace(
     'DIV_MAX_BITS', hex(_bf16_bits(FAST_DIV_MAX))).replace('DIV_MIN_BITS', hex(_bf16_bits(FAST_DIV_MIN))).replace(
     'FAST_DIV_MIN', FAST_DIV_MIN.hex())
@@ -455,14 +485,18 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool, row_
                     act[j, e] = act[j, e] * up_wide[e] * step_weight[0]
 
     @T.macro
-    def count_vector(gate, up, counts, clamp_c, j):
-        """The exact clamp counts of vector j."""
-        for e in T.unroll(epv):
-            l = T.Cast(T.float32, gate[j, e])
-            r = T.Cast(T.float32, up[j, e])
-            counts[0] = counts[0] + T.Cast(T.int32, l > clamp_c)
-            counts[1] = counts[1] + T.Cast(T.int32, r > clamp_c)
-            counts[2] = counts[2] + T.Cast(T.int32, r < -clamp_c)
+    def count_vector(gate, up, counts, clamp_c, clamp_pair, j):
+        """The exact clamp counts of vector j (bf16 words: by pairs against clamp_pair, tk_count_clamped_bf16x8)."""
+        if words:
+            T.evaluate(T.call_extern('void', 'tk_count_clamped_bf16x8', T.address_of(gate[j, 0]), T.address_of(up[j, 0]),
+                                     clamp_pair, T.address_of(counts[0])))
+        else:
+            for e in T.unroll(epv):
+                l = T.Cast(T.float32, gate[j, e])
+                r = T.Cast(T.float32, up[j, e])
+                counts[0] = counts[0] + T.Cast(T.int32, l > clamp_c)
+                counts[1] = counts[1] + T.Cast(T.int32, r > clamp_c)
+                counts[2] = counts[2] + T.Cast(T.int32, r < -clamp_c)
 
     # per_row: the op takes the smallest 2^tpr_log2 lanes whose 16 elements each cover the row, so that
     # 2^tpr_log2 > hidden / 32 (hidden >= 128, tpr_log2 >= 3): a lane's first half of vectors, columns below
@@ -705,6 +739,8 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool, row_
             # element loop does not test use_clamp.
             clamp_c = T.alloc_var(T.float32)
             clamp_c = T.if_then_else(use_clamp != 0, clamp_value, T.float32(float('inf')))
+            clamp_pair = T.alloc_var(T.uint32)
+            clamp_pair = T.call_extern('uint32', 'tk_bf16x2_clamp_pair', clamp_c) if words else T.uint32(0)
             if per_row:
                 lane = tid & ((1 << tpr_log2) - 1)
             else:
@@ -889,7 +925,7 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool, row_
                                 load_from_x(x, gate, up, row, block, lane, row_vectors)
                             for j in T.unroll(num_vectors):
                                 if in_step(j, row_vectors):  # (not the filler past a row's end)
-                                    count_vector(gate, up, counts, clamp_c, j)
+                                    count_vector(gate, up, counts, clamp_c, clamp_pair, j)
                 # Block amax: a butterfly over the block's lanes (adjacent; every lane takes part: a
                 # skipped or missing row is a whole number of blocks, all with amax 0).
                 if per_row:

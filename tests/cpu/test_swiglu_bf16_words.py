@@ -146,3 +146,25 @@ def test_clamps_are_identity_when_no_magnitude_exceeds_c(c):
     if c > 0:  # every value within c passes (the skip is not lost on ordinary data)
         with np.errstate(invalid='ignore'):
             assert passes.sum() == (np.abs(VALUES) <= c).sum()
+
+
+def _clamp_pair_half(c):
+    """tk_bf16x2_clamp_pair's half: c rounded down to bf16 (toward zero for c >= 0, away from it below; NaN kept)."""
+    bits = int(np.float32(c).view(np.uint32))
+    half = bits >> 16
+    if bits >> 31 and bits & 0xFFFF:
+        half += 1
+    if bits & 0x7FFFFFFF > 0x7F800000:
+        half = 0x7FC0
+    return np.uint32(half << 16).view(np.float32)
+
+
+@pytest.mark.parametrize('c', CLAMPS + [np.float32(v) for v in (7.01, -0.3, -7.01, 3e-39, -3e-39, -0.0, 3.4e38, -3.4e38,
+                                                                   float('-inf'), float('nan'))], ids=str)
+def test_bf16_clamp_counts_against_the_rounded_clamp(c):
+    """tk_count_clamped_bf16x8 compares each bf16 half with the clamp rounded down to bf16 (g > p, u > p, u < -p), where
+    the float compares use c itself: the same answers for every bf16 value."""
+    p = _clamp_pair_half(c)
+    with np.errstate(invalid='ignore'):
+        assert np.array_equal(VALUES > p, VALUES > c)
+        assert np.array_equal(VALUES < -p, VALUES < -c)

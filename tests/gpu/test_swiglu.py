@@ -152,6 +152,26 @@ def test_forward_per_token_cast_hidden_sizes(spec, hidden, restore_num_sms):
 
 
 @pytest.mark.parametrize('spec', installed_specs('quant.swiglu_forward_and_per_token_cast'))
+def test_forward_clamp_counts_at_the_clamp(spec, restore_num_sms):
+    """Clamp counts with values at the clamp and at the bf16 values around it, for clamps that bf16 holds (7) and that
+    it does not (7.01, -0.3): the bf16 kernels count by bf16 pairs against the clamp rounded down
+    to bf16, which must give the float compares' counts."""
+    dtype = DTYPES[spec['in_dtype']]
+    hidden = row_width(spec, 2048)
+    npc = hidden if spec['per_row'] else 128
+    p2e, p2tt, _, weights = fused_rows(257)
+    for clamp in (7.0, 7.01, -0.3):
+        x = swiglu_input(p2e.shape[0], hidden, torch.float32)
+        # bf16 patterns from two below to two above the top half of the clamp's float32 bits, both signs
+        top = torch.tensor([clamp], dtype=torch.float32).view(torch.int32).item() >> 16
+        near = torch.tensor([top + k for k in range(-2, 3)], dtype=torch.int32).to(torch.int16).view(torch.bfloat16).float()
+        near = torch.cat([near, -near, torch.tensor([clamp, -clamp])]).to(x.device)
+        flat = x.view(-1)
+        flat[::7] = near.repeat(-(-flat[::7].numel() // near.numel()))[:flat[::7].numel()]
+        check_forward(x.to(dtype), npc, p2e, p2tt, weights, clamp, layouts(spec, npc)[0], counts=True)
+
+
+@pytest.mark.parametrize('spec', installed_specs('quant.swiglu_forward_and_per_token_cast'))
 def test_forward_per_token_cast_optional_inputs(spec):
     """Without weights, without pos_to_expert (every row written), and with a custom sf_clamp_min."""
     dtype = DTYPES[spec['in_dtype']]
