@@ -320,7 +320,7 @@ def swiglu_forward_case(spec, tokens):
     count = torch.zeros(3, dtype=torch.int64, device='cuda')
     cases = []
     # randn, where no value reaches the clamp (10), and three times randn, where about one in a thousand does: the
-    # elements of a step with such a value are clamped, and the clamps counted from x read again.
+    # elements of a step with such a value are clamped, and the step's clamps counted again.
     for reached, scale in (('', 1), (', clamp reached', 3)):
         x = (torch.randn(tokens, 2 * hidden, device='cuda') * scale).to(dtype)
         fn = partial(tile_kernels_aot.quant.swiglu_forward_and_per_token_cast, x, 'e4m3', npc, p2tt, weights, p2e,

@@ -224,7 +224,7 @@ def swiglu_forward_and_per_token_cast(
 
 # Targets whose per-channel SwiGLU cast takes 32-byte vectors where x allows: one 256-bit load each on sm_100a
 # (upstream's choice on SM100). On sm_90a a 32-byte vector is two 16-byte loads, and the 32-byte kernel measured level
-# (transposed) to 1-2.4% slower (untransposed) than the 16-byte one on the same input (GPU run 4 of
+# (transposed) to 1-2.5% slower (untransposed) than the 16-byte one on the same input (GPU run 4 of
 # docs/gpu-runs/2026-12-02-h200-d.md), so it keeps 16-byte vectors there.
 _CHANNEL_WIDE_TARGETS = ('sm_100a',)
 
