@@ -739,8 +739,10 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool, row_
             # element loop does not test use_clamp.
             clamp_c = T.alloc_var(T.float32)
             clamp_c = T.if_then_else(use_clamp != 0, clamp_value, T.float32(float('inf')))
-            clamp_pair = T.alloc_var(T.uint32)
-            clamp_pair = T.call_extern('uint32', 'tk_bf16x2_clamp_pair', clamp_c) if words else T.uint32(0)
+            clamp_pair = None  # (bf16 words only: the float32 kernels count element by element)
+            if words:
+                clamp_pair = T.alloc_var(T.uint32)
+                clamp_pair = T.call_extern('uint32', 'tk_bf16x2_clamp_pair', clamp_c)
             if per_row:
                 lane = tid & ((1 << tpr_log2) - 1)
             else:
