@@ -31,7 +31,7 @@ from tilelang import language as T
 from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
 from kernel_src.quant.addressing import unsigned_wide_mad
 from kernel_src.quant.common import (
-    FORMATS, IN_DTYPES, MODE_CAST, MODE_PRECOMPUTED, MODE_SF_ONLY, SF_FORMATS, e2m1_vector_codes, inverse_pow2, pow2, pow2_scale_exponent,
+    FORMATS, IN_DTYPES, MODE_PRECOMPUTED, MODE_SF_ONLY, SF_FORMATS, e2m1_vector_codes, inverse_pow2, pow2, pow2_scale_exponent,
 )
 
 NUM_THREADS = 256

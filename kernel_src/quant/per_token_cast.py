@@ -33,7 +33,7 @@ from tilelang import language as T
 from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
 from kernel_src.quant.addressing import magic_quotient, unsigned_index, unsigned_wide_mad
 from kernel_src.quant.common import (
-    FORMATS, IN_DTYPES, MODE_CAST, MODE_PRECOMPUTED, MODE_SF_ONLY, SF_FORMATS, block_scale, e2m1_saturated, e2m1_vector_codes,
+    FORMATS, IN_DTYPES, MODE_PRECOMPUTED, MODE_SF_ONLY, SF_FORMATS, block_scale, e2m1_saturated, e2m1_vector_codes,
     products_bounded,
 )
 from kernel_src.quant.nibbles import PRMT_PRELUDE

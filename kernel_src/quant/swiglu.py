@@ -693,7 +693,6 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool, row_
             amax = T.alloc_local((num_vectors,), T.float32)
             multiplier = T.alloc_local((num_vectors,), T.float32)
             sf = T.alloc_local((num_vectors,), T.float32)
-            weight = T.alloc_local((num_vectors,), T.float32)
             live = T.alloc_local((num_vectors,), T.int32)
             counts = T.alloc_local((3,), T.int32)
             red_counts = T.alloc_shared((num_warps, 3), T.int32)
