@@ -351,6 +351,12 @@ __device__ __forceinline__ float tk_bf16_bits_to_float(int bits) { return __uint
 """.replace('TABLE_MINUS_LOW_OFFSETS', hex(-4 * TABLE_LOW_BITS * 0x10001 % 2**32))
 
 
+def _warp_all(test: str, *args):
+    """Whether the prelude's int32 test `test`(args) holds on every active lane of the warp (tk_warp_all): a path
+    choice the whole warp then takes together."""
+    return T.call_extern('int32', 'tk_warp_all', T.call_extern('int32', test, *args)) != 0
+
+
 def _clamped_swiglu(l, r, c):
     """act of float32 gate l and up r in the reference's order (IEEE division, expf), with the clamp always on,
     against c (+inf for no clamp: the same results), in three FMNMX.NAN.
@@ -866,11 +872,11 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool, row_
                             else:
                                 T.evaluate(T.call_extern('void', 'tk_track_magnitude_bf16x8', T.address_of(up[j, 0]),
                                                          T.address_of(gate_bits[2])))
-                        if T.call_extern('int32', 'tk_warp_all', T.call_extern('int32', 'tk_gate_bits_in_table', gate_bits[0], gate_bits[1])) != 0:
+                        if _warp_all('tk_gate_bits_in_table', gate_bits[0], gate_bits[1]):
                             # silu(min(g, c)) of every gate from the table (the test above keeps every offset
                             # inside it), then the exact path's products: silu * clamped up * weight, without
                             # the up clamp's two FMNMX an element where the step shows it is an identity.
-                            if T.call_extern('int32', 'tk_warp_all', T.call_extern('int32', 'tk_up_clamp_is_identity', gate_bits[2], clamp_c)) != 0:
+                            if _warp_all('tk_up_clamp_is_identity', gate_bits[2], clamp_c):
                                 table_step(gate, up, act, up_wide, silu_table, step_weight, clamp_c, False)
                             else:
                                 table_step(gate, up, act, up_wide, silu_table, step_weight, clamp_c, True)
@@ -1101,9 +1107,9 @@ def build_channel(arch: Arch, transpose: bool, vec_bytes: int) -> KernelProgram:
             # disagreed ran two or three paths one after the other (on inputs with values beyond the clamp, most
             # warps). The exact division and the clamps are right for every value, so the warp takes the most
             # general path any of its threads needs.
-            if T.call_extern('int32', 'tk_warp_all', T.call_extern('int32', 'tk_gate_bits_in_div_range', gate_bits[0], gate_bits[1], clamp_c)) != 0:
+            if _warp_all('tk_gate_bits_in_div_range', gate_bits[0], gate_bits[1], clamp_c):
                 # No value beyond the clamp (the usual case, and always without one): the clamps are identities.
-                if T.call_extern('int32', 'tk_warp_all', T.call_extern('int32', 'tk_clamps_are_identity', gate_bits[0], gate_bits[2], clamp_c)) != 0:
+                if _warp_all('tk_clamps_are_identity', gate_bits[0], gate_bits[2], clamp_c):
                     for i in T.unroll(loads):
                         swiglu_vector(gate, up, gate_f32, up_f32, act_f32, act, act_shared, clamp_c, i * CH_THREADS + tid, i, True,
                                       False)
