@@ -71,6 +71,39 @@ def e2m1_top_nibble(v, clamp=True):
     return magnitude | (T.reinterpret(v, T.uint32) & T.uint32(FLOAT32_SIGN_BIT))
 
 
+# e2m1_top_nibble with the sign carried through the rounding add instead of selected in after it, for values a caller
+# has shown finite and below E2M1_UNCLAMPED_BOUND: m = max(|v|, 1) with v's sign (PTX max.xorsign.abs, one FMNMX.XORSIGN),
+# of which the sign and exponent are kept; s = v * 2^-22 + m rounds |v| as the unsigned add does (round-to-nearest-even is
+# symmetric) and has v's sign; and an odd multiplier takes that sign bit to bit 31 of the product. bits(s) * (2^28 + 2^6 + 1)
+# adds to the top nibble k + 2 E (E = 127, 128, 129, s's biased exponent) as E2M1_TOP_NIBBLE_MULTIPLIER does, plus bits(s)
+# itself: the sign at bit 31, and E at bit 23, i.e. E >> 5 (3, 4, 4) into the top nibble and (E & 31) << 23 (31, 0, 1) below
+# it, which the offset's 2^23 carries into the top nibble for E = 127 alone; the offset's top nibble, 14, then leaves
+# k + 2 (E - 127) and 8 for the sign. One integer-pipe instruction an element fewer than clamp=False (the sign's LOP3). A NaN
+# would give code 5, and |v| >= 7 a wrong code, hence the caller's test. tests/cpu/test_e2m1_code.py replays it.
+E2M1_SIGNED_MULTIPLIER = (1 << 28) + (1 << 6) + 1
+E2M1_SIGNED_OFFSET = 0xE0800000
+FLOAT32_SIGN_AND_EXPONENT = 0xFF800000
+E2M1_SIGNED_PRELUDE = """
+__device__ __forceinline__ float tk_max_xorsign_abs(float a, float b) {
+  float r;
+  asm("max.xorsign.abs.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+"""
+
+
+def e2m1_finite_top_nibble(v):
+    """uint32 whose top 4 bits are the e2m1 code of float32 v, sign included, for a v the caller has shown finite with
+    |v| < E2M1_UNCLAMPED_BOUND (see E2M1_SIGNED_MULTIPLIER; needs E2M1_SIGNED_PRELUDE). Five instructions with the
+    packing shift: FMNMX.XORSIGN, LOP3, FFMA, IMAD."""
+    def signed_top_nibble(x):
+        binade = T.reinterpret(T.call_extern('float32', 'tk_max_xorsign_abs', x, T.float32(1)), T.uint32) & T.uint32(FLOAT32_SIGN_AND_EXPONENT)
+        rounded = x * T.float32(E2M1_ROUNDING_SCALE) + T.reinterpret(binade, T.float32)
+        return T.reinterpret(rounded, T.uint32) * T.uint32(E2M1_SIGNED_MULTIPLIER) + T.uint32(E2M1_SIGNED_OFFSET)
+
+    return let('e2m1_value', 'float32', v, signed_top_nibble)
+
+
 def e2m1_saturated(v):
     """float32 v clamped to [-6, 6], a NaN kept: what e2m1_top_nibble's clamp does to |v|, sign kept, so that
     e2m1_top_nibble(e2m1_saturated(v), clamp=False) is e2m1_top_nibble(v). For the rare values past
@@ -94,13 +127,15 @@ def e2m1_code(v):
     return T.Cast('int32', e2m1_top_nibble(v) >> T.uint32(28))
 
 
-def e2m1_word(values, clamp=True):
+def e2m1_word(values, clamp=True, finite=False):
     """uint32 of the e2m1 codes of up to eight float32 values, values[i] in nibble i (so, as bytes, two codes
     per byte with the even one in the low nibble): one funnel shift (SHF.L.U32.HI) per code on top of
-    e2m1_top_nibble, pushing the last value first. clamp: as e2m1_top_nibble's."""
-    word = e2m1_top_nibble(values[-1], clamp) >> T.uint32(28)
+    e2m1_top_nibble, pushing the last value first. clamp: as e2m1_top_nibble's; finite=True, for values shown
+    finite and below E2M1_UNCLAMPED_BOUND, takes e2m1_finite_top_nibble instead."""
+    top_nibble = e2m1_finite_top_nibble if finite else lambda v: e2m1_top_nibble(v, clamp)
+    word = top_nibble(values[-1]) >> T.uint32(28)
     for v in reversed(values[:-1]):
-        word = (word << T.uint32(4)) | (e2m1_top_nibble(v, clamp) >> T.uint32(28))
+        word = (word << T.uint32(4)) | (top_nibble(v) >> T.uint32(28))
     return word
 
 

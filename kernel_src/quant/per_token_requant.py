@@ -33,7 +33,8 @@ from tilelang import language as T
 from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
 from kernel_src.quant.addressing import magic_quotient
 from kernel_src.quant.common import (
-    FLOAT32_EXPONENT_MASK, FORMATS, RCP_DIV_PRELUDE, SF_FORMATS, block_scale, e2m1_saturated, e2m1_top_nibble, e2m1_word, let, products_bounded,
+    E2M1_SIGNED_PRELUDE, FLOAT32_EXPONENT_MASK, FORMATS, RCP_DIV_PRELUDE, SF_FORMATS, block_scale, e2m1_finite_top_nibble, e2m1_top_nibble, e2m1_word, let,
+    products_bounded,
 )
 from kernel_src.quant.nibbles import (
     CODE_MAGNITUDES, PRMT_PRELUDE, byte_perm, e2m1_word_through_table, largest_magnitude, prmt, table_bytes_of_codes, table_word,
@@ -67,10 +68,12 @@ CHUNK = 32  # logical elements per thread
 # CTAs per SM the register allocation must allow, where it costs no spills. e4m3 to e4m3 took 53 registers
 # unbounded (56 allocated: 9 CTAs, 36 KB of loads in flight per SM, one 32-byte chunk a thread); 48 give 10
 # CTAs and 40 KB, as upstream's kernel (48 registers, 10 CTAs of 4 KB), with packed UE8M0 input scale factors;
-# with float32 ones 48 spill 8 bytes. e4m3 -> e2m1 through f16 lanes fits 40 registers with one chunk a thread (12
-# CTAs; its rare float32 path goes eight values at a time, and the lanes widen the e4m3 pairs again rather than keep
-# them from the amax) and 48 with two (10 CTAs, 80 KB in flight), 16 spill. An e2m1 chunk is only 16 bytes, and its table path needs few registers: 16 CTAs (32 registers, the
-# SM's 2048 threads) keep 32 KB in flight; 12 measured 2% slower (run 2).
+# with float32 ones 48 spill 8 bytes. e4m3 -> e2m1, both of whose encoders read the f16 pairs the amax widened
+# (E4M3_TO_E2M1_F16_PRELUDE), fits 48 registers with two chunks a thread (10 CTAs, 80 KB in flight; its float32 path
+# goes eight values at a time) and 40 with one (12 CTAs), which measured 1-2% slower (GPU run 1 of
+# docs/gpu-runs/2026-12-02-h200-f.md). An e2m1 chunk is only 16 bytes, and its table path needs few registers: 16 CTAs
+# (32 registers, the SM's 2048 threads) keep 32 KB in flight; 12 measured 2% slower (GPU run 2 of
+# docs/gpu-runs/2026-12-01-h200-e.md).
 MIN_BLOCKS = {
     ('e4m3', 'e4m3', 'ue8m0'): 10,
     **{('e4m3', 'e2m1', sf): 10 for sf in SF_FORMATS},
@@ -113,19 +116,25 @@ POW2_TABLE_SELECTORS = tuple(
 FLOAT32_SIGN_AND_MANTISSA = 0x807FFFFF
 
 
-# e4m3 -> e2m1 under a power-of-two factor, two elements an instruction: e4m3 pairs widen exactly to f16 pairs,
-# q * 2^k is exact in f16 (tiny products round, but stay far below 0.25, the first e2m1 rounding boundary, and keep
+# e4m3 -> e2m1 under a power-of-two factor 2^x, two elements an instruction: e4m3 pairs widen exactly to f16 pairs,
+# q * 2^x is exact in f16 (tiny products round, but stay far below 0.25, the first e2m1 rounding boundary, and keep
 # their sign), and the e2m1 encoder of kernel_src.quant.common (a rounding add on the float's bits) works on f16
-# lanes. Everything is doubled, p = 2 q 2^k: s = 2^e + p * 2^-9, 2^e the binade of max(|p|, 2) with p's sign
+# lanes. Everything is doubled, p = 2 q 2^x: s = 2^e + p * 2^-9, 2^e the binade of max(|p|, 2) with p's sign
 # (max.xorsign.abs), has the e2m1 step of p / 2's binade on its last mantissa bit, so f16's own round-to-nearest-even
 # rounds p / 2 onto the grid, and s's bits hold the code: k mantissa steps (0..4, its low byte) plus twice the
 # binade's index (exponent 16, 17, 18 for p / 2 below 2, 4, 8: the exponent's two low bits, doubled), which never
-# passes 7, and the sign (bit 7 of the high byte). The bytes of four lanes are gathered by two permutes and the
-# code worked out four at a time, with the shifts and adds as multiply(-add)s: on the FMA pipe, which the kernel
-# left mostly idle, where the integer pipe (permutes, masks, conversions) bounded it at 80% busy. About five
-# instructions an element, under three of them on the integer pipe, where the code extracted lane by lane took
-# four and a half (GPU runs 5 and 6 of docs/gpu-runs/2026-12-01-h200-f.md); the float32 path takes ten. It needs
-# |q 2^k| <= 6 (no clamp) and no NaN: the kernel checks both per chunk and otherwise takes the float32 path.
+# passes 7, and the sign (bit 7 of the high byte). The products are never formed: s / 2^(x+1) = q 2^-9 + (the binade
+# of max(|q|, 2^-x)) is one FMA on q, with s's mantissa and sign, and x + 1 is added back to the exponent bytes the
+# code reads (tk_e2m1_word_of_f16x8). The bytes of four lanes are gathered by two permutes and the code worked out
+# four at a time, with the shifts and adds as multiply(-add)s: on the FMA pipe, which the kernel left mostly idle,
+# where the integer pipe (permutes, masks, conversions) bounded it at 80% busy (GPU runs 5 and 6 of
+# docs/gpu-runs/2026-12-01-h200-f.md); the even and odd elements' codes are paired by one multiply-add. It needs
+# |q 2^x| <= 6 (no clamp), -13 <= x <= 14 and no NaN: the kernel checks all three per chunk and otherwise takes the
+# float32 path (about seven and a half instructions an element, by e2m1_finite_top_nibble). Both paths take the f16
+# pairs the amax widened, where each widened the e4m3 bytes again: 16 conversions a chunk fewer, still 48 registers
+# with two chunks a thread. The f16 lanes now take 136 instructions a chunk of 32 (148 before the pairing and the
+# unformed products, 163 before the shared pairs): with round_sf 32.2-32.3 -> 29.1-29.2 us, packed UE8M0
+# 32.0-32.2 -> 30.6-30.7 (GPU runs 1 and 3 of docs/gpu-runs/2026-12-02-h200-f.md).
 # tests/cpu/test_requant_f16_e2m1.py checks the encoder against the reference's rounding over every e4m3 value and
 # factor.
 E4M3_TO_E2M1_F16_PRELUDE = """
@@ -151,34 +160,37 @@ __device__ __forceinline__ float tk_f16x2_absmax_nan(const unsigned* h, int n) {
   asm("cvt.f32.f16 %0, %1;" : "=f"(r) : "h"((unsigned short)(m & 0x7fffu)));
   return r;
 }
-// Eight e2m1 codes (element i in nibble i) of the e4m3 bytes w0 (elements 0-3) and w1 (4-7) times f2 / 2 (f2 a
-// power of two in both f16 halves). The pairs are widened again here rather than kept from the amax: 16 registers
-// fewer, for more CTAs an SM.
-// two_pow_28 is 2^28 from a register the compiler cannot fold (see the kernel).
-__device__ __forceinline__ unsigned tk_e2m1_word_of_e4m3x8(unsigned w0, unsigned w1, unsigned f2, unsigned two_pow_28) {
+// Eight e2m1 codes (element i in nibble i) of the f16 pairs h[0..3] (elements 2i, 2i + 1) times 2^x, given
+// t = 2^-x in both f16 halves and x1 = ((x + 1) & 3) * 0x04040404. The doubled products p = h 2^(x+1) are not formed:
+// s / 2^(x+1) = h * 2^-9 + 2^e / 2^(x+1), and 2^e / 2^(x+1) is the binade of max(|h|, 2^-x), exactly, in f16's
+// normal range (-13 <= x <= 14, the kernel's condition). So s / 2^(x+1) has s's mantissa and sign, and its exponent
+// x + 1 less, which x1 adds back to the two low bits the code reads (no carry leaves the exponent field for x >= -13).
+// sixteen is 16 from a register the compiler cannot fold (see the kernel).
+__device__ __forceinline__ unsigned tk_e2m1_word_of_f16x8(unsigned h0, unsigned h1, unsigned h2, unsigned h3, unsigned t, unsigned x1, unsigned sixteen) {
+  const unsigned h[4] = {h0, h1, h2, h3};
   unsigned s[4];
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const unsigned w = i < 2 ? w0 : w1;
-    unsigned p, m;
-    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(p) : "r"(i % 2 ? tk_e4m3x2_hi_to_f16x2(w) : tk_e4m3x2_lo_to_f16x2(w)), "r"(f2));
-    asm("max.xorsign.abs.f16x2 %0, %1, %2;" : "=r"(m) : "r"(p), "r"(0x40004000u));
-    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(s[i]) : "r"(p), "r"(0x18001800u), "r"(m & 0xfc00fc00u));
+    unsigned m;
+    asm("max.xorsign.abs.f16x2 %0, %1, %2;" : "=r"(m) : "r"(h[i]), "r"(t));
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(s[i]) : "r"(h[i]), "r"(0x18001800u), "r"(m & 0xfc00fc00u));
   }
   // Element 2i is the low lane of s[i]: bytes of elements 0-3 and 4-7, low (the steps k) and high (sign, exponent).
   const unsigned k[2] = {__byte_perm(s[0], s[1], 0x6420), __byte_perm(s[2], s[3], 0x6420)};
-  const unsigned h[2] = {__byte_perm(s[0], s[1], 0x7531), __byte_perm(s[2], s[3], 0x7531)};
-  unsigned c[2];
+  const unsigned e[2] = {__byte_perm(s[0], s[1], 0x7531) + x1, __byte_perm(s[2], s[3], 0x7531) + x1};
+  unsigned n[2];
   #pragma unroll
   for (int j = 0; j < 2; ++j) {
-    // k + 2 (exponent & 3) (h >> 1), at most 7, then the sign from bit 7 to bit 3 (h >> 4): a nibble a byte.
-    const unsigned code = k[j] + (__umulhi(h[j], 0x80000000u) & 0x06060606u);
-    const unsigned nibbles = code | (__umulhi(h[j], 0x10000000u) & 0x08080808u);
-    // Bytes 0 and 2 take two codes each: nibbles + (nibbles >> 4), a multiply-high with the nibbles added (with a
-    // literal 2^28, ptxas makes it LEA.HI, on the integer pipe).
-    asm("mad.hi.u32 %0, %1, %2, %1;" : "=r"(c[j]) : "r"(nibbles), "r"(two_pow_28));
+    // k + 2 (exponent & 3) (e >> 1), at most 7, then the sign from bit 7 to bit 3 (e >> 4): the code of element
+    // 4 j + b in byte b.
+    const unsigned code = k[j] + (__umulhi(e[j], 0x80000000u) & 0x06060606u);
+    n[j] = code | (__umulhi(e[j], 0x10000000u) & 0x08080808u);
   }
-  return __byte_perm(c[0], c[1], 0x6420);
+  // The even elements' codes in one word and the odd ones' in another; odd * 16 + even has element i in nibble i.
+  // (A multiply-add by a literal 16 ptxas makes LEA, on the integer pipe.)
+  unsigned r;
+  asm("mad.lo.u32 %0, %1, %2, %3;" : "=r"(r) : "r"(__byte_perm(n[0], n[1], 0x7531)), "r"(sixteen), "r"(__byte_perm(n[0], n[1], 0x6420)));
+  return r;
 }
 """
 
@@ -214,6 +226,7 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) 
     fmax, floor = FORMATS[fmt]
     in_bytes = CHUNK // 2 if in_fp4 else CHUNK
     f16_path = not in_fp4 and out_fp4  # E4M3_TO_E2M1_F16_PRELUDE
+    pow2_factors_only = in_packed and packed  # UE8M0 in and out: every chunk's factor is a power of two
     out_bytes = CHUNK // 2 if out_fp4 else CHUNK
 
     num_tokens = T.dynamic('num_tokens')
@@ -290,11 +303,17 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) 
 
     @T.macro
     def encode_table(outputs, table):
-        """The e2m1 -> e2m1 table of a chunk: the codes of the eight magnitudes' outputs, four code bytes a word."""
+        """The e2m1 -> e2m1 table of a chunk: the codes of the eight magnitudes' outputs, four code bytes a word. With
+        float32 scale factors by the finite encoder: under a finite factor the outputs of the magnitudes up to the
+        chunk's largest are finite and within amax * multiplier, about 6; those above it may not be, and are never
+        looked up. Without round_sf 24.9 -> 24.0 us (GPU run 2 of docs/gpu-runs/2026-12-02-h200-f.md). UE8M0 in and
+        out keeps the clamped encoder: its factors are powers of two, whose constant tables nearly every chunk takes,
+        and with the finite encoder here ptxas scheduled its kernel otherwise and it measured 4% slower (run 2)."""
         for half in T.unroll(2):
             table[half] = T.uint32(0)
             for i in T.unroll(4):
-                table[half] = table[half] | ((e2m1_top_nibble(outputs[4 * half + i]) >> T.uint32(28)) << T.uint32(8 * i))
+                code = e2m1_top_nibble(outputs[4 * half + i]) if pow2_factors_only else e2m1_finite_top_nibble(outputs[4 * half + i])
+                table[half] = table[half] | ((code >> T.uint32(28)) << T.uint32(8 * i))
 
     @T.macro
     def amax_of_values(data, values, amax):
@@ -304,6 +323,19 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) 
         amax[0] = T.float32(0)
         for e in T.unroll(CHUNK):
             amax[0] = T.max(amax[0], T.abs(values[e]))
+
+    @T.macro
+    def encode_f32_words(halves, values, factor, codes, finite):
+        """e4m3 -> e2m1 codes of the chunk's values (f16, as the amax widened them) times factor, word by word, eight
+        values live at a time, so that this path (any factor but a power of two) does not set the register count (and
+        so the CTAs per SM) of the f16 one. finite: every product is finite and below E2M1_UNCLAMPED_BOUND
+        (e2m1_finite_top_nibble), else any value (the clamped encoder)."""
+        for w in T.unroll(CHUNK // 8):
+            for e in T.vectorized(8):
+                values[8 * w + e] = T.Cast('float32', halves[8 * w + e])
+            for e in T.unroll(8):
+                values[8 * w + e] = values[8 * w + e] * factor
+            codes[w] = e2m1_word([values[8 * w + e] for e in range(8)], finite=finite)
 
     @T.macro
     def encode_one_by_one(values, factor, codes):
@@ -334,6 +366,7 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) 
                     else T.ceildiv(num_tokens * chunks_per_row, NUM_THREADS * per_thread))
         with T.Kernel(num_ctas, threads=NUM_THREADS,
                       prelude=(E4M3_TO_E2M1_F16_PRELUDE if f16_path else PRMT_PRELUDE if in_fp4 else '')
+                      + (E2M1_SIGNED_PRELUDE if out_fp4 and (f16_path or not pow2_factors_only) else '')
                       + ('' if packed else RCP_DIV_PRELUDE)) as block_index:
             T.assume(in_width % in_bytes == 0)
             T.assume(row_stride % 16 == 0)
@@ -420,7 +453,7 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) 
                     amax[0] = e2m1_value(largest)
                 elif f16_path:
                     words = T.view(data, (CHUNK // 4,), T.uint32)
-                    halves = T.alloc_local((CHUNK // 2,), T.uint32)  # f16 pairs
+                    halves = T.alloc_local((CHUNK // 2,), T.uint32)  # f16 pairs, which both encoders below read
                     for i, widen in enumerate(E4M3_PAIR_TO_F16X2 * (CHUNK // 4)):  # (a Python loop: a function by index)
                         halves[i] = T.call_extern('uint32', widen, words[i // 2])
                     chunk_amax = T.alloc_var(T.float32)
@@ -508,31 +541,29 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) 
                     # Nsight counted 23.7 active threads a warp instruction; voted, 32, and 24% fewer warp instructions
                     # (49.0-49.2 -> 36.4-36.8 us, run 1 of docs/gpu-runs/2026-12-02-h200-b.md). The float32 path is exact for any
                     # factor.
-                    f16_exact = T.And(power_of_two_between(factor, -14, 14), T.And(chunk_amax * factor <= T.float32(6), T.Not(T.isnan(chunk_amax))))
+                    f16_exact = T.And(power_of_two_between(factor, -13, 14), T.And(chunk_amax * factor <= T.float32(6), T.Not(T.isnan(chunk_amax))))
                     if T.all_sync(T.Or(T.Not(active), f16_exact)) != 0:
-                        f16_exponent = T.Cast('uint32', factor_exponent - (127 - 15) + 1) << T.uint32(10)  # twice the factor
-                        factor_pair = f16_exponent | (f16_exponent << T.uint32(16))
-                        # 2^28 in a register (round_sf >> 31 is 0, but no compiler can prove it).
-                        two_pow_28 = T.alloc_var(T.uint32)
-                        two_pow_28 = T.uint32(1 << 28) | (T.Cast('uint32', tid) & T.Cast('uint32', round_sf >> 31))
+                        # The factor is 2^x, x = factor_exponent - 127: t = 2^-x as an f16 pair, and (x + 1) & 3 in each byte.
+                        threshold_exponent = T.Cast('uint32', 127 + 15 - factor_exponent) << T.uint32(10)
+                        threshold_pair = threshold_exponent | (threshold_exponent << T.uint32(16))
+                        exponent_bytes = T.Cast('uint32', (factor_exponent - 126) & 3) * T.uint32(0x04040404)
+                        # 16 in a register (round_sf >> 31 is 0, but no compiler can prove it).
+                        sixteen = T.alloc_var(T.uint32)
+                        sixteen = T.uint32(16) | (T.Cast('uint32', tid) & T.Cast('uint32', round_sf >> 31))
                         for w in T.unroll(CHUNK // 8):
-                            codes[w] = T.call_extern('uint32', 'tk_e2m1_word_of_e4m3x8', words[2 * w], words[2 * w + 1], factor_pair, two_pow_28)
+                            codes[w] = T.call_extern('uint32', 'tk_e2m1_word_of_f16x8', *[halves[4 * w + i] for i in range(4)], threshold_pair, exponent_bytes,
+                                                       sixteen)
                     else:
-                        # Word by word, eight values live at a time, so that this path (any factor but a power of two)
-                        # does not set the register count (and so the CTAs per SM) of the f16 one. Encoded without
-                        # e2m1_top_nibble's clamp where every product lies within chunk_amax * factor below
-                        # E2M1_UNCLAMPED_BOUND (a NaN fails the test), else clamped beforehand.
-                        unclamped = T.alloc_var(T.bool)
-                        unclamped = products_bounded([chunk_amax], [factor])
-                        for w in T.unroll(CHUNK // 8):
-                            for e in T.vectorized(8):
-                                values[8 * w + e] = T.Cast('float32', data[8 * w + e])
-                            for e in T.unroll(8):
-                                values[8 * w + e] = values[8 * w + e] * factor
-                            if not unclamped:
-                                for e in T.unroll(8):
-                                    values[8 * w + e] = e2m1_saturated(values[8 * w + e])
-                            codes[w] = e2m1_word([values[8 * w + e] for e in range(8)], clamp=False)
+                        # Where every product lies within chunk_amax * factor below E2M1_UNCLAMPED_BOUND (a NaN fails
+                        # the test), in every active lane of the warp, the finite encoder (the sign through the rounding
+                        # add); else the clamped one, exact for any value. Voted once a chunk: a test per word cost a
+                        # branch and its reconvergence per word, for a clamp that chunks whose own amax sets their scale
+                        # never need. With the sign's LOP3 gone too, 36.4-36.6 -> 32.8-32.9 us without round_sf (GPU run 1
+                        # of docs/gpu-runs/2026-12-02-h200-f.md).
+                        if T.all_sync(T.Or(T.Not(active), products_bounded([chunk_amax], [factor]))) != 0:
+                            encode_f32_words(T.view(halves, (CHUNK,), T.float16), values, factor, codes, True)
+                        else:
+                            encode_f32_words(T.view(halves, (CHUNK,), T.float16), values, factor, codes, False)
                 else:
                     encode_one_by_one(values, factor, codes)
                 code_bytes = T.view(codes, (out_bytes,), out_dtype)
