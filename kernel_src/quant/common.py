@@ -82,7 +82,7 @@ def e2m1_top_nibble(v, clamp=True):
 # would give code 5, and |v| >= 7 a wrong code, hence the caller's test. tests/cpu/test_e2m1_code.py replays it.
 E2M1_SIGNED_MULTIPLIER = (1 << 28) + (1 << 6) + 1
 E2M1_SIGNED_OFFSET = 0xE0800000
-FLOAT32_SIGN_AND_EXPONENT = 0xFF800000
+FLOAT32_SIGN_AND_EXPONENT = FLOAT32_SIGN_BIT | FLOAT32_EXPONENT_MASK
 E2M1_SIGNED_PRELUDE = """
 __device__ __forceinline__ float tk_max_xorsign_abs(float a, float b) {
   float r;

@@ -226,7 +226,10 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) 
     fmax, floor = FORMATS[fmt]
     in_bytes = CHUNK // 2 if in_fp4 else CHUNK
     f16_path = not in_fp4 and out_fp4  # E4M3_TO_E2M1_F16_PRELUDE
-    pow2_factors_only = in_packed and packed  # UE8M0 in and out: every chunk's factor is a power of two
+    # Where e2m1_finite_top_nibble encodes (E2M1_SIGNED_PRELUDE): e4m3 -> e2m1's float32 path, and e2m1 -> e2m1's
+    # per-chunk tables unless UE8M0 in and out makes every factor a power of two (see encode_table).
+    finite_tables = in_fp4 and out_fp4 and not (in_packed and packed)
+    finite_encoder = f16_path or finite_tables
     out_bytes = CHUNK // 2 if out_fp4 else CHUNK
 
     num_tokens = T.dynamic('num_tokens')
@@ -312,7 +315,7 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) 
         for half in T.unroll(2):
             table[half] = T.uint32(0)
             for i in T.unroll(4):
-                code = e2m1_top_nibble(outputs[4 * half + i]) if pow2_factors_only else e2m1_finite_top_nibble(outputs[4 * half + i])
+                code = (e2m1_finite_top_nibble if finite_tables else e2m1_top_nibble)(outputs[4 * half + i])
                 table[half] = table[half] | ((code >> T.uint32(28)) << T.uint32(8 * i))
 
     @T.macro
@@ -366,7 +369,7 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) 
                     else T.ceildiv(num_tokens * chunks_per_row, NUM_THREADS * per_thread))
         with T.Kernel(num_ctas, threads=NUM_THREADS,
                       prelude=(E4M3_TO_E2M1_F16_PRELUDE if f16_path else PRMT_PRELUDE if in_fp4 else '')
-                      + (E2M1_SIGNED_PRELUDE if out_fp4 and (f16_path or not pow2_factors_only) else '')
+                      + (E2M1_SIGNED_PRELUDE if finite_encoder else '')
                       + ('' if packed else RCP_DIV_PRELUDE)) as block_index:
             T.assume(in_width % in_bytes == 0)
             T.assume(row_stride % 16 == 0)
@@ -560,10 +563,11 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) 
                         # branch and its reconvergence per word, for a clamp that chunks whose own amax sets their scale
                         # never need. With the sign's LOP3 gone too, 36.4-36.6 -> 32.8-32.9 us without round_sf (GPU run 1
                         # of docs/gpu-runs/2026-12-02-h200-f.md).
+                        half_values = T.view(halves, (CHUNK,), T.float16)
                         if T.all_sync(T.Or(T.Not(active), products_bounded([chunk_amax], [factor]))) != 0:
-                            encode_f32_words(T.view(halves, (CHUNK,), T.float16), values, factor, codes, True)
+                            encode_f32_words(half_values, values, factor, codes, True)
                         else:
-                            encode_f32_words(T.view(halves, (CHUNK,), T.float16), values, factor, codes, False)
+                            encode_f32_words(half_values, values, factor, codes, False)
                 else:
                     encode_one_by_one(values, factor, codes)
                 code_bytes = T.view(codes, (out_bytes,), out_dtype)
