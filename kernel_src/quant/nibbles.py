@@ -68,16 +68,17 @@ def table_bytes_of_codes(word, magnitudes, table_low, table_high, half):
 def e2m1_word_through_table(word, magnitudes, codes_low, codes_high):
     """uint32 of eight e2m1 codes: nibble i is table[magnitude of nibble i of `word`] with its sign bit
     flipped where nibble i is negative, for a table of eight codes (0..15) whose bytes 0..3 are codes_low
-    and 4..7 codes_high (magnitudes = word & CODE_MAGNITUDES; needs PRMT_PRELUDE). Five permutes, three
-    shifts and a LOP3 on the integer pipe and two multiply-adds on the FMA pipe for eight codes, where OR-ing
-    lookups in a table shifted up a nibble took the integer pipe twelve to fourteen.
+    and 4..7 codes_high (magnitudes = word & CODE_MAGNITUDES; needs PRMT_PRELUDE).
 
-    Four lookups: the codes of nibbles 0-3, 1-4, 4-7 and 5-7, each in the low half of its byte; the second of
-    each pair times 16 plus the first (one IMAD, on the FMA pipe: the halves do not overlap) puts the codes of
-    nibbles 2k and 2k + 1 in one byte (bytes 0 and 2 of each), and one permute gathers those four bytes."""
-    first = prmt(codes_low, codes_high, magnitudes >> T.uint32(4)) * T.uint32(16) + prmt(codes_low, codes_high, magnitudes)
-    second = prmt(codes_low, codes_high, magnitudes >> T.uint32(20)) * T.uint32(16) + prmt(codes_low, codes_high, magnitudes >> T.uint32(16))
-    return byte_perm(first, second, T.uint32(0x6420)) ^ (word & T.uint32(CODE_SIGNS))
+    Two lookups give the codes of nibbles 0-3 and 4-7 as bytes, c0 + c1 2^8 + c2 2^16 + c3 2^24; that plus itself
+    shifted down four bits (one LEA.HI) has c0 + 16 c1 in byte 0 and c2 + 16 c3 in byte 2, no byte carrying, and one
+    permute gathers those four bytes: six integer-pipe instructions for eight codes with the magnitudes' shift, which
+    largest_magnitude shares, where four lookups (nibbles 0-3, 1-4, 4-7, 5-7) paired by multiply-adds took the integer
+    pipe nine and the FMA pipe two. The same pairing as a multiply-high-add by a 2^28 ptxas cannot fold (IMAD.HI, on
+    the FMA pipe) measured 2-4% slower than by LEA.HI (GPU run 1 of docs/gpu-runs/2026-12-02-h200-g.md)."""
+    pairs = [let('code_bytes', 'uint32', prmt(codes_low, codes_high, magnitudes >> T.uint32(16 * half)), lambda b: b + (b >> T.uint32(4)))
+             for half in range(2)]
+    return byte_perm(pairs[0], pairs[1], T.uint32(0x6420)) ^ (word & T.uint32(CODE_SIGNS))
 
 
 def largest_magnitude(magnitude_words):
@@ -92,3 +93,21 @@ def largest_magnitude(magnitude_words):
     top_bit = lambda byte: T.int32(31) - T.call_extern('int32', '__clz', T.Cast('int32', byte))  # noqa: E731
     return let('present', 'uint32', present, lambda p: let(
         'present_halves', 'uint32', p | (p >> T.uint32(16)), lambda h: top_bit((h | (h >> T.uint32(8))) & T.uint32(0xFF))))
+
+
+CODE_BIT_2 = 0x44444444  # magnitude bit 2 of eight nibbles: set for 4, 5, 6 and 7
+CODE_BITS_2_1 = 0x66666666  # magnitude bits 2 and 1: some set from 2 up
+
+
+def halving_steps_of_largest(magnitude_words):
+    """(steps, nonzero): (7 - L) / 2 (int32) for the largest magnitude L of the words' nibbles (each word &
+    CODE_MAGNITUDES), and whether L >= 1, without L itself: L >= 2 and L >= 4 are bits of the words' OR, and L >= 6
+    is a nibble with bits 2 and 1 both set (x & (x << 1) at bit 2). About half the instructions of largest_magnitude."""
+    any_bits = magnitude_words[0]
+    top_pairs = magnitude_words[0] & (magnitude_words[0] << T.uint32(1))
+    for magnitudes in magnitude_words[1:]:
+        any_bits = any_bits | magnitudes
+        top_pairs = top_pairs | (magnitudes & (magnitudes << T.uint32(1)))
+    at_least = lambda bits, mask: T.Cast('int32', (bits & T.uint32(mask)) != T.uint32(0))
+    steps = 3 - at_least(any_bits, CODE_BITS_2_1) - at_least(any_bits, CODE_BIT_2) - at_least(top_pairs, CODE_BIT_2)
+    return steps, any_bits != T.uint32(0)

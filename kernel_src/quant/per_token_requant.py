@@ -17,7 +17,10 @@ and the two scale-factor storages (float32 in any strides, or packed UE8M0 bytes
 sizes (as shifts), round_sf and the strides. Every access is masked against the buffer dims.
 
 e2m1 input: a chunk's 32 codes hold at most eight magnitudes, so its amax is the value of the largest one and,
-for a finite factor, its output codes come from a table of the eight magnitudes' outputs (see the kernel).
+for a finite factor, its output codes come from a table of the eight magnitudes' outputs (see the kernel). To e2m1,
+that table needs no products where the factor is known: a constant one for power-of-two factors (POW2_CODE_TABLES),
+one formed from the largest code without round_sf (CANONICAL_WINDOW), and with UE8M0 in and out the scale factor too
+comes from the largest code, in integers (EXPONENT_PATH_INPUTS).
 e4m3 input to e2m1: two elements an instruction in f16 lanes when every active lane of the warp has a power-of-two
 factor (E4M3_TO_E2M1_F16_PRELUDE), else element by element in float32, as e4m3 to e4m3 goes.
 
@@ -27,17 +30,18 @@ multiplies.
 """
 
 import struct
+from fractions import Fraction
 
 from tilelang import language as T
 
 from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
-from kernel_src.quant.addressing import magic_quotient
+from kernel_src.quant.addressing import magic_quotient, unsigned_index
 from kernel_src.quant.common import (
     E2M1_SIGNED_PRELUDE, FLOAT32_EXPONENT_MASK, FORMATS, RCP_DIV_PRELUDE, SF_FORMATS, block_scale, e2m1_finite_top_nibble, e2m1_top_nibble, e2m1_word, let,
     products_bounded,
 )
 from kernel_src.quant.nibbles import (
-    CODE_MAGNITUDES, PRMT_PRELUDE, byte_perm, e2m1_word_through_table, largest_magnitude, prmt, table_bytes_of_codes, table_word,
+    CODE_MAGNITUDES, PRMT_PRELUDE, byte_perm, e2m1_word_through_table, halving_steps_of_largest, largest_magnitude, prmt, table_bytes_of_codes, table_word,
 )
 from kernel_src.quant.token_sf import sf_flat_view, store_token_sf, store_token_sf_flat, token_sf_tensor
 
@@ -112,6 +116,49 @@ IDENTITY_BYTES = (table_word(range(4)), table_word(range(4, 8)))
 POW2_TABLE_SELECTORS = tuple(
     sum(sum(((tables[half] >> (8 * i)) & 0xFF) << (4 * i) for i in range(4)) << (16 * s) for s, tables in enumerate(POW2_CODE_TABLES))
     for half in range(2))
+
+# e2m1 -> e2m1 with float32 scale factors without round_sf: a chunk whose largest magnitude code is L (value v_L) has
+# the factor s * RN(6 / RN(v_L s)), within a few ulps of 6 / v_L, and the codes of the magnitudes m <= L (the only
+# ones it looks up) under any factor that close are fixed: a magnitude two or more goes to m + (7 - L) (from 1 up the
+# grid steps by 3/2 and 4/3 in turn, and 6 / v_L is the product of the 7 - L steps above L, so v_m 6 / v_L lands on
+# the value 7 - L codes above m or within 9/8 of it, far from a rounding boundary), and magnitude one (0.5) to the code
+# of 3 / v_L, which for L = 6 is 0.75, the tie between codes 1 and 2, decided by whether the factor reaches 1.5. So the table is two multiply-adds of d = 7 - L and that one byte,
+# where encoding it took eight products and encodings (encode_table). CANONICAL_WINDOW bounds |factor * v_L - 6|:
+# 1% of 6, where the nearest rounding boundary of every other entry is 4% or more away;
+# tests/cpu/test_nibble_tables.py checks every float32 factor in each window against the reference's rounding.
+CANONICAL_WINDOW = 2.0**-4
+CANONICAL_TIE_FACTOR = 1.5  # 0.5 * factor against 0.75; on the tie (exactly 1.5) RTNE takes code 2
+# Both these tables and the exponent path's (EXPONENT_PATH_INPUTS) move every magnitude from two up by a number of codes,
+# and give magnitude one a code of its own (shifted_code_table): the identity but byte 1, and what one code up adds.
+SHIFTED_CODE_TABLE = (table_word((0, 0, 2, 3)), table_word((4, 5, 6, 7)))
+SHIFTED_CODE_STEP = (table_word((0, 0, 1, 1)), table_word((1, 1, 1, 1)))
+
+
+def _canonical_first_codes() -> int:
+    """Nibble d (= 7 - L) holds byte 1 of the table of largest code L less [factor >= CANONICAL_TIE_FACTOR], which
+    the kernel adds: the code of 3 / v_L (0.5 times 6 / v_L; at L = 6 the tie's lower code, the kernel's comparison
+    deciding it)."""
+    def code(x: Fraction) -> int:  # the nearest grid value, the lower one on a tie
+        return min(range(8), key=lambda m: (abs(Fraction(E2M1_VALUES[m]) - x), m))
+    nibbles = 0
+    for largest in range(1, 8):
+        ratio = Fraction(6) / Fraction(E2M1_VALUES[largest])
+        first = code(ratio / 2) - (ratio > Fraction(CANONICAL_TIE_FACTOR))
+        nibbles |= first << (4 * (7 - largest))
+    return nibbles
+
+
+CANONICAL_FIRST_CODES = _canonical_first_codes()
+# e2m1 -> e2m1 with UE8M0 in and out and one chunk a block: amax = v_L 2^(e - 127) (e the input's exponent byte, v_L the
+# value of the largest code L) is exact, and its power of two at or above amax / 6 is 2^(e - 127 - (7 - L) / 2)
+# (6 / v_L is 1, 1.5, 2, 3, 4, 6 or 12, whose power of two at or below is 2^((7 - L) / 2)), so the scale factor's byte
+# is e - (7 - L) / 2 and the factor 2^((7 - L) / 2), whose table (shifted_code_table: v_L 2^shift <= 6, so no code
+# saturates) the kernel forms from the shift: no float amax, no pow2_scale_exponent, no float round trip of the byte,
+# no test of the factor, where the ALU pipe is the busiest. It holds for L >= 1 and 4 <= e <= 252: amax finite (6 * 2^(e - 127)
+# overflows from e = 253) and at or above e2m1's amax floor 6 * 2^-126 (at e = 4 only for L >= 2, but the floor's own
+# byte is then the same); other chunks take block_scale. tests/cpu/test_nibble_tables.py replays block_scale over
+# every byte and code, and shows both bounds tight.
+EXPONENT_PATH_INPUTS = (4, 252)
 # A float32 is a power of two (2^(e - 127), normal, positive) exactly when its sign and mantissa bits are all zero.
 FLOAT32_SIGN_AND_MANTISSA = 0x807FFFFF
 
@@ -231,6 +278,7 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) 
     finite_tables = in_fp4 and out_fp4 and not (in_packed and packed)
     finite_encoder = f16_path or finite_tables
     out_bytes = CHUNK // 2 if out_fp4 else CHUNK
+    exponent_path = in_fp4 and out_fp4 and in_packed and packed  # (EXPONENT_PATH_INPUTS)
 
     num_tokens = T.dynamic('num_tokens')
     in_width = T.dynamic('in_width')  # bytes per input row: hidden, or hidden / 2 for e2m1
@@ -317,6 +365,49 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) 
             for i in T.unroll(4):
                 code = (e2m1_finite_top_nibble if finite_tables else e2m1_top_nibble)(outputs[4 * half + i])
                 table[half] = table[half] | ((code >> T.uint32(28)) << T.uint32(8 * i))
+
+    @T.macro
+    def chunk_scale(amax, scale, sf, multiplier, npc_log2, round_sf):
+        """sf[0] and multiplier[0] of the chunk's block, amax[0] holding the largest |q| of the chunk."""
+        amax[0] = amax[0] * scale
+        for s in T.unroll(2):  # blocks of 64 or 128 elements span 2 or 4 lanes
+            if s < npc_log2 - 5:
+                amax[0] = T.max(amax[0], T.shfl_xor(amax[0], 1 << s))
+        # Without nvcc's FCHK tests and slow-path branches (kernel_src.quant.common, RCP_DIV_PRELUDE): about 12
+        # instructions a chunk fewer on the float32 scale factors' path without round_sf, where e2m1 -> e2m1
+        # and e4m3 -> e2m1 measured 1-2% faster (run 2 of docs/gpu-runs/2026-12-02-h200-c.md).
+        block_scale(amax[0], T.float32(floor), fmax, round_sf, packed, sf, multiplier, 0, fast_division=True)
+
+    @T.macro
+    def pow2_table(factor, outputs, table):
+        """A power-of-two factor 2^shift (both scale factors powers of two: UE8M0, or float32 from round_sf casts) with
+        shift 0..3, which is every chunk whose own amax sets its scale (its largest code lands on 4 or 6), has a
+        constant table; any other factor encodes its own."""
+        shift = T.Cast('int32', T.reinterpret(factor, T.uint32) >> T.uint32(23)) - 127
+        if power_of_two_between(factor, 0, len(POW2_CODE_TABLES) - 1):
+            for half, all_selectors in enumerate(POW2_TABLE_SELECTORS):  # (a Python loop: constants by index)
+                selectors = T.Cast('uint32', T.uint64(all_selectors) >> T.Cast('uint64', shift * 16))
+                table[half] = prmt(T.uint32(IDENTITY_BYTES[0]), T.uint32(IDENTITY_BYTES[1]), selectors)
+        else:
+            encode_table(outputs, table)
+
+    @T.macro
+    def shifted_code_table(table, steps, codes_per_step: int, first):
+        """table = SHIFTED_CODE_TABLE moved up steps * codes_per_step codes, with `first` (uint32) magnitude one's code:
+        two multiply-adds and a shift."""
+        table[0] = T.Cast('uint32', steps) * T.uint32(codes_per_step * SHIFTED_CODE_STEP[0]) + T.uint32(SHIFTED_CODE_TABLE[0]) + (first << T.uint32(8))
+        table[1] = T.Cast('uint32', steps) * T.uint32(codes_per_step * SHIFTED_CODE_STEP[1]) + T.uint32(SHIFTED_CODE_TABLE[1])
+
+    @T.macro
+    def canonical_table(factor, largest, largest_value, outputs, table):
+        """Without round_sf: the table of the chunk's largest code when the factor is within CANONICAL_WINDOW of
+        6 / its value (every chunk whose own amax sets its scale), else its own."""
+        if T.abs(factor * largest_value - T.float32(6)) < T.float32(CANONICAL_WINDOW):
+            steps = 7 - largest
+            shifted_code_table(table, steps, 1, (T.Cast('uint32', T.int32(CANONICAL_FIRST_CODES) >> (steps * 4)) & T.uint32(15))
+                               + T.Cast('uint32', factor >= T.float32(CANONICAL_TIE_FACTOR)))
+        else:
+            encode_table(outputs, table)
 
     @T.macro
     def amax_of_values(data, values, amax):
@@ -450,10 +541,15 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) 
                     magnitudes = T.alloc_local((in_bytes // 4,), T.uint32)
                     for w in T.unroll(in_bytes // 4):
                         magnitudes[w] = words[w] & T.uint32(CODE_MAGNITUDES)
-                    # The largest |q| of the chunk is the value of its largest magnitude code.
+                    # The largest |q| of the chunk is the value of its largest magnitude code (the exponent path's
+                    # chunks need less, and find it only where they leave that path).
                     largest = T.alloc_var(T.int32)
-                    largest = largest_magnitude([magnitudes[w] for w in range(in_bytes // 4)])
-                    amax[0] = e2m1_value(largest)
+                    largest_value = T.alloc_var(T.float32)
+                    if not exponent_path:
+                        largest = largest_magnitude([magnitudes[w] for w in range(in_bytes // 4)])
+                        largest_value = e2m1_value(largest)
+                        amax[0] = largest_value
+                    table = T.alloc_local((2,), T.uint32)  # the chunk's table of eight codes or bytes, see below
                 elif f16_path:
                     words = T.view(data, (CHUNK // 4,), T.uint32)
                     halves = T.alloc_local((CHUNK // 2,), T.uint32)  # f16 pairs, which both encoders below read
@@ -468,19 +564,35 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) 
                             amax[0] = T.max(amax[0], T.abs(T.Cast('float32', data[e])))
                 else:
                     amax_of_values(data, values, amax)
-                amax[0] = amax[0] * scales[k]
-                for s in T.unroll(2):  # blocks of 64 or 128 elements span 2 or 4 lanes
-                    if s < npc_log2 - 5:
-                        amax[0] = T.max(amax[0], T.shfl_xor(amax[0], 1 << s))
-                # Without nvcc's FCHK tests and slow-path branches (kernel_src.quant.common, RCP_DIV_PRELUDE): about 12
-                # instructions a chunk fewer on the float32 scale factors' path without round_sf, where e2m1 -> e2m1
-                # and e4m3 -> e2m1 measured 1-2% faster (run 2 of docs/gpu-runs/2026-12-02-h200-c.md).
-                block_scale(amax[0], T.float32(floor), fmax, round_sf, packed, sf, multiplier, 0, fast_division=True)
                 factor = T.alloc_var(T.float32)
-                factor = scales[k] * multiplier[0]
+                if exponent_path:
+                    # UE8M0 in and out, a block of one chunk: the scale factor's exponent is the input's less
+                    # (7 - largest) / 2, and the table that of the factor 2 to that, in integers (EXPONENT_PATH_INPUTS);
+                    # the chunks off that path find their largest code and factor as the others do.
+                    in_exponent = T.alloc_var(T.int32)
+                    in_exponent = T.Cast('int32', T.reinterpret(scales[k], T.uint32) >> T.uint32(23))
+                    halving_steps, nonzero = halving_steps_of_largest([magnitudes[w] for w in range(in_bytes // 4)])
+                    exact_exponents = T.alloc_var(T.bool)
+                    exact_exponents = T.And(T.And(npc_log2 == 5, nonzero),
+                                            T.And(in_exponent >= EXPONENT_PATH_INPUTS[0], in_exponent <= EXPONENT_PATH_INPUTS[1]))
+                    sf_exponent = T.alloc_var(T.int32)
+                    if exact_exponents:
+                        steps = T.alloc_var(T.int32)
+                        steps = halving_steps
+                        sf_exponent = in_exponent - steps
+                        shifted_code_table(table, steps, 2, T.Cast('uint32', T.max(steps * 2, 1)))  # POW2_CODE_TABLES' byte 1
+                    else:
+                        largest = largest_magnitude([magnitudes[w] for w in range(in_bytes // 4)])
+                        amax[0] = e2m1_value(largest)
+                        chunk_scale(amax, scales[k], sf, multiplier, npc_log2, round_sf)
+                        factor = scales[k] * multiplier[0]
+                        sf_exponent = T.Cast('int32', sf[0])
+                else:
+                    chunk_scale(amax, scales[k], sf, multiplier, npc_log2, round_sf)
+                    factor = scales[k] * multiplier[0]
 
                 if tiled:
-                    store_tile_sf(out_sf, staged, sf[0], active, tid, tile_row, tile_chunk, npc_log2)
+                    store_tile_sf(out_sf, staged, sf_exponent if exponent_path else sf[0], active, tid, tile_row, tile_chunk, npc_log2)
                 elif active and (tid & ((1 << (npc_log2 - 5)) - 1)) == 0:
                     if flat_sf_store:
                         store_token_sf_flat(out_sf_flat, packed, row, chunk * CHUNK, sf[0], npc_log2, hidden, num_tokens, num_sf_blocks,
@@ -489,7 +601,10 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) 
                         store_token_sf(out_sf, packed, row, block, sf[0], (block + 1) << npc_log2 >= hidden, num_sf_blocks, num_sf_words)
                 codes = T.alloc_local((out_bytes // 4,), T.uint32)
                 if in_fp4:
-                    if (T.reinterpret(factor, T.uint32) & T.uint32(FLOAT32_EXPONENT_MASK)) != T.uint32(FLOAT32_EXPONENT_MASK):
+                    if exponent_path and exact_exponents:
+                        for w in T.unroll(in_bytes // 4):
+                            codes[w] = e2m1_word_through_table(words[w], magnitudes[w], table[0], table[1])
+                    elif (T.reinterpret(factor, T.uint32) & T.uint32(FLOAT32_EXPONENT_MASK)) != T.uint32(FLOAT32_EXPONENT_MASK):
                         # A finite factor: q * factor takes eight values (and their negations) in the chunk, so
                         # its codes come from a table of the eight magnitudes' outputs, looked up four codes at a
                         # time (kernel_src.quant.nibbles). A negative q flips the output's sign bit, as it flips
@@ -500,18 +615,11 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) 
                         outputs = T.alloc_local((8,), T.float32)
                         for m, value in enumerate(E2M1_VALUES):
                             outputs[m] = T.float32(value) * factor
-                        table = T.alloc_local((2,), T.uint32)
                         if out_fp4:
-                            # A power-of-two factor 2^shift (both scale factors powers of two: UE8M0, or float32 from
-                            # round_sf casts) with shift 0..3, which is every chunk whose own amax sets its scale (its
-                            # largest code lands on 4 or 6), has a constant table; any other factor encodes its own.
-                            shift = T.Cast('int32', T.reinterpret(factor, T.uint32) >> T.uint32(23)) - 127
-                            if power_of_two_between(factor, 0, len(POW2_CODE_TABLES) - 1):
-                                for half, all_selectors in enumerate(POW2_TABLE_SELECTORS):  # (a Python loop: constants by index)
-                                    selectors = T.Cast('uint32', T.uint64(all_selectors) >> T.Cast('uint64', shift * 16))
-                                    table[half] = prmt(T.uint32(IDENTITY_BYTES[0]), T.uint32(IDENTITY_BYTES[1]), selectors)
+                            if packed or round_sf != 0:  # (round_sf: uniform, a warp takes one of the two)
+                                pow2_table(factor, outputs, table)
                             else:
-                                encode_table(outputs, table)
+                                canonical_table(factor, largest, largest_value, outputs, table)
                             for w in T.unroll(in_bytes // 4):
                                 codes[w] = e2m1_word_through_table(words[w], magnitudes[w], table[0], table[1])
                         else:
@@ -572,8 +680,10 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) 
                     encode_one_by_one(values, factor, codes)
                 code_bytes = T.view(codes, (out_bytes,), out_dtype)
                 if active:
+                    # Through a flat view by an unsigned 32-bit offset (the op keeps the output below 2^31 elements).
+                    out_flat = T.Tensor((out.shape[0] * out.shape[1],), out_dtype, out.data)
                     for e in T.vectorized(out_bytes):
-                        out[row, chunk * out_bytes + e] = code_bytes[e]
+                        out_flat[unsigned_index(row * out.shape[1] + chunk * out_bytes) + e] = code_bytes[e]
 
     return KernelProgram(per_token_requant, alignment={'x': 16, 'x_sf': 1 if in_packed else 4, 'out': 16, 'out_sf': 4 if tiled or not packed else 1})
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tile_kernels_aot.reference.cast import E2M1_VALUES
+from tile_kernels_aot.reference.cast import E2M1_VALUES, e2m1_codes
 
 nibbles = pytest.importorskip('kernel_src.quant.nibbles')
 lossless = pytest.importorskip('kernel_src.quant.per_block_cast_lossless')
@@ -90,10 +90,11 @@ def test_requant_e2m1_word_through_table(seed):
     words = torch.cat([every_group_of_four_codes(), random_words()])
     magnitudes = words & nibbles.CODE_MAGNITUDES
     # (prmt's selectors here have bit 3 of every nibble clear, so byte_perm models it)
-    assert not ((magnitudes | (magnitudes >> 4) | (magnitudes >> 16) | (magnitudes >> 20)) & 0x8888).any()
+    assert not ((magnitudes | (magnitudes >> 16)) & 0x8888).any()
     lookup = lambda selectors: byte_perm(torch.full_like(words, codes_low), codes_high, selectors)
-    first = (lookup(magnitudes >> 4) * 16 + lookup(magnitudes)) & 0xFFFFFFFF
-    second = (lookup(magnitudes >> 20) * 16 + lookup(magnitudes >> 16)) & 0xFFFFFFFF
+    code_pairs = lambda x: ((x * 2**28) >> 32) + x  # mad.hi.u32 (x, 2^28, x), below 2^32 here
+    first, second = code_pairs(lookup(magnitudes)), code_pairs(lookup(magnitudes >> 16))
+    assert (second < 2**32).all()
     got = byte_perm(first, second, 0x6420) ^ (words & nibbles.CODE_SIGNS)
     inputs = codes_of(words)
     want_codes = table[inputs & 7] ^ (inputs & 8)
@@ -135,3 +136,107 @@ def test_requant_e2m1_value():
         bits = ((m + 252) << 22) & 0xFFFFFFFF
         got = m * 0.5 if m < 2 else torch.tensor(bits, dtype=torch.int64).to(torch.int32).view(torch.float32).item()
         assert got == value == E2M1_VALUES[m]
+
+
+def float32_between(low: float, high: float) -> torch.Tensor:
+    """Every float32 from low to high (positive), as float64."""
+    bits = torch.tensor([low, high], dtype=torch.float32).view(torch.int32).long()
+    return torch.arange(bits[0].item(), bits[1].item() + 1, dtype=torch.int64).to(torch.int32).view(torch.float32).double()
+
+
+def rounded(x: torch.Tensor) -> torch.Tensor:
+    """float64 x rounded to float32 (nearest, ties to even), as float64."""
+    return x.float().double()
+
+
+@pytest.mark.parametrize('largest', range(1, 8))
+def test_requant_canonical_tables(largest):
+    """e2m1 -> e2m1 without round_sf (canonical_table): for every float32 factor the kernel's window test passes, fused
+    or not, the table it builds from the largest code alone (and the tie's comparison) holds, for every magnitude up
+    to the largest, the reference's code of the float32 product."""
+    value = requant.E2M1_VALUES[largest]
+    factors = float32_between(6 / value * 0.97, 6 / value * 1.03)
+    window = requant.CANONICAL_WINDOW
+    fused = (rounded(factors * value - 6).abs() < window)  # one FFMA: the product is exact in float64
+    separate = (rounded(rounded(factors * value) - 6).abs() < window)
+    assert not (fused | separate)[[0, -1]].any()  # the window lies inside the factors tried
+    factors = factors[fused | separate]
+    assert factors.numel() > 250000
+    steps = 7 - largest
+    first = ((requant.CANONICAL_FIRST_CODES >> (4 * steps)) & 15) + (factors >= requant.CANONICAL_TIE_FACTOR).long()
+    table = shifted_code_table(steps, 1, first)
+    for m in range(largest + 1):
+        got = (table[m // 4] >> (8 * (m % 4))) & 0xFF
+        want = e2m1_codes(rounded(factors * requant.E2M1_VALUES[m]).float()).long()
+        assert torch.equal(got, want), (largest, m)
+    if largest == 6:  # the tie: both codes occur
+        assert set(first.tolist()) == {1, 2}
+
+
+def shifted_code_table(steps: int, codes_per_step: int, first) -> list:
+    """The kernel's shifted_code_table: [low, high] words (ints, or tensors of first's shape)."""
+    low = steps * codes_per_step * requant.SHIFTED_CODE_STEP[0] + requant.SHIFTED_CODE_TABLE[0] + (first << 8)
+    high = steps * codes_per_step * requant.SHIFTED_CODE_STEP[1] + requant.SHIFTED_CODE_TABLE[1] + 0 * first
+    return [low, high]
+
+
+@pytest.mark.parametrize('largest', range(1, 8))
+def test_requant_exponent_path_tables(largest):
+    """The exponent path's table (a shift of (7 - L) / 2 for largest code L) holds the constant power-of-two table's
+    codes for every magnitude up to L, which is every code such a chunk looks up, none of them saturated."""
+    shift = (7 - largest) >> 1
+    table = shifted_code_table(shift, 2, max(2 * shift, 1))  # magnitude one's code, as the kernel forms it
+    want = requant.pow2_code_table(shift)
+    for m in range(largest + 1):
+        got = (table[m // 4] >> (8 * (m % 4))) & 0xFF
+        assert got == (want[m // 4] >> (8 * (m % 4))) & 0xFF, m
+        assert requant.E2M1_VALUES[m] * 2**shift <= 6
+
+
+def test_requant_exponent_path():
+    """e2m1 -> e2m1 with UE8M0 in and out (EXPONENT_PATH_INPUTS): for every input exponent byte and largest code, what
+    block_scale gives (the float amax, its floor, pow2_scale_exponent, inverse_pow2 and the product with the input's
+    scale, each rounded to float32), against the integer path's byte e - (7 - L) / 2 and factor 2^((7 - L) / 2): equal
+    wherever the kernel takes the integer path, and different just outside it, so neither bound is slack."""
+    np = pytest.importorskip('numpy')
+    from kernel_src.quant.common import FORMATS, pow2_scale_carry
+
+    fmax, floor = FORMATS['e2m1']
+    carry, f = pow2_scale_carry(fmax)
+    byte = np.arange(256, dtype=np.uint32)[:, None]
+    largest = np.arange(8)[None, :]
+    scale = (byte << np.uint32(23)).view(np.float32)  # as load_chunk reads the byte: 0 is 0.0, 255 inf
+    with np.errstate(over='ignore', invalid='ignore'):
+        amax = np.array(requant.E2M1_VALUES, np.float32)[largest] * scale
+        clamped = np.maximum(amax, np.float32(floor))
+        bits = clamped.view(np.int32).astype(np.int64)
+        exponent = np.where(bits >= 0x7F800000, 255, np.maximum(((bits + carry) >> 23) - f, 1))
+        multiplier = ((254 - exponent).clip(0, 255).astype(np.uint32) << np.uint32(23)).view(np.float32)
+        factor = scale * multiplier
+    shift = (7 - largest) >> 1
+    same = (exponent == byte.astype(np.int64) - shift) & (factor == np.exp2(shift).astype(np.float32))
+    low, high = requant.EXPONENT_PATH_INPUTS
+    taken = (byte >= low) & (byte <= high) & (largest >= 1)
+    assert same[taken.nonzero()].all()
+    assert not same[low - 1, 1:].all() and not same[high + 1, 1:].all()
+
+
+def test_requant_halving_steps_of_largest():
+    """halving_steps_of_largest, replayed on chunks holding every set of magnitudes (with random signs and repeats):
+    (7 - L) / 2 and L >= 1 for the largest magnitude L, without L."""
+    generator = torch.Generator().manual_seed(5)
+    sets = [[m for m in range(8) if p >> m & 1] or [0] for p in range(256) for _ in range(8)]  # which magnitudes a chunk holds
+    picks = torch.tensor([[c[i % len(c)] for i in range(32)] for c in sets])[:, torch.randperm(32, generator=generator)]
+    codes = picks | (torch.randint(0, 2, picks.shape, generator=generator) << 3)  # a random sign per nibble
+    words = sum(codes.view(-1, 4, 8)[:, :, i] << (4 * i) for i in range(8))
+    magnitudes = (words & nibbles.CODE_MAGNITUDES).unbind(1)
+    any_bits, top_pairs = 0, 0
+    for m in magnitudes:
+        any_bits, top_pairs = any_bits | m, top_pairs | (m & (m << 1))
+    at_least = lambda bits, mask: ((bits & mask) != 0).long()
+    steps = 3 - at_least(any_bits, nibbles.CODE_BITS_2_1) - at_least(any_bits, nibbles.CODE_BIT_2) - at_least(top_pairs, nibbles.CODE_BIT_2)
+    largest = picks.amax(dim=1)
+    nonzero = largest >= 1
+    assert torch.equal(any_bits != 0, nonzero)
+    assert torch.equal(steps[nonzero], ((7 - largest) >> 1)[nonzero])
+    assert set(largest.tolist()) == set(range(8))
