@@ -682,9 +682,10 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) 
                 if active:
                     if out_fp4:
                         # Through a flat view by an unsigned 32-bit offset (the op keeps the output below 2^31
-                        # elements): e4m3 -> e2m1 1.6-3.4% faster, e2m1 -> e2m1 UE8M0 2.5%; e4m3 -> e4m3 the same way
-                        # measured 10-18% slower, as its scale factors did (STRIDED_SF_STORE), and e2m1 -> e4m3 under 1%
-                        # slower (GPU run 4 of docs/gpu-runs/2026-12-02-h200-g.md).
+                        # elements): e4m3 -> e2m1 1.7-3.4% faster (e2m1 -> e2m1 UE8M0 2.5%, with a shorter table form
+                        # in the same build); e4m3 -> e4m3 the same way measured 10-18% slower, as its scale factors
+                        # did (STRIDED_SF_STORE), and e2m1 -> e4m3 under 1% slower (GPU run 4 of
+                        # docs/gpu-runs/2026-12-02-h200-g.md).
                         out_flat = T.Tensor((out.shape[0] * out.shape[1],), out_dtype, out.data)
                         for e in T.vectorized(out_bytes):
                             out_flat[unsigned_index(row * out.shape[1] + chunk * out_bytes) + e] = code_bytes[e]
