@@ -121,15 +121,17 @@ POW2_TABLE_SELECTORS = tuple(
 # the factor s * RN(6 / RN(v_L s)), within a few ulps of 6 / v_L, and the codes of the magnitudes m <= L (the only
 # ones it looks up) under any factor that close are fixed: a magnitude two or more goes to m + (7 - L) (from 1 up the
 # grid steps by 3/2 and 4/3 in turn, and 6 / v_L is the product of the 7 - L steps above L, so v_m 6 / v_L lands on
-# the value 7 - L codes above m or within 9/8 of it, far from a rounding boundary), and magnitude one (0.5) to the code
-# of 3 / v_L, which for L = 6 is 0.75, the tie between codes 1 and 2, decided by whether the factor reaches 1.5. So the table is two multiply-adds of d = 7 - L and that one byte,
-# where encoding it took eight products and encodings (encode_table). CANONICAL_WINDOW bounds |factor * v_L - 6|:
-# 1% of 6, where the nearest rounding boundary of every other entry is 4% or more away;
-# tests/cpu/test_nibble_tables.py checks every float32 factor in each window against the reference's rounding.
+# the value 7 - L codes above m or within 9/8 of it, far from a rounding boundary), and magnitude one (0.5) to the
+# code of 3 / v_L, which for L = 6 is 0.75, the tie between codes 1 and 2, decided by whether the factor reaches 1.5.
+# So the table is two multiply-adds of d = 7 - L and that one byte, where encoding it took eight products and
+# encodings (encode_table). CANONICAL_WINDOW bounds |factor * v_L - 6|: 1% of 6, where the nearest rounding boundary
+# of every other entry is 4% or more away; tests/cpu/test_nibble_tables.py checks every float32 factor in each window
+# against the reference's rounding.
 CANONICAL_WINDOW = 2.0**-4
 CANONICAL_TIE_FACTOR = 1.5  # 0.5 * factor against 0.75; on the tie (exactly 1.5) RTNE takes code 2
-# Both these tables and the exponent path's (EXPONENT_PATH_INPUTS) move every magnitude from two up by a number of codes,
-# and give magnitude one a code of its own (shifted_code_table): the identity but byte 1, and what one code up adds.
+# Both these tables and the exponent path's (EXPONENT_PATH_INPUTS) move every magnitude from two up by a number of
+# codes, and give magnitude one a code of its own (shifted_code_table): the identity but byte 1, and what one code up
+# adds.
 SHIFTED_CODE_TABLE = (table_word((0, 0, 2, 3)), table_word((4, 5, 6, 7)))
 SHIFTED_CODE_STEP = (table_word((0, 0, 1, 1)), table_word((1, 1, 1, 1)))
 
@@ -149,15 +151,15 @@ def _canonical_first_codes() -> int:
 
 
 CANONICAL_FIRST_CODES = _canonical_first_codes()
-# e2m1 -> e2m1 with UE8M0 in and out and one chunk a block: amax = v_L 2^(e - 127) (e the input's exponent byte, v_L the
-# value of the largest code L) is exact, and its power of two at or above amax / 6 is 2^(e - 127 - (7 - L) / 2)
+# e2m1 -> e2m1 with UE8M0 in and out and one chunk a block: amax = v_L 2^(e - 127) (e the input's exponent byte, v_L
+# the value of the largest code L) is exact, and its power of two at or above amax / 6 is 2^(e - 127 - (7 - L) / 2)
 # (6 / v_L is 1, 1.5, 2, 3, 4, 6 or 12, whose power of two at or below is 2^((7 - L) / 2)), so the scale factor's byte
 # is e - (7 - L) / 2 and the factor 2^((7 - L) / 2), whose table (shifted_code_table: v_L 2^shift <= 6, so no code
 # saturates) the kernel forms from the shift: no float amax, no pow2_scale_exponent, no float round trip of the byte,
-# no test of the factor, where the ALU pipe is the busiest. It holds for L >= 1 and 4 <= e <= 252: amax finite (6 * 2^(e - 127)
-# overflows from e = 253) and at or above e2m1's amax floor 6 * 2^-126 (at e = 4 only for L >= 2, but the floor's own
-# byte is then the same); other chunks take block_scale. tests/cpu/test_nibble_tables.py replays block_scale over
-# every byte and code, and shows both bounds tight.
+# no test of the factor, where the ALU pipe is the busiest. It holds for L >= 1 and 4 <= e <= 252: amax finite
+# (6 * 2^(e - 127) overflows from e = 253) and at or above e2m1's amax floor 6 * 2^-126 (at e = 4 only for L >= 2, but the
+# floor's own byte is then the same); other chunks take block_scale. tests/cpu/test_nibble_tables.py replays
+# block_scale over every byte and code, and shows both bounds tight.
 EXPONENT_PATH_INPUTS = (4, 252)
 # A float32 is a power of two (2^(e - 127), normal, positive) exactly when its sign and mantissa bits are all zero.
 FLOAT32_SIGN_AND_MANTISSA = 0x807FFFFF
