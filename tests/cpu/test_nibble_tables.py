@@ -92,9 +92,9 @@ def test_requant_e2m1_word_through_table(seed):
     # (prmt's selectors here have bit 3 of every nibble clear, so byte_perm models it)
     assert not ((magnitudes | (magnitudes >> 16)) & 0x8888).any()
     lookup = lambda selectors: byte_perm(torch.full_like(words, codes_low), codes_high, selectors)
-    code_pairs = lambda x: ((x * 2**28) >> 32) + x  # mad.hi.u32 (x, 2^28, x), below 2^32 here
+    code_pairs = lambda x: x + (x >> 4)  # as the kernel pairs them (LEA.HI): no 32-bit carry for code bytes below 16
     first, second = code_pairs(lookup(magnitudes)), code_pairs(lookup(magnitudes >> 16))
-    assert (second < 2**32).all()
+    assert (first < 2**32).all() and (second < 2**32).all()
     got = byte_perm(first, second, 0x6420) ^ (words & nibbles.CODE_SIGNS)
     inputs = codes_of(words)
     want_codes = table[inputs & 7] ^ (inputs & 8)
