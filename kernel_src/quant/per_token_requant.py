@@ -38,7 +38,7 @@ from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
 from kernel_src.quant.addressing import magic_quotient, unsigned_index
 from kernel_src.quant.common import (
     E2M1_SIGNED_PRELUDE, FLOAT32_EXPONENT_MASK, FORMATS, RCP_DIV_PRELUDE, SF_FORMATS, block_scale, e2m1_finite_top_nibble, e2m1_top_nibble, e2m1_word, let,
-    products_bounded,
+    pow2_scale_carry, products_bounded,
 )
 from kernel_src.quant.nibbles import (
     CODE_MAGNITUDES, PRMT_PRELUDE, byte_perm, e2m1_word_through_table, halving_steps_of_largest, largest_magnitude, prmt, table_bytes_of_codes, table_word,
@@ -161,6 +161,20 @@ CANONICAL_FIRST_CODES = _canonical_first_codes()
 # floor's own byte is then the same); other chunks take block_scale. tests/cpu/test_nibble_tables.py replays
 # block_scale over every byte and code, and shows both bounds tight.
 EXPONENT_PATH_INPUTS = (4, 252)
+# e4m3 -> e2m1 with UE8M0 in and out and a block of one chunk: with the chunk's amax = M 2^a (M in [1, 2), three mantissa
+# bits, a in [-9, 8]) and the input's byte b (scale 2^(b - 127)), block_scale's byte is pow2_scale_exponent's
+# ((bits(amax 2^(b - 127)) + 2^22 - 1) >> 23) - 2 = b + a - 2 + (M > 1.5), for a product that is normal and at or above
+# the floor (no clamp), and whose byte leaves the multiplier 2^(127 - byte) normal; the factor, 2^(b - 127) times that,
+# is then 2^-(a - 2 + (M > 1.5)), the amax_shift of the kernel, whatever b. So both come from the bits of the f32 amax,
+# added to 2^22 - 1 (F16_EXPONENT_PATH_CARRY, pow2_scale_carry(6)), with no float product, clamp or conversion of the
+# byte, and the factor needs no test for the f16 lanes (|amax_shift| <= 11; amax times it is at most 6). It holds for
+# every nonzero amax, input byte 1..254 (F16_EXPONENT_PATH_INPUTS: byte 0 reads as a zero scale, 255 as infinity) and
+# output byte 2..252 (F16_EXPONENT_PATH_BYTES): 252 keeps the product finite, 2 puts it above the floor 6 * 2^-126
+# (1.5 * 2^-124: 2^(a + b - 127) >= 2^-124 for a + b >= 3 + (M <= 1.5)). tests/cpu/test_nibble_tables.py replays
+# block_scale over every e4m3 amax and input byte, and shows each bound tight.
+F16_EXPONENT_PATH_CARRY, F16_EXPONENT_PATH_F = pow2_scale_carry(FORMATS['e2m1'][0])  # 2^22 - 1, 2
+F16_EXPONENT_PATH_INPUTS = (1, 254)
+F16_EXPONENT_PATH_BYTES = (2, 252)
 # A float32 is a power of two (2^(e - 127), normal, positive) exactly when its sign and mantissa bits are all zero.
 FLOAT32_SIGN_AND_MANTISSA = 0x807FFFFF
 
@@ -214,6 +228,11 @@ __device__ __forceinline__ float tk_f16x2_absmax_nan(const unsigned* h, int n) {
 // s / 2^(x+1) = h * 2^-9 + 2^e / 2^(x+1), and 2^e / 2^(x+1) is the binade of max(|h|, 2^-x), exactly, in f16's
 // normal range (-13 <= x <= 14, the kernel's condition). So s / 2^(x+1) has s's mantissa and sign, and its exponent
 // x + 1 less, which x1 adds back to the two low bits the code reads (no carry leaves the exponent field for x >= -13).
+// The FMA adds max(|h|, 2^-x) itself, not its binade: its mantissa (an e4m3 value's three bits, at f16 mantissa bits
+// 7-9, an even number of units) shifts the sum by whole units of its last place without changing its binade, the
+// rounding or the parity a tie goes by (k + that mantissa < 2^10), so the steps k are the low byte's bits 0-2 (bit 7
+// takes the mantissa's lowest bit, masked off) and the high byte's exponent bits are as before (its two low bits take
+// the mantissa's top two, which the code never reads). One mask a word of four codes, where each pair took one.
 // sixteen is 16 from a register the compiler cannot fold (see the kernel).
 __device__ __forceinline__ unsigned tk_e2m1_word_of_f16x8(unsigned h0, unsigned h1, unsigned h2, unsigned h3, unsigned t, unsigned x1, unsigned sixteen) {
   const unsigned h[4] = {h0, h1, h2, h3};
@@ -222,10 +241,10 @@ __device__ __forceinline__ unsigned tk_e2m1_word_of_f16x8(unsigned h0, unsigned 
   for (int i = 0; i < 4; ++i) {
     unsigned m;
     asm("max.xorsign.abs.f16x2 %0, %1, %2;" : "=r"(m) : "r"(h[i]), "r"(t));
-    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(s[i]) : "r"(h[i]), "r"(0x18001800u), "r"(m & 0xfc00fc00u));
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(s[i]) : "r"(h[i]), "r"(0x18001800u), "r"(m));
   }
   // Element 2i is the low lane of s[i]: bytes of elements 0-3 and 4-7, low (the steps k) and high (sign, exponent).
-  const unsigned k[2] = {__byte_perm(s[0], s[1], 0x6420), __byte_perm(s[2], s[3], 0x6420)};
+  const unsigned k[2] = {__byte_perm(s[0], s[1], 0x6420) & 0x07070707u, __byte_perm(s[2], s[3], 0x6420) & 0x07070707u};
   const unsigned e[2] = {__byte_perm(s[0], s[1], 0x7531) + x1, __byte_perm(s[2], s[3], 0x7531) + x1};
   unsigned n[2];
   #pragma unroll
@@ -255,6 +274,12 @@ def power_of_two_between(factor, low: int, high: int):
         T.And(T.Cast('int32', bits >> T.uint32(23)) >= 127 + low, T.Cast('int32', bits >> T.uint32(23)) <= 127 + high)))
 
 
+def f16_exact_factor(factor, chunk_amax):
+    """Whether e4m3 -> e2m1 may take the f16 lanes under `factor` (E4M3_TO_E2M1_F16_PRELUDE): a power of two whose double
+    is in f16's normal range, no NaN in the chunk, and every product within 6."""
+    return T.And(power_of_two_between(factor, -13, 14), T.And(chunk_amax * factor <= T.float32(6), T.Not(T.isnan(chunk_amax))))
+
+
 def e2m1_value(magnitude):
     """float32 value of an e2m1 magnitude code 0..7: m / 2 below 2, else 2^(m / 2 - 1) * (1 + (m & 1) / 2),
     whose float32 bits are (m + 252) << 22 (exponent 126 + m / 2, the odd codes' mantissa bit at 22)."""
@@ -281,6 +306,7 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) 
     finite_encoder = f16_path or finite_tables
     out_bytes = CHUNK // 2 if out_fp4 else CHUNK
     exponent_path = in_fp4 and out_fp4 and in_packed and packed  # (EXPONENT_PATH_INPUTS)
+    f16_exponent_path = f16_path and in_packed and packed  # (F16_EXPONENT_PATH)
 
     num_tokens = T.dynamic('num_tokens')
     in_width = T.dynamic('in_width')  # bytes per input row: hidden, or hidden / 2 for e2m1
@@ -589,6 +615,30 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) 
                         chunk_scale(amax, scales[k], sf, multiplier, npc_log2, round_sf)
                         factor = scales[k] * multiplier[0]
                         sf_exponent = T.Cast('int32', sf[0])
+                elif f16_exponent_path:
+                    # UE8M0 in and out, a block of one chunk: the scale factor's byte is the input's plus
+                    # amax_shift, and the factor 2^-amax_shift, in integers (F16_EXPONENT_PATH); other chunks take
+                    # block_scale.
+                    in_exponent = T.alloc_var(T.int32)
+                    in_exponent = T.Cast('int32', T.reinterpret(scales[k], T.uint32) >> T.uint32(23))
+                    amax_shift = T.alloc_var(T.int32)
+                    amax_shift = T.Cast('int32', (T.reinterpret(chunk_amax, T.uint32) + T.uint32(F16_EXPONENT_PATH_CARRY)) >> T.uint32(23)) - (127 + F16_EXPONENT_PATH_F)
+                    sf_exponent = T.alloc_var(T.int32)
+                    sf_exponent = in_exponent + amax_shift
+                    exact_exponents = T.alloc_var(T.bool)
+                    exact_exponents = T.And(T.And(npc_log2 == 5, chunk_amax > T.float32(0)),
+                                            T.And(T.And(in_exponent >= F16_EXPONENT_PATH_INPUTS[0], in_exponent <= F16_EXPONENT_PATH_INPUTS[1]),
+                                                  T.And(sf_exponent >= F16_EXPONENT_PATH_BYTES[0], sf_exponent <= F16_EXPONENT_PATH_BYTES[1])))
+                    # Voted, so that a warp whose every active chunk is on the path skips the factor's test for the f16
+                    # lanes as well, and the shuffles of block_scale's branch stay outside any divergent one.
+                    warp_exponents = T.alloc_var(T.bool)
+                    warp_exponents = T.all_sync(T.Or(T.Not(active), exact_exponents)) != 0
+                    if warp_exponents:
+                        factor = T.reinterpret(T.Cast('uint32', 127 - amax_shift) << T.uint32(23), T.float32)
+                    else:
+                        chunk_scale(amax, scales[k], sf, multiplier, npc_log2, round_sf)
+                        factor = scales[k] * multiplier[0]
+                        sf_exponent = T.Cast('int32', sf[0])
                 else:
                     chunk_scale(amax, scales[k], sf, multiplier, npc_log2, round_sf)
                     factor = scales[k] * multiplier[0]
@@ -597,8 +647,8 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) 
                     store_tile_sf(out_sf, staged, sf_exponent if exponent_path else sf[0], active, tid, tile_row, tile_chunk, npc_log2)
                 elif active and (tid & ((1 << (npc_log2 - 5)) - 1)) == 0:
                     if flat_sf_store:
-                        store_token_sf_flat(out_sf_flat, packed, row, chunk * CHUNK, sf[0], npc_log2, hidden, num_tokens, num_sf_blocks,
-                                            num_sf_words, sf_row_step, sf_block_step)
+                        store_token_sf_flat(out_sf_flat, packed, row, chunk * CHUNK, sf_exponent if f16_exponent_path else sf[0], npc_log2, hidden,
+                                            num_tokens, num_sf_blocks, num_sf_words, sf_row_step, sf_block_step)
                     else:
                         store_token_sf(out_sf, packed, row, block, sf[0], (block + 1) << npc_log2 >= hidden, num_sf_blocks, num_sf_words)
                 codes = T.alloc_local((out_bytes // 4,), T.uint32)
@@ -654,8 +704,15 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) 
                     # Nsight counted 23.7 active threads a warp instruction; voted, 32, and 24% fewer warp instructions
                     # (49.0-49.2 -> 36.4-36.8 us, run 1 of docs/gpu-runs/2026-12-02-h200-b.md). The float32 path is exact for any
                     # factor.
-                    f16_exact = T.And(power_of_two_between(factor, -13, 14), T.And(chunk_amax * factor <= T.float32(6), T.Not(T.isnan(chunk_amax))))
-                    if T.all_sync(T.Or(T.Not(active), f16_exact)) != 0:
+                    if f16_exponent_path:  # (a warp on the exponent path has such factors: no test)
+                        f16_lanes = T.alloc_var(T.bool)
+                        f16_lanes = warp_exponents
+                        if T.Not(warp_exponents):
+                            f16_lanes = T.all_sync(T.Or(T.Not(active), f16_exact_factor(factor, chunk_amax))) != 0
+                    else:
+                        f16_exact = f16_exact_factor(factor, chunk_amax)
+                        f16_lanes = T.all_sync(T.Or(T.Not(active), f16_exact)) != 0
+                    if f16_lanes:
                         # The factor is 2^x, x = factor_exponent - 127: t = 2^-x as an f16 pair, and (x + 1) & 3 in each byte.
                         threshold_exponent = T.Cast('uint32', 127 + 15 - factor_exponent) << T.uint32(10)
                         threshold_pair = threshold_exponent | (threshold_exponent << T.uint32(16))

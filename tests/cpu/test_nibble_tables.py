@@ -221,6 +221,41 @@ def test_requant_exponent_path():
     assert not same[low - 1, 1:].all() and not same[high + 1, 1:].all()
 
 
+def test_requant_f16_exponent_path():
+    """e4m3 -> e2m1 with UE8M0 in and out (F16_EXPONENT_PATH_BYTES): for every positive finite e4m3 amax and input byte,
+    what block_scale gives (the float amax times the input's scale, its floor, pow2_scale_exponent, inverse_pow2 and
+    the factor, each rounded to float32), against the kernel's integer byte (input byte plus amax_shift, from the
+    amax's bits) and factor 2^-amax_shift: equal wherever the kernel takes that path, with a factor the f16 lanes take
+    (|amax_shift| <= 11, amax times it at most 6), and different just outside each bound."""
+    np = pytest.importorskip('numpy')
+    from kernel_src.quant.common import FORMATS, pow2_scale_carry
+
+    fmax, floor = FORMATS['e2m1']
+    carry, f = pow2_scale_carry(fmax)
+    assert requant.F16_EXPONENT_PATH_CARRY == carry
+    byte = np.arange(256, dtype=np.int64)[:, None]
+    e4m3 = torch.arange(1, 127, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn).float().numpy()  # 2^-9 .. 448
+    amax = e4m3[None, :]
+    scale = (byte.astype(np.uint32) << np.uint32(23)).view(np.float32)  # as load_chunk reads the byte: 0 is 0.0, 255 inf
+    with np.errstate(over='ignore', invalid='ignore'):
+        clamped = np.maximum(amax * scale, np.float32(floor))
+        bits = clamped.view(np.int32).astype(np.int64)
+        exponent = np.where(bits >= 0x7F800000, 255, np.maximum(((bits + carry) >> 23) - f, 1))
+        multiplier = ((254 - exponent).clip(0, 255).astype(np.uint32) << np.uint32(23)).view(np.float32)
+        factor = scale * multiplier
+    amax_shift = ((amax.view(np.uint32).astype(np.int64) + requant.F16_EXPONENT_PATH_CARRY) >> 23) - (127 + f)
+    sf_byte = byte + amax_shift
+    low, high = requant.F16_EXPONENT_PATH_BYTES
+    first, last = requant.F16_EXPONENT_PATH_INPUTS
+    taken = (byte >= first) & (byte <= last) & (sf_byte >= low) & (sf_byte <= high)
+    same = (exponent == sf_byte) & (factor == np.exp2(-amax_shift.astype(np.float64)).astype(np.float32))
+    assert same[taken.nonzero()].all()
+    assert (np.abs(amax_shift) <= 11).all() and (amax * np.exp2(-amax_shift.astype(np.float64)) <= 6).all()
+    assert not same[sf_byte == low - 1].all() and not same[(sf_byte == high + 1) & (byte <= last)].all()
+    for outside in (first - 1, last + 1):  # a zero scale (the floor sets the byte) and an infinite one
+        assert not same[outside][(sf_byte[outside] >= low) & (sf_byte[outside] <= high)].any()
+
+
 def test_requant_halving_steps_of_largest():
     """halving_steps_of_largest, replayed on chunks holding every set of magnitudes (with random signs and repeats):
     (7 - L) / 2 and L >= 1 for the largest magnitude L, without L."""

@@ -70,14 +70,14 @@ def umulhi(a: int, b: int) -> int:
     return (a * b) >> 32
 
 
-def e2m1_word_of_f16x2(h: list[int], t: int, x1: int) -> int:
+def e2m1_word_of_f16x2(h: list[int], t: int, x1: int, step_mask: int = 0x07070707) -> int:
     s = []
     for i in range(4):
         m = max_xorsign_abs(h[i], t)
-        s.append(fma(h[i], 0x18001800, m & 0xFC00FC00))
+        s.append(fma(h[i], 0x18001800, m))
     n = []
-    for k, high in ((byte_perm(s[0], s[1], 0x6420), (byte_perm(s[0], s[1], 0x7531) + x1) & MASK32),
-                    (byte_perm(s[2], s[3], 0x6420), (byte_perm(s[2], s[3], 0x7531) + x1) & MASK32)):
+    for k, high in ((byte_perm(s[0], s[1], 0x6420) & step_mask, (byte_perm(s[0], s[1], 0x7531) + x1) & MASK32),
+                    (byte_perm(s[2], s[3], 0x6420) & step_mask, (byte_perm(s[2], s[3], 0x7531) + x1) & MASK32)):
         code = (k + (umulhi(high, 0x80000000) & 0x06060606)) & MASK32
         assert all((code >> (8 * b)) & 0xFF <= 7 for b in range(4)), hex(code)
         n.append(code | (umulhi(high, 0x10000000) & 0x08080808))
@@ -87,12 +87,12 @@ def e2m1_word_of_f16x2(h: list[int], t: int, x1: int) -> int:
 E4M3_VALUES = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn).float().tolist()
 
 
-def kernel_word(codes: list[int], k: int) -> int:
+def kernel_word(codes: list[int], k: int, step_mask: int = 0x07070707) -> int:
     """The word the kernel's helper gives for eight e4m3 bytes under the factor 2^k (f16 pairs as
     tk_e4m3x2_lo_to_f16x2 and tk_e4m3x2_hi_to_f16x2 widen them: element 2i in the low lane of h[i])."""
     h = [pair(half_bits(E4M3_VALUES[codes[2 * i]]), half_bits(E4M3_VALUES[codes[2 * i + 1]])) for i in range(4)]
     threshold = (15 - k) << 10  # 2^-k
-    return e2m1_word_of_f16x2(h, pair(threshold, threshold), ((k + 1) & 3) * 0x04040404)
+    return e2m1_word_of_f16x2(h, pair(threshold, threshold), ((k + 1) & 3) * 0x04040404, step_mask)
 
 
 def reference_word(codes: list[int], k: int) -> int:
@@ -125,6 +125,15 @@ def test_ties_and_boundaries():
         for i in range(0, len(pool), 8):
             codes = (pool[i:i + 8] + [0x00, 0x80] * 4)[:8]
             assert kernel_word(codes, k) == reference_word(codes, k), (k, [hex(c) for c in codes])
+
+
+def test_needs_the_mask_of_the_steps():
+    """The sum carries the lowest mantissa bit of max(|h|, 2^-x) into bit 7 of its low byte: unmasked, a code byte
+    passes 7 (the replay's check), and the pairing would spill it into the neighbouring code's sign."""
+    codes = [0x39, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00]  # 1.125 (mantissa bit 0 set) under 2^0
+    assert kernel_word(codes, 0) == reference_word(codes, 0)
+    with pytest.raises(AssertionError, match='0x'):
+        kernel_word(codes, 0, step_mask=MASK32)
 
 
 def test_needs_the_factor_at_least_2_to_the_minus_13():

@@ -298,6 +298,11 @@ def test_per_token_cast_of_quantised_input_with_extreme_scale_factors(spec):
     for row, col in zero_blocks:
         picks = torch.randint(0, len(signed_zeros), (32, zero_width), device='cuda', generator=generator)
         data[32 * row:32 * row + 32, zero_width * col:zero_width * col + zero_width] = signed_zeros[picks]
+    if not in_fp4:
+        data[0:32, 32 * 12:32 * 15] = 0x7E  # 448
+        tiny = torch.tensor([0x00, 0x01, 0x80, 0x81], dtype=torch.uint8, device='cuda').view(torch.int8)  # +-0, +-2^-9
+        data[32:64, 32 * 20:32 * 22] = tiny[torch.randint(0, 4, (32, 64), device='cuda', generator=generator)]
+        data[32:64, 32 * 20] = data[32:64, 32 * 21] = 0x01  # every row of those blocks has amax 2^-9
     data = data if in_fp4 else data.view(torch.float8_e4m3fn)
     in_packed, packed = spec['in_sf_format'] == 'ue8m0', spec['sf_format'] == 'ue8m0'
     exponents = torch.randint(-20, 21, (m // 32, k // 32), device='cuda', generator=generator).float()
@@ -310,6 +315,12 @@ def test_per_token_cast_of_quantised_input_with_extreme_scale_factors(spec):
         # meets the floor and nears float32's largest value.
         exponents[2, 8:16] = torch.arange(-126, -118, device='cuda')
         exponents[0, 12:15] = torch.tensor([123, 124, 125], device='cuda')
+    elif in_packed:
+        # Around the bounds of e4m3 -> e2m1's exponent path (F16_EXPONENT_PATH_BYTES: output bytes 2 to 252): blocks of
+        # 448 (amax 1.75 * 2^8, output byte = input byte + 7) at input bytes 244-246, and blocks of +-2^-9 (output byte =
+        # input byte - 11) at input bytes 12 and 13.
+        exponents[0, 12:15] = torch.tensor([117, 118, 119], device='cuda')
+        exponents[1, 20:22] = torch.tensor([-115, -114], device='cuda')
     scale = torch.exp2(exponents)
     scale[2, 3] = 0.0  # UE8M0 byte 0 reads as +0 too
     if not in_packed:
