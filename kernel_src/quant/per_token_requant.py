@@ -51,7 +51,9 @@ NUM_THREADS = 128
 # - a row's consecutive chunks, CHUNKS_PER_THREAD of them a thread, NUM_THREADS apart (each warp's loads one contiguous
 #   run), all loaded before any is encoded. e4m3 -> e2m1 waits on each chunk's load -> amax -> scale -> encode chain
 #   (12 CTAs an SM of one chunk a thread, no pipe saturated): two chunks a thread at 10 CTAs measured 1-3% faster;
-#   every other spec measured no faster (up to 9% slower), four chunks slower still.
+#   every other spec measured no faster (up to 9% slower), four chunks slower still. A persistent grid of them (as many
+#   CTAs as fit, 9 an SM at 56 registers; each thread loading its next chunk into a second register slot while it
+#   encoded one) measured 13-16% slower (run 1 of docs/gpu-runs/2026-12-02-h200-h.md).
 # - TILED: a CTA takes TILE_ROWS rows of TILE_CHUNKS chunks, so that its packed UE8M0 scale factors fill
 #   whole 32-byte sectors (a word of eight rows), which it gathers in shared memory and stores as such. With a row's
 #   consecutive chunks each lane's byte store took a sector of its own, and e2m1 -> e2m1 kept the L2 81% busy (run 9
@@ -171,7 +173,9 @@ EXPONENT_PATH_INPUTS = (4, 252)
 # every nonzero amax, input byte 1..254 (F16_EXPONENT_PATH_INPUTS: byte 0 reads as a zero scale, 255 as infinity) and
 # output byte 2..252 (F16_EXPONENT_PATH_BYTES): 252 keeps the product finite, 2 puts it above the floor 6 * 2^-126
 # (1.5 * 2^-124: 2^(a + b - 127) >= 2^-124 for a + b >= 3 + (M <= 1.5)). tests/cpu/test_nibble_tables.py replays
-# block_scale over every e4m3 amax and input byte, and shows each bound tight.
+# block_scale over every e4m3 amax and input byte, and shows each bound tight. About 17 instructions a chunk fewer
+# (the float scale, its clamp and the byte's float round trip): 29.23 -> 28.93 us (run 2 of
+# docs/gpu-runs/2026-12-02-h200-h.md).
 F16_EXPONENT_PATH_CARRY, F16_EXPONENT_PATH_F = pow2_scale_carry(FORMATS['e2m1'][0])  # 2^22 - 1, 2
 F16_EXPONENT_PATH_INPUTS = (1, 254)
 F16_EXPONENT_PATH_BYTES = (2, 252)
@@ -197,7 +201,8 @@ FLOAT32_SIGN_AND_MANTISSA = 0x807FFFFF
 # pairs the amax widened, where each widened the e4m3 bytes again: 16 conversions a chunk fewer, still 48 registers
 # with two chunks a thread. The f16 lanes now take 136 instructions a chunk of 32 (148 before the pairing and the
 # unformed products, 163 before the shared pairs): with round_sf 32.2-32.3 -> 29.1-29.2 us, packed UE8M0
-# 32.0-32.2 -> 30.6-30.7 (GPU runs 1 and 3 of docs/gpu-runs/2026-12-02-h200-f.md).
+# 32.0-32.2 -> 30.6-30.7 (GPU runs 1 and 3 of docs/gpu-runs/2026-12-02-h200-f.md); 8 fewer with one mask a word (see
+# tk_e2m1_word_of_f16x8): round_sf 28.83 -> 28.35 us, UE8M0 29.58 -> 28.94 (run 1 of docs/gpu-runs/2026-12-02-h200-h.md).
 # tests/cpu/test_requant_f16_e2m1.py checks the encoder against the reference's rounding over every e4m3 value and
 # factor.
 E4M3_TO_E2M1_F16_PRELUDE = """
