@@ -60,6 +60,8 @@ NUM_THREADS = 128
 #   of docs/gpu-runs/2026-12-01-h200-f.md); tiled, the two e2m1-input UE8M0 specs measured 8% and 5% faster, with the
 #   CTA's barrier before the encoding (after it, 2% less). Tiled, the e4m3-input specs measured no faster (within 1%)
 #   or up to 12% slower, and so did float32 scale factors (2-12%, and run 10 of that record), wherever the barrier.
+#   e4m3 -> e2m1 packed in warp tiles (8 rows of 4 chunks a warp, a whole sector of scale factors each, no shared memory
+#   or barrier) measured 0.8% slower (run 3 of docs/gpu-runs/2026-12-02-h200-h.md).
 TILE_ROWS = 8
 TILE_CHUNKS = NUM_THREADS // TILE_ROWS
 TILED = {('e2m1', 'e2m1', 'ue8m0'), ('e2m1', 'e4m3', 'ue8m0')}
