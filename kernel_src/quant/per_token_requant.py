@@ -281,6 +281,12 @@ def power_of_two_between(factor, low: int, high: int):
         T.And(T.Cast('int32', bits >> T.uint32(23)) >= 127 + low, T.Cast('int32', bits >> T.uint32(23)) <= 127 + high)))
 
 
+def biased_exponent(value):
+    """The exponent field of a non-negative float32 (an input UE8M0 scale factor's byte, as load_chunk reads it, or a
+    power-of-two factor's 127 + x)."""
+    return T.Cast('int32', T.reinterpret(value, T.uint32) >> T.uint32(23))
+
+
 def f16_exact_factor(factor, chunk_amax):
     """Whether e4m3 -> e2m1 may take the f16 lanes under `factor` (E4M3_TO_E2M1_F16_PRELUDE): a power of two whose double
     is in f16's normal range, no NaN in the chunk, and every product within 6."""
@@ -314,6 +320,7 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) 
     out_bytes = CHUNK // 2 if out_fp4 else CHUNK
     exponent_path = in_fp4 and out_fp4 and in_packed and packed  # (EXPONENT_PATH_INPUTS)
     f16_exponent_path = f16_path and in_packed and packed  # (F16_EXPONENT_PATH)
+    integer_sf = exponent_path or f16_exponent_path  # the scale factor's byte in sf_exponent, an int32
 
     num_tokens = T.dynamic('num_tokens')
     in_width = T.dynamic('in_width')  # bytes per input row: hidden, or hidden / 2 for e2m1
@@ -402,8 +409,9 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) 
                 table[half] = table[half] | ((code >> T.uint32(28)) << T.uint32(8 * i))
 
     @T.macro
-    def chunk_scale(amax, scale, sf, multiplier, npc_log2, round_sf):
-        """sf[0] and multiplier[0] of the chunk's block, amax[0] holding the largest |q| of the chunk."""
+    def chunk_scale(amax, scale, sf, multiplier, factor: T.Ref, npc_log2, round_sf):
+        """sf[0] and multiplier[0] of the chunk's block, and the factor scale * multiplier, amax[0] holding the largest
+        |q| of the chunk."""
         amax[0] = amax[0] * scale
         for s in T.unroll(2):  # blocks of 64 or 128 elements span 2 or 4 lanes
             if s < npc_log2 - 5:
@@ -412,13 +420,14 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) 
         # instructions a chunk fewer on the float32 scale factors' path without round_sf, where e2m1 -> e2m1
         # and e4m3 -> e2m1 measured 1-2% faster (run 2 of docs/gpu-runs/2026-12-02-h200-c.md).
         block_scale(amax[0], T.float32(floor), fmax, round_sf, packed, sf, multiplier, 0, fast_division=True)
+        factor = scale * multiplier[0]  # noqa: F841  (a store to the caller's variable, through the T.Ref)
 
     @T.macro
     def pow2_table(factor, outputs, table):
         """A power-of-two factor 2^shift (both scale factors powers of two: UE8M0, or float32 from round_sf casts) with
         shift 0..3, which is every chunk whose own amax sets its scale (its largest code lands on 4 or 6), has a
         constant table; any other factor encodes its own."""
-        shift = T.Cast('int32', T.reinterpret(factor, T.uint32) >> T.uint32(23)) - 127
+        shift = biased_exponent(factor) - 127
         if power_of_two_between(factor, 0, len(POW2_CODE_TABLES) - 1):
             for half, all_selectors in enumerate(POW2_TABLE_SELECTORS):  # (a Python loop: constants by index)
                 selectors = T.Cast('uint32', T.uint64(all_selectors) >> T.Cast('uint64', shift * 16))
@@ -605,7 +614,7 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) 
                     # (7 - largest) / 2, and the table that of the factor 2 to that, in integers (EXPONENT_PATH_INPUTS);
                     # the chunks off that path find their largest code and factor as the others do.
                     in_exponent = T.alloc_var(T.int32)
-                    in_exponent = T.Cast('int32', T.reinterpret(scales[k], T.uint32) >> T.uint32(23))
+                    in_exponent = biased_exponent(scales[k])
                     halving_steps, nonzero = halving_steps_of_largest([magnitudes[w] for w in range(in_bytes // 4)])
                     exact_exponents = T.alloc_var(T.bool)
                     exact_exponents = T.And(T.And(npc_log2 == 5, nonzero),
@@ -619,15 +628,14 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) 
                     else:
                         largest = largest_magnitude([magnitudes[w] for w in range(in_bytes // 4)])
                         amax[0] = e2m1_value(largest)
-                        chunk_scale(amax, scales[k], sf, multiplier, npc_log2, round_sf)
-                        factor = scales[k] * multiplier[0]
+                        chunk_scale(amax, scales[k], sf, multiplier, factor, npc_log2, round_sf)
                         sf_exponent = T.Cast('int32', sf[0])
                 elif f16_exponent_path:
                     # UE8M0 in and out, a block of one chunk: the scale factor's byte is the input's plus
                     # amax_shift, and the factor 2^-amax_shift, in integers (F16_EXPONENT_PATH); other chunks take
                     # block_scale.
                     in_exponent = T.alloc_var(T.int32)
-                    in_exponent = T.Cast('int32', T.reinterpret(scales[k], T.uint32) >> T.uint32(23))
+                    in_exponent = biased_exponent(scales[k])
                     amax_shift = T.alloc_var(T.int32)
                     amax_shift = T.Cast('int32', (T.reinterpret(chunk_amax, T.uint32) + T.uint32(F16_EXPONENT_PATH_CARRY)) >> T.uint32(23)) - (127 + F16_EXPONENT_PATH_F)
                     sf_exponent = T.alloc_var(T.int32)
@@ -643,18 +651,16 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) 
                     if warp_exponents:
                         factor = T.reinterpret(T.Cast('uint32', 127 - amax_shift) << T.uint32(23), T.float32)
                     else:
-                        chunk_scale(amax, scales[k], sf, multiplier, npc_log2, round_sf)
-                        factor = scales[k] * multiplier[0]
+                        chunk_scale(amax, scales[k], sf, multiplier, factor, npc_log2, round_sf)
                         sf_exponent = T.Cast('int32', sf[0])
                 else:
-                    chunk_scale(amax, scales[k], sf, multiplier, npc_log2, round_sf)
-                    factor = scales[k] * multiplier[0]
+                    chunk_scale(amax, scales[k], sf, multiplier, factor, npc_log2, round_sf)
 
                 if tiled:
-                    store_tile_sf(out_sf, staged, sf_exponent if exponent_path else sf[0], active, tid, tile_row, tile_chunk, npc_log2)
+                    store_tile_sf(out_sf, staged, sf_exponent if integer_sf else sf[0], active, tid, tile_row, tile_chunk, npc_log2)
                 elif active and (tid & ((1 << (npc_log2 - 5)) - 1)) == 0:
                     if flat_sf_store:
-                        store_token_sf_flat(out_sf_flat, packed, row, chunk * CHUNK, sf_exponent if f16_exponent_path else sf[0], npc_log2, hidden,
+                        store_token_sf_flat(out_sf_flat, packed, row, chunk * CHUNK, sf_exponent if integer_sf else sf[0], npc_log2, hidden,
                                             num_tokens, num_sf_blocks, num_sf_words, sf_row_step, sf_block_step)
                     else:
                         store_token_sf(out_sf, packed, row, block, sf[0], (block + 1) << npc_log2 >= hidden, num_sf_blocks, num_sf_words)
@@ -704,7 +710,7 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) 
                                 values[8 * w + e] = T.Cast('float32', decoded[e]) * factor
                             encode_word(values, w, codes)
                 elif f16_path:
-                    factor_exponent = T.Cast('int32', T.reinterpret(factor, T.uint32) >> T.uint32(23))
+                    factor_exponent = biased_exponent(factor)
                     # A power of two whose double is in f16's normal range, no NaN in the chunk, and every product within 6,
                     # in every active lane of the warp, so that a warp takes one path. Without round_sf some chunks still have a
                     # power-of-two factor (7.5% of the benchmark's), and a warp holding one ran both paths (91% of warps):
