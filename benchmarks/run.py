@@ -23,6 +23,7 @@ import torch
 
 import tile_kernels_aot
 from tile_kernels_aot._select import package_for_device, prebuilt_specs
+from tile_kernels_aot.quant.per_token import per_token_requant_spec
 
 ITERS = 30
 # A case (its inputs, timings and decode sizes) still running after this many seconds is taken for a kernel that never
@@ -180,7 +181,8 @@ def per_token_cast_case(spec, tokens):
 def per_token_requant_case(spec, tokens):
     """Upstream's benchmark shape for a quantised input: e4m3 data with (128, 128) blocks (e2m1: (32, 32)),
     re-quantised with 128 (e2m1: 32) channels per scale factor, with round_sf; float32 scale factors also without it
-    (upstream's default), where no factor is a power of two and the kernels take another path."""
+    (upstream's default), where no factor is a power of two and the kernels take another path. e4m3 data in 16-byte
+    vectors is copied 16 bytes past a 32-byte boundary, where the op takes that spec."""
     x = torch.randn(tokens, 7168, device='cuda', dtype=torch.bfloat16)
     packed = spec['sf_format'] == 'ue8m0'
     block = (128, 128) if spec['in_fmt'] == 'e4m3' else (32, 32)
@@ -189,6 +191,9 @@ def per_token_requant_case(spec, tokens):
     for round_sf in (True,) if packed else (True, False):
         flags = {'use_tma_aligned_col_major_sf': packed, 'round_sf': round_sf, 'use_packed_ue8m0': packed}
         q = tile_kernels_aot.quant.per_block_cast(x, spec['in_fmt'], block, **flags)
+        if spec['in_fmt'] == 'e4m3' and spec['vec_bytes'] == 16:
+            q = (torch.empty(q[0].numel() + 16, dtype=q[0].dtype, device='cuda')[16:].view(q[0].shape).copy_(q[0]), q[1])
+        assert per_token_requant_spec(q[0], spec['fmt'], packed, packed) == spec
         fn = partial(tile_kernels_aot.quant.per_token_cast, q, spec['fmt'], npc, x_block_size=block, **flags)
         cases.append((f'T={tokens}, H=7168, {block} -> {npc} per sf{"" if round_sf else ", no round_sf"}', fn, nbytes(*q, *fn())))
     return cases

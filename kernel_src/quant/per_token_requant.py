@@ -12,9 +12,10 @@ Layout: the chunks of 32 elements form a flat sequence of all rows' chunks, each
 blocks, so the chunks of a block are adjacent lanes and its amax is a butterfly of shuffles over
 num_per_channels / 32 lanes. Thread t of CTA b owns chunk b * 128 + t, or chunks (2 b + k) * 128 + t for k < 2
 (CHUNKS_PER_THREAD), or, TILED, chunk 16 j + t % 16 of row 8 i + t / 16, tile (i, j) = divmod(b, tiles a row). A chunk lies
-inside one input block (the input block width is a power of two of at least 32). Compile time: the two formats
-and the two scale-factor storages (float32 in any strides, or packed UE8M0 bytes); run time: hidden, the block
-sizes (as shifts), round_sf and the strides. Every access is masked against the buffer dims.
+inside one input block (the input block width is a power of two of at least 32). Compile time: the two formats,
+the two scale-factor storages (float32 in any strides, or packed UE8M0 bytes) and the width of x's loads (VEC_BYTES);
+run time: hidden, the block sizes (as shifts), round_sf and the strides. Every access is masked against the buffer
+dims.
 
 e2m1 input: a chunk's 32 codes hold at most eight magnitudes, so its amax is the value of the largest one and,
 for a finite factor, its output codes come from a table of the eight magnitudes' outputs (see the kernel). To e2m1,
@@ -73,6 +74,11 @@ CHUNKS_PER_THREAD = {('e4m3', 'e2m1', sf): 2 for sf in SF_FORMATS}
 # 10% slower there, which its SASS (the same loads and stores, a predicated store for a branch) does not explain.
 STRIDED_SF_STORE = {('e4m3', 'e4m3')}
 CHUNK = 32  # logical elements per thread
+# Bytes of x a vector load takes (compile time, vec_bytes): 32, a whole chunk of e4m3 input, is one 256-bit load on
+# sm_100a, a whole 32-byte sector, for an x whose pointer and row stride are 32-byte aligned; 16 takes any 16-byte
+# aligned x (the op's choice: tile_kernels_aot.quant.per_token.per_token_requant_spec). On sm_90a a 32-byte vector is
+# two 16-byte loads, and ptxas gives both widths the same SASS. An e2m1 chunk is 16 bytes: 16 only.
+VEC_BYTES = (16, 32)
 # CTAs per SM the register allocation must allow, where it costs no spills. e4m3 to e4m3 took 53 registers
 # unbounded (56 allocated: 9 CTAs, 36 KB of loads in flight per SM, one 32-byte chunk a thread); 48 give 10
 # CTAs and 40 KB, as upstream's kernel (48 registers, 10 CTAs of 4 KB), with packed UE8M0 input scale factors;
@@ -87,9 +93,13 @@ MIN_BLOCKS = {
     **{('e4m3', 'e2m1', sf): 10 for sf in SF_FORMATS},
     **{('e2m1', fmt, sf): 16 for fmt in FORMATS for sf in SF_FORMATS},
 }
-# sm_100a's ptxas spills e4m3 -> e2m1 with float32 scale factors at 48 registers (8 bytes a thread; at 40 with one
-# chunk a thread).
-MIN_BLOCKS_BY_TARGET = {('sm_100a', 'e4m3', 'e2m1', 'f32'): 9}
+# sm_100a's ptxas spills e4m3 -> e2m1 at 48 registers (8 bytes a thread) with float32 scale factors (at 40 too with one
+# chunk a thread), and with packed UE8M0 ones from 32-byte vectors; by (target, in_fmt, fmt, in_sf_format, vec_bytes).
+MIN_BLOCKS_BY_TARGET = {
+    ('sm_100a', 'e4m3', 'e2m1', 'f32', 16): 9,
+    ('sm_100a', 'e4m3', 'e2m1', 'f32', 32): 9,
+    ('sm_100a', 'e4m3', 'e2m1', 'ue8m0', 32): 9,
+}
 
 # e2m1 input decoded through halves: every e2m1 magnitude (0, 0.5, 1, 1.5, 2, 3, 4, 6) is a half whose low
 # byte is zero, so four codes' high bytes come from one byte-table lookup (kernel_src.quant.nibbles), two
@@ -300,14 +310,18 @@ def e2m1_value(magnitude):
                     T.reinterpret(T.Cast('uint32', magnitude + 252) << T.uint32(22), T.float32))
 
 
-def check(in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) -> None:
+def check(in_fmt: str, fmt: str, in_sf_format: str, sf_format: str, vec_bytes: int) -> None:
     for name, value, allowed in (('in_fmt', in_fmt, FORMATS), ('fmt', fmt, FORMATS),
                                  ('in_sf_format', in_sf_format, SF_FORMATS), ('sf_format', sf_format, SF_FORMATS)):
         if value not in allowed:
             raise ValueError(f'{name} must be one of {sorted(allowed)}, got {value!r}')
+    if vec_bytes not in VEC_BYTES:
+        raise ValueError(f'vec_bytes must be one of {VEC_BYTES}, got {vec_bytes!r}')
+    if vec_bytes != 16 and in_fmt != 'e4m3':
+        raise ValueError('vec_bytes=32 is built for e4m3 input only (an e2m1 chunk is 16 bytes)')
 
 
-def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) -> KernelProgram:
+def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str, vec_bytes: int) -> KernelProgram:
     in_fp4, out_fp4 = in_fmt == 'e2m1', fmt == 'e2m1'
     in_packed, packed = in_sf_format == 'ue8m0', sf_format == 'ue8m0'
     fmax, floor = FORMATS[fmt]
@@ -507,11 +521,11 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) 
                       + (E2M1_SIGNED_PRELUDE if finite_encoder else '')
                       + ('' if packed else RCP_DIV_PRELUDE)) as block_index:
             T.assume(in_width % in_bytes == 0)
-            T.assume(row_stride % 16 == 0)
+            T.assume(row_stride % vec_bytes == 0)
             if tiled and packed:
                 T.assume(sf_word_stride % 4 == 0)  # bytes of int32 words: a word is one 32-bit store
             if spec in MIN_BLOCKS:
-                T.annotate_min_blocks_per_sm(MIN_BLOCKS_BY_TARGET.get((arch.target, *spec), MIN_BLOCKS[spec]))
+                T.annotate_min_blocks_per_sm(MIN_BLOCKS_BY_TARGET.get((arch.target, *spec, vec_bytes), MIN_BLOCKS[spec]))
             tid = T.get_thread_binding()
             all_data = T.alloc_local((per_thread * in_bytes,), in_dtype)
             scales = T.alloc_local((per_thread,), T.float32)  # the input scale factor of each chunk
@@ -765,19 +779,21 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str) 
                         for e in T.vectorized(out_bytes):
                             out[row, chunk * out_bytes + e] = code_bytes[e]
 
-    return KernelProgram(per_token_requant, alignment={'x': 16, 'x_sf': 1 if in_packed else 4, 'out': 16, 'out_sf': 4 if tiled or not packed else 1})
+    return KernelProgram(per_token_requant, alignment={'x': vec_bytes, 'x_sf': 1 if in_packed else 4, 'out': 16, 'out_sf': 4 if tiled or not packed else 1})
 
 
 def prebuilt():
     for in_fmt in FORMATS:
         for fmt in FORMATS:
             for sf_format in SF_FORMATS:
-                yield dict(in_fmt=in_fmt, fmt=fmt, in_sf_format=sf_format, sf_format=sf_format)
+                for vec_bytes in VEC_BYTES if in_fmt == 'e4m3' else (16,):
+                    yield dict(in_fmt=in_fmt, fmt=fmt, in_sf_format=sf_format, sf_format=sf_format, vec_bytes=vec_bytes)
 
 
 DECL = KernelDecl(
     name='quant.per_token_requant',
-    params=(param('in_fmt', 'str', 'in'), param('fmt', 'str', ''), param('in_sf_format', 'str', 'insf'), param('sf_format', 'str', 'sf')),
+    params=(param('in_fmt', 'str', 'in'), param('fmt', 'str', ''), param('in_sf_format', 'str', 'insf'), param('sf_format', 'str', 'sf'),
+            param('vec_bytes', 'int', 'vb')),
     factory=build,
     prebuilt=prebuilt,
     check=check,

@@ -150,3 +150,22 @@ def test_per_channel_swiglu_vector_width_by_device_and_pointer(fake_device, capa
     for without_transpose in (False, True):
         spec = swiglu_forward_and_per_channel_cast_spec(x, without_transpose, target)
         assert spec == {'transpose': not without_transpose, 'vec_bytes': vec_bytes}
+
+
+@pytest.mark.parametrize('dtype, offset, rows, width, vec_bytes', [
+    (torch.float8_e4m3fn, 0, 8, 7168, 32),  # a whole e4m3 chunk a load (one 256-bit load on sm_100a)
+    (torch.float8_e4m3fn, 16, 8, 7168, 16),  # the pointer 16 bytes past a 32-byte boundary
+    (torch.float8_e4m3fn, 0, 8, 7168 + 16, 16),  # rows of 16-byte multiples
+    (torch.float8_e4m3fn, 16, 1, 7168, 16),  # one row: only the pointer counts
+    (torch.int8, 0, 8, 3584, 16),  # e2m1 pairs: 16-byte chunks
+])
+def test_requant_vector_width_by_pointer_and_rows(dtype, offset, rows, width, vec_bytes):
+    """per_token_cast of quantised data picks 32-byte vectors where its pointer and row stride allow them, on every
+    target (on sm_90a the two widths compile to the same SASS)."""
+    from tile_kernels_aot.quant.per_token import per_token_requant_spec
+
+    base = torch.empty(rows * width + 64, dtype=torch.uint8)
+    data = base[-base.data_ptr() % 32 + offset:][:rows * width].view(rows, width).view(dtype)[:, :7168 if dtype != torch.int8 else width]
+    spec = per_token_requant_spec(data, 'e2m1', False, True)
+    assert spec == {'in_fmt': 'e4m3' if dtype != torch.int8 else 'e2m1', 'fmt': 'e2m1', 'in_sf_format': 'f32', 'sf_format': 'ue8m0',
+                    'vec_bytes': vec_bytes}

@@ -23,6 +23,11 @@ def installed_specs(kernel: str, where=None) -> list:
     return [pytest.param(s, id='-'.join(f'{k}={v}' for k, v in s.items())) for s in specs]
 
 
+def copy_at(x: torch.Tensor, offset: int) -> torch.Tensor:
+    """A contiguous copy of x starting `offset` elements into a fresh (256-byte aligned) allocation."""
+    return torch.empty(x.numel() + offset, dtype=x.dtype, device=x.device)[offset:].view(x.shape).copy_(x)
+
+
 _INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 

@@ -4,9 +4,10 @@ import torch
 import tile_kernels_aot
 from tile_kernels_aot import reference
 from tile_kernels_aot.quant import per_token_cast_spec
+from tile_kernels_aot.quant.per_token import per_token_requant_spec
 from tile_kernels_aot.reference.cast import _format_sf as format_sf
 
-from .helpers import TOKEN_COUNTS, assert_bitwise_equal, calc_diff, check_unbiased, installed_specs, poison_allocator
+from .helpers import TOKEN_COUNTS, assert_bitwise_equal, calc_diff, check_unbiased, copy_at, installed_specs, poison_allocator
 
 pytestmark = pytest.mark.gpu
 
@@ -249,6 +250,18 @@ def test_per_token_cast_rejects_bad_input():
 REQUANT_LAYOUTS = ((False, True, False), (True, True, True), (False, False, False))
 
 
+def requant_input(spec: dict, q: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """q with its data where the op takes the spec: as allocated (32-byte aligned, rows of 32-byte multiples) for
+    32-byte vectors and e2m1 data, copied 16 bytes past a 32-byte boundary for e4m3 data in 16-byte vectors."""
+    data, sf = q
+    if spec['in_fmt'] == 'e4m3' and spec['vec_bytes'] == 16:
+        data = copy_at(data, 16)
+    if data.shape[0]:
+        in_packed, packed = spec['in_sf_format'] == 'ue8m0', spec['sf_format'] == 'ue8m0'
+        assert per_token_requant_spec(data, spec['fmt'], in_packed, packed) == spec, 'the op would pick another spec'
+    return data, sf
+
+
 @pytest.mark.parametrize('hidden', HIDDEN_SIZES)
 @pytest.mark.parametrize('num_tokens', TOKEN_COUNTS)
 @pytest.mark.parametrize('spec', installed_specs('quant.per_token_requant'))
@@ -261,7 +274,8 @@ def test_per_token_cast_of_quantised_input(spec, num_tokens, hidden):
         if use_packed != in_packed:
             continue
         for x_block in ((128, 128), (32, 32), (1, 32)):
-            q = reference.cast(x, spec['in_fmt'], x_block, round_sf=round_sf, use_tma_aligned_col_major_sf=col_major, use_packed_ue8m0=use_packed)
+            q = requant_input(spec, reference.cast(x, spec['in_fmt'], x_block, round_sf=round_sf, use_tma_aligned_col_major_sf=col_major,
+                                                   use_packed_ue8m0=use_packed))
             for npc in (32, 128):
                 if packed != use_packed:
                     continue
@@ -328,7 +342,7 @@ def test_per_token_cast_of_quantised_input_with_extreme_scale_factors(spec):
     for col_major, round_sf, use_packed in REQUANT_LAYOUTS:
         if use_packed != in_packed:
             continue
-        q = (data, format_sf(scale, col_major, use_packed))
+        q = requant_input(spec, (data, format_sf(scale, col_major, use_packed)))
         for npc in (32, 128):
             args = dict(x_block_size=(32, 32), use_tma_aligned_col_major_sf=col_major, round_sf=round_sf, use_packed_ue8m0=packed)
             out, sf = tile_kernels_aot.quant.per_token_cast(q, spec['fmt'], npc, **args)

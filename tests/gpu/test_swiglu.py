@@ -14,7 +14,7 @@ import tile_kernels_aot
 import tile_kernels_aot.quant.swiglu as swiglu_ops
 from tile_kernels_aot import config, reference
 
-from .helpers import TOKEN_COUNTS, assert_bitwise_equal, installed_specs, poison_allocator
+from .helpers import TOKEN_COUNTS, assert_bitwise_equal, copy_at, installed_specs, poison_allocator
 
 pytestmark = pytest.mark.gpu
 
@@ -69,11 +69,6 @@ def channel_input(spec: dict, x: torch.Tensor, monkeypatch) -> torch.Tensor:
     the 32-byte kernel, sm_100a's choice, only so)."""
     monkeypatch.setattr(swiglu_ops, 'swiglu_forward_and_per_channel_cast_spec', lambda *args: dict(spec))
     return copy_at(x, 0 if spec['vec_bytes'] == 32 else 16 // x.element_size())
-
-
-def copy_at(x: torch.Tensor, offset: int) -> torch.Tensor:
-    """A contiguous copy of x starting `offset` elements into a fresh (256-byte aligned) allocation."""
-    return torch.empty(x.numel() + offset, dtype=x.dtype, device=x.device)[offset:].view(x.shape).copy_(x)
 
 
 def layouts(spec: dict, npc: int) -> list[tuple[bool, bool, bool]]:

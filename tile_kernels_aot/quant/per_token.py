@@ -138,13 +138,22 @@ def _requantize(op: str, x: object, fmt: str, num_per_channels: int, x_block_siz
         # CTA's by the tiles a row); each binary reads the pair it needs.
         row_magic, row_shift = magic(chunks_per_row)
         tile_magic, tile_shift = magic(-(-chunks_per_row // _REQUANT_TILE_CHUNKS))
-        spec = dict(in_fmt='e2m1' if in_fp4 else 'e4m3', fmt=fmt, in_sf_format=sf_format(in_packed), sf_format=sf_format(packed))
+        spec = per_token_requant_spec(data, fmt, in_packed, packed)
         scalars = dict(chunks_per_row=chunks_per_row, row_magic=row_magic, row_shift=row_shift, tile_magic=tile_magic, tile_shift=tile_shift,
                        npc_log2=num_per_channels.bit_length() - 1,
                        in_block_m_log2=in_block_m.bit_length() - 1, in_block_k_log2=in_block_k.bit_length() - 1, round_sf=int(round_sf))
         tensors = {'x': data, 'x_sf': packed_sf_bytes(in_sf) if in_packed else in_sf, 'out': out, 'out_sf': sf_arg}
         find_kernel('quant.per_token_requant', spec, device)(device, tensors, scalars)
     return out, returned
+
+
+def per_token_requant_spec(data: torch.Tensor, fmt: str, in_packed: bool, packed: bool) -> dict:
+    """The spec of per_token_requant that serves the (checked) quantised ``data``: e4m3 data takes 32-byte vectors (a
+    whole chunk a load: one 256-bit load on sm_100a, two 16-byte ones on sm_90a, the 16-byte kernel's own code there)
+    where its pointer and row stride are 32-byte aligned, else 16-byte ones; e2m1 data, 16-byte chunks, the latter."""
+    in_fmt = 'e2m1' if data.dtype == torch.int8 else 'e4m3'
+    return dict(in_fmt=in_fmt, fmt=fmt, in_sf_format=sf_format(in_packed), sf_format=sf_format(packed),
+                vec_bytes=vector_bytes(data) if in_fmt == 'e4m3' else VECTOR_BYTES)
 
 
 def per_token_cast_spec(x: torch.Tensor, fmt: str, num_per_channels: int, use_packed_ue8m0: bool) -> dict:
