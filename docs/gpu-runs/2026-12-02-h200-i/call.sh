@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The calls of the twenty-eighth session's record: an A/B of per_token_requant between dist-vb (the vec_bytes specs)
 # and variants of it, and with `session`, then the GPU tests, the per_token_requant sanitizers and the pip install on
-# dist-vb. ab.sh and summary.py beside this file; they were run from exp/ of the checkout.
+# dist-vb. ab.sh is docs/gpu-runs/2026-12-02-h200-g/ab.sh, summary.py the one beside this file; both ran from exp/.
 #   bash call.sh OUT "dist-vb dist-vbfl dist-vbpf" session     (run 1)
 #   bash call.sh OUT "dist-vb dist-vbnc"                       (run 2; runs 4 and 5 with dist-vb3c, dist-vbpl)
 set -u
