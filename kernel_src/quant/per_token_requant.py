@@ -19,8 +19,8 @@ dims.
 
 e2m1 input: a chunk's 32 codes hold at most eight magnitudes, so its amax is the value of the largest one and,
 for a finite factor, its output codes come from a table of the eight magnitudes' outputs (see the kernel). To e2m1,
-that table needs no products where the factor is known: a constant one for power-of-two factors (POW2_CODE_TABLES),
-one formed from the largest code without round_sf (CANONICAL_WINDOW), and with UE8M0 in and out the scale factor too
+that table needs no products where the factor is known: one formed from the shift for power-of-two factors
+(POW2_TABLE_SHIFTS), one from the largest code without round_sf (CANONICAL_WINDOW), and with UE8M0 in and out the scale factor too
 comes from the largest code, in integers (EXPONENT_PATH_INPUTS).
 e4m3 input to e2m1: two elements an instruction in f16 lanes when every active lane of the warp has a power-of-two
 factor (E4M3_TO_E2M1_F16_PRELUDE), else element by element in float32, as e4m3 to e4m3 goes.
@@ -42,7 +42,7 @@ from kernel_src.quant.common import (
     pow2_scale_carry, products_bounded,
 )
 from kernel_src.quant.nibbles import (
-    CODE_MAGNITUDES, PRMT_PRELUDE, byte_perm, e2m1_word_through_table, halving_steps_of_largest, largest_magnitude, prmt, table_bytes_of_codes, table_word,
+    CODE_MAGNITUDES, PRMT_PRELUDE, byte_perm, e2m1_word_through_table, halving_steps_of_largest, largest_magnitude, table_bytes_of_codes, table_word,
 )
 from kernel_src.quant.token_sf import sf_flat_view, store_token_sf, store_token_sf_flat, token_sf_tensor
 
@@ -112,24 +112,14 @@ HALF_TABLE_LOW = table_word(h[1] for h in E2M1_HALVES[:4])
 HALF_TABLE_HIGH = table_word(h[1] for h in E2M1_HALVES[4:])
 
 
-def pow2_code_table(shift: int) -> tuple[int, int]:
-    """The e2m1 -> e2m1 table (two words of four code bytes, see e2m1_word_through_table) of the factor 2^shift:
-    code m goes to the code of E2M1_VALUES[m] * 2^shift, exact on the grid or saturated to 6 (code 7)."""
-    codes = [E2M1_VALUES.index(v * 2**shift) if v * 2**shift <= 6 else 7 for v in E2M1_VALUES]
-    return table_word(codes[:4]), table_word(codes[4:])
-
-
-# per chunk with power-of-two scale factors in and out (UE8M0, or float32 ones from round_sf casts), the factor is
-# 2^shift, shift = -ceil(log2(largest value / 6)) for a chunk whose amax sets its scale: 0..3 for a largest value
-# of 6 or 4, 3 or 2, 1.5 or 1, 0.5.
-POW2_CODE_TABLES = [pow2_code_table(shift) for shift in range(4)]
-# ... picked by shift without compares: every code is 0..7, so table word `half` of shift s is a permute of the
-# identity bytes 0..7 whose selector nibbles are the codes themselves, and the four shifts' selectors (16 bits
-# each, all a permute reads) sit side by side in one 64-bit constant, shifted right by 16 s.
-IDENTITY_BYTES = (table_word(range(4)), table_word(range(4, 8)))
-POW2_TABLE_SELECTORS = tuple(
-    sum(sum(((tables[half] >> (8 * i)) & 0xFF) << (4 * i) for i in range(4)) << (16 * s) for s, tables in enumerate(POW2_CODE_TABLES))
-    for half in range(2))
+# e2m1 -> e2m1 with power-of-two scale factors in and out (UE8M0, or float32 ones from round_sf casts): the factor is
+# 2^shift, shift = -ceil(log2(largest value / 6)) for a chunk whose amax sets its scale: 0..3 for a largest value of 6
+# or 4, 3 or 2, 1.5 or 1, 0.5 (other chunks of a wider block, with a smaller amax, take their own table). Its table
+# moves each magnitude from two up 2 shift codes (a doubling is two codes up the grid) and magnitude one (0.5) to
+# code max(2 shift, 1) (power_of_two_table). It leaves the codes of magnitudes above 6 / 2^shift unsaturated (past 7),
+# but a chunk never looks them up: its products are exact, and at most its block's amax times the factor, at most 6.
+# tests/cpu/test_nibble_tables.py checks every looked-up entry against the saturating encoding.
+POW2_TABLE_SHIFTS = (0, 3)
 
 # e2m1 -> e2m1 with float32 scale factors without round_sf: a chunk whose largest magnitude code is L (value v_L) has
 # the factor s * RN(6 / RN(v_L s)), within a few ulps of 6 / v_L, and the codes of the magnitudes m <= L (the only
@@ -143,9 +133,9 @@ POW2_TABLE_SELECTORS = tuple(
 # against the reference's rounding.
 CANONICAL_WINDOW = 2.0**-4
 CANONICAL_TIE_FACTOR = 1.5  # 0.5 * factor against 0.75; on the tie (exactly 1.5) RTNE takes code 2
-# Both these tables and the exponent path's (EXPONENT_PATH_INPUTS) move every magnitude from two up by a number of
-# codes, and give magnitude one a code of its own (shifted_code_table): the identity but byte 1, and what one code up
-# adds.
+# These tables, the power-of-two ones (POW2_TABLE_SHIFTS) and the exponent path's (EXPONENT_PATH_INPUTS) move every
+# magnitude from two up by a number of codes, and give magnitude one a code of its own (shifted_code_table): the
+# identity but byte 1, and what one code up adds.
 SHIFTED_CODE_TABLE = (table_word((0, 0, 2, 3)), table_word((4, 5, 6, 7)))
 SHIFTED_CODE_STEP = (table_word((0, 0, 1, 1)), table_word((1, 1, 1, 1)))
 
@@ -168,8 +158,8 @@ CANONICAL_FIRST_CODES = _canonical_first_codes()
 # e2m1 -> e2m1 with UE8M0 in and out and one chunk a block: amax = v_L 2^(e - 127) (e the input's exponent byte, v_L
 # the value of the largest code L) is exact, and its power of two at or above amax / 6 is 2^(e - 127 - (7 - L) / 2)
 # (6 / v_L is 1, 1.5, 2, 3, 4, 6 or 12, whose power of two at or below is 2^((7 - L) / 2)), so the scale factor's byte
-# is e - (7 - L) / 2 and the factor 2^((7 - L) / 2), whose table (shifted_code_table: v_L 2^shift <= 6, so no code
-# saturates) the kernel forms from the shift: no float amax, no pow2_scale_exponent, no float round trip of the byte,
+# is e - (7 - L) / 2 and the factor 2^((7 - L) / 2), whose table (power_of_two_table: v_L 2^shift <= 6, so no code
+# it looks up saturates) the kernel forms from the shift: no float amax, no pow2_scale_exponent, no float round trip of the byte,
 # no test of the factor, where the ALU pipe is the busiest. It holds for L >= 1 and 4 <= e <= 252: amax finite
 # (6 * 2^(e - 127) overflows from e = 253) and at or above e2m1's amax floor 6 * 2^-126 (at e = 4 only for L >= 2, but the
 # floor's own byte is then the same); other chunks take block_scale. tests/cpu/test_nibble_tables.py replays
@@ -286,9 +276,9 @@ E4M3_PAIR_TO_F16X2 = ('tk_e4m3x2_lo_to_f16x2', 'tk_e4m3x2_hi_to_f16x2')  # of a 
 def power_of_two_between(factor, low: int, high: int):
     """Whether float32 `factor` is 2^k for an integer k in [low, high] (normal and positive: its sign and mantissa
     bits clear)."""
+    # (The exponent's range as one unsigned compare, which wraps below 127 + low.)
     return let('factor_bits', 'uint32', T.reinterpret(factor, T.uint32), lambda bits: T.And(
-        (bits & T.uint32(FLOAT32_SIGN_AND_MANTISSA)) == T.uint32(0),
-        T.And(T.Cast('int32', bits >> T.uint32(23)) >= 127 + low, T.Cast('int32', bits >> T.uint32(23)) <= 127 + high)))
+        (bits & T.uint32(FLOAT32_SIGN_AND_MANTISSA)) == T.uint32(0), (bits >> T.uint32(23)) - T.uint32(127 + low) <= T.uint32(high - low)))
 
 
 def biased_exponent(value):
@@ -437,24 +427,26 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str, 
         factor = scale * multiplier[0]  # noqa: F841  (a store to the caller's variable, through the T.Ref)
 
     @T.macro
-    def pow2_table(factor, outputs, table):
-        """A power-of-two factor 2^shift (both scale factors powers of two: UE8M0, or float32 from round_sf casts) with
-        shift 0..3, which is every chunk whose own amax sets its scale (its largest code lands on 4 or 6), has a
-        constant table; any other factor encodes its own."""
-        shift = biased_exponent(factor) - 127
-        if power_of_two_between(factor, 0, len(POW2_CODE_TABLES) - 1):
-            for half, all_selectors in enumerate(POW2_TABLE_SELECTORS):  # (a Python loop: constants by index)
-                selectors = T.Cast('uint32', T.uint64(all_selectors) >> T.Cast('uint64', shift * 16))
-                table[half] = prmt(T.uint32(IDENTITY_BYTES[0]), T.uint32(IDENTITY_BYTES[1]), selectors)
-        else:
-            encode_table(outputs, table)
-
-    @T.macro
     def shifted_code_table(table, steps, codes_per_step: int, first):
         """table = SHIFTED_CODE_TABLE moved up steps * codes_per_step codes, with `first` (uint32) magnitude one's code:
         two multiply-adds and a shift."""
         table[0] = T.Cast('uint32', steps) * T.uint32(codes_per_step * SHIFTED_CODE_STEP[0]) + T.uint32(SHIFTED_CODE_TABLE[0]) + (first << T.uint32(8))
         table[1] = T.Cast('uint32', steps) * T.uint32(codes_per_step * SHIFTED_CODE_STEP[1]) + T.uint32(SHIFTED_CODE_TABLE[1])
+
+    @T.macro
+    def power_of_two_table(table, shift):
+        """The table of the factor 2^shift (POW2_TABLE_SHIFTS), for the magnitudes whose products are at most 6."""
+        shifted_code_table(table, shift, 2, T.Cast('uint32', T.max(shift * 2, 1)))
+
+    @T.macro
+    def pow2_table(factor, outputs, table):
+        """A power-of-two factor 2^shift (both scale factors powers of two: UE8M0, or float32 from round_sf casts) with
+        shift in POW2_TABLE_SHIFTS, which is every chunk whose own amax sets its scale (its largest code lands on 4
+        or 6), forms its table from the shift; any other factor encodes its own."""
+        if power_of_two_between(factor, *POW2_TABLE_SHIFTS):
+            power_of_two_table(table, biased_exponent(factor) - 127)
+        else:
+            encode_table(outputs, table)
 
     @T.macro
     def canonical_table(factor, largest, largest_value, outputs, table):
@@ -602,8 +594,8 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str, 
                     # The largest |q| of the chunk is the value of its largest magnitude code (the exponent path's
                     # chunks need less, and find it only where they leave that path).
                     largest = T.alloc_var(T.int32)
-                    largest_value = T.alloc_var(T.float32)
                     if not exponent_path:
+                        largest_value = T.alloc_var(T.float32)
                         largest = largest_magnitude([magnitudes[w] for w in range(in_bytes // 4)])
                         largest_value = e2m1_value(largest)
                         amax[0] = largest_value
@@ -638,7 +630,7 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str, 
                         steps = T.alloc_var(T.int32)
                         steps = halving_steps
                         sf_exponent = in_exponent - steps
-                        shifted_code_table(table, steps, 2, T.Cast('uint32', T.max(steps * 2, 1)))  # POW2_CODE_TABLES' byte 1
+                        power_of_two_table(table, steps)
                     else:
                         largest = largest_magnitude([magnitudes[w] for w in range(in_bytes // 4)])
                         amax[0] = e2m1_value(largest)

@@ -102,16 +102,30 @@ def test_requant_e2m1_word_through_table(seed):
     assert torch.equal(got, want)
 
 
-def test_requant_pow2_tables_by_selector():
-    """The constant e2m1 -> e2m1 tables of shifts 0..3 as the kernel picks them: the identity bytes permuted by
-    the 64-bit selector constant shifted right by 16 * shift (a permute reads the low 16 bits)."""
-    for shift, tables in enumerate(requant.POW2_CODE_TABLES):
-        for half, all_selectors in enumerate(requant.POW2_TABLE_SELECTORS):
-            selectors = (all_selectors >> (16 * shift)) & 0xFFFFFFFF
-            assert not selectors & 0x8888  # prmt, not __byte_perm: bit 3 clear
-            got = byte_perm(torch.tensor([requant.IDENTITY_BYTES[0]]), requant.IDENTITY_BYTES[1], selectors).item()
-            assert got == tables[half], (shift, half)
-        assert tables == requant.pow2_code_table(shift)
+def pow2_code_table(shift: int) -> tuple[int, int]:
+    """The e2m1 -> e2m1 table (two words of four code bytes) of the factor 2^shift as the reference encodes it: code m
+    goes to the code of E2M1_VALUES[m] * 2^shift, exact on the grid or saturated to 6 (code 7)."""
+    codes = [requant.E2M1_VALUES.index(v * 2**shift) if v * 2**shift <= 6 else 7 for v in requant.E2M1_VALUES]
+    return nibbles.table_word(codes[:4]), nibbles.table_word(codes[4:])
+
+
+def table_byte(table, m: int) -> int:
+    return (table[m // 4] >> (8 * (m % 4))) & 0xFF
+
+
+@pytest.mark.parametrize('shift', range(requant.POW2_TABLE_SHIFTS[0], requant.POW2_TABLE_SHIFTS[1] + 1))
+def test_requant_power_of_two_tables(shift):
+    """The e2m1 -> e2m1 table of a factor 2^shift as the kernel forms it (power_of_two_table) holds the reference's code
+    for every magnitude whose product is at most 6, the only ones a chunk under that factor looks up; past those it
+    would need the saturation it does not do (so the bound is the reason it may skip it)."""
+    table = shifted_code_table(shift, 2, max(2 * shift, 1))
+    want = pow2_code_table(shift)
+    looked_up = [m for m, v in enumerate(requant.E2M1_VALUES) if v * 2**shift <= 6]
+    assert looked_up == list(range(len(looked_up)))  # every magnitude up to a chunk's largest
+    for m in looked_up:
+        assert table_byte(table, m) == table_byte(want, m), m
+    for m in range(len(looked_up), 8):
+        assert table_byte(table, m) > 7 and table_byte(want, m) == 7, m
 
 
 def test_requant_largest_magnitude():
@@ -185,11 +199,11 @@ def test_requant_exponent_path_tables(largest):
     """The exponent path's table (a shift of (7 - L) / 2 for largest code L) holds the constant power-of-two table's
     codes for every magnitude up to L, which is every code such a chunk looks up, none of them saturated."""
     shift = (7 - largest) >> 1
-    table = shifted_code_table(shift, 2, max(2 * shift, 1))  # magnitude one's code, as the kernel forms it
-    want = requant.pow2_code_table(shift)
+    assert requant.POW2_TABLE_SHIFTS[0] <= shift <= requant.POW2_TABLE_SHIFTS[1]
+    table = shifted_code_table(shift, 2, max(2 * shift, 1))  # power_of_two_table, as the kernel forms it
+    want = pow2_code_table(shift)
     for m in range(largest + 1):
-        got = (table[m // 4] >> (8 * (m % 4))) & 0xFF
-        assert got == (want[m // 4] >> (8 * (m % 4))) & 0xFF, m
+        assert table_byte(table, m) == table_byte(want, m), m
         assert requant.E2M1_VALUES[m] * 2**shift <= 6
 
 
