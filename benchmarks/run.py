@@ -165,6 +165,12 @@ def with_spec_function(module, name: str, spec: dict, fn):
     return call
 
 
+def copy_at(x: torch.Tensor, offset: int) -> torch.Tensor:
+    """A contiguous copy of x starting `offset` elements into a fresh (256-byte aligned) allocation: an input on which an
+    op takes a spec for less aligned data."""
+    return torch.empty(x.numel() + offset, dtype=x.dtype, device=x.device)[offset:].view(x.shape).copy_(x)
+
+
 def per_token_cast_case(spec, tokens):
     dtype = {'bfloat16': torch.bfloat16, 'float32': torch.float32}[spec['in_dtype']]
     # The 16-byte vector variant serves inputs whose pointer and row stride are multiples of 16 bytes but not of 32,
@@ -192,7 +198,7 @@ def per_token_requant_case(spec, tokens):
         flags = {'use_tma_aligned_col_major_sf': packed, 'round_sf': round_sf, 'use_packed_ue8m0': packed}
         q = tile_kernels_aot.quant.per_block_cast(x, spec['in_fmt'], block, **flags)
         if spec['in_fmt'] == 'e4m3' and spec['vec_bytes'] == 16:
-            q = (torch.empty(q[0].numel() + 16, dtype=q[0].dtype, device='cuda')[16:].view(q[0].shape).copy_(q[0]), q[1])
+            q = (copy_at(q[0], 16), q[1])
         assert per_token_requant_spec(q[0], spec['fmt'], packed, packed) == spec
         fn = partial(tile_kernels_aot.quant.per_token_cast, q, spec['fmt'], npc, x_block_size=block, **flags)
         cases.append((f'T={tokens}, H=7168, {block} -> {npc} per sf{"" if round_sf else ", no round_sf"}', fn, nbytes(*q, *fn())))
@@ -440,8 +446,7 @@ def e5m6_cast_back_case(spec, tokens):
     packed = spec['sf_format'] == 'ue8m0'
     data, sf = per_token_cast_to_e5m6(torch.randn(tokens, 7168, device='cuda').bfloat16(), 7168, packed, True, packed)
     if not spec['aligned']:  # 4- but not 16-byte aligned data
-        moved = torch.empty(data.numel() + 4, dtype=torch.uint8, device='cuda')[4:].view(data.shape)
-        data = moved.copy_(data)
+        data = copy_at(data, 4)
     fmt = 'bf16' if spec['out_dtype'] == 'bfloat16' else 'fp32'
     fn = lambda: cast_back_from_e5m6((data, sf), fmt, (1, 7168))  # noqa: E731
     return f'T={tokens} H=7168', fn, nbytes(data, sf, fn())
