@@ -204,7 +204,9 @@ FLOAT32_SIGN_AND_MANTISSA = 0x807FFFFF
 # with two chunks a thread. The f16 lanes now take 136 instructions a chunk of 32 (148 before the pairing and the
 # unformed products, 163 before the shared pairs): with round_sf 32.2-32.3 -> 29.1-29.2 us, packed UE8M0
 # 32.0-32.2 -> 30.6-30.7 (GPU runs 1 and 3 of docs/gpu-runs/2026-12-02-h200-f.md); 8 fewer with one mask a word (see
-# tk_e2m1_word_of_f16x8): round_sf 28.83 -> 28.35 us, UE8M0 29.58 -> 28.94 (run 1 of docs/gpu-runs/2026-12-02-h200-h.md).
+# tk_e2m1_word_of_f16x8): round_sf 28.83 -> 28.35 us, UE8M0 29.58 -> 28.94 (run 1 of docs/gpu-runs/2026-12-02-h200-h.md);
+# 7 fewer with x + 1 added by the exponent's multiply-high (x1_half; ptxas makes the pair one LEA.HI) instead of an add
+# of its own: round_sf 28.31 -> 28.10 us, UE8M0 28.87 -> 28.74 (run 4 of docs/gpu-runs/2026-12-02-h200-j.md).
 # tests/cpu/test_requant_f16_e2m1.py checks the encoder against the reference's rounding over every e4m3 value and
 # factor.
 E4M3_TO_E2M1_F16_PRELUDE = """
@@ -231,17 +233,19 @@ __device__ __forceinline__ float tk_f16x2_absmax_nan(const unsigned* h, int n) {
   return r;
 }
 // Eight e2m1 codes (element i in nibble i) of the f16 pairs h[0..3] (elements 2i, 2i + 1) times 2^x, given
-// t = 2^-x in both f16 halves and x1 = ((x + 1) & 3) * 0x04040404. The doubled products p = h 2^(x+1) are not formed:
+// t = 2^-x in both f16 halves and x1_half = ((x + 1) & 3) * 0x02020202. The doubled products p = h 2^(x+1) are not formed:
 // s / 2^(x+1) = h * 2^-9 + 2^e / 2^(x+1), and 2^e / 2^(x+1) is the binade of max(|h|, 2^-x), exactly, in f16's
 // normal range (-13 <= x <= 14, the kernel's condition). So s / 2^(x+1) has s's mantissa and sign, and its exponent
-// x + 1 less, which x1 adds back to the two low bits the code reads (no carry leaves the exponent field for x >= -13).
+// x + 1 less, which x1_half adds back to the two low bits the code reads, on the high bytes shifted down one (a
+// multiply-high-add, no add of its own): a carry out of those bits goes to bits the mask drops, never to the sign,
+// which the code reads from the bytes as they are.
 // The FMA adds max(|h|, 2^-x) itself, not its binade: its mantissa (an e4m3 value's three bits, at f16 mantissa bits
 // 7-9, an even number of units) shifts the sum by whole units of its last place without changing its binade, the
 // rounding or the parity a tie goes by (k + that mantissa < 2^10), so the steps k are the low byte's bits 0-2 (bit 7
 // takes the mantissa's lowest bit, masked off) and the high byte's exponent bits are as before (its two low bits take
 // the mantissa's top two, which the code never reads). One mask a word of four codes, where each pair took one.
 // sixteen is 16 from a register the compiler cannot fold (see the kernel).
-__device__ __forceinline__ unsigned tk_e2m1_word_of_f16x8(unsigned h0, unsigned h1, unsigned h2, unsigned h3, unsigned t, unsigned x1, unsigned sixteen) {
+__device__ __forceinline__ unsigned tk_e2m1_word_of_f16x8(unsigned h0, unsigned h1, unsigned h2, unsigned h3, unsigned t, unsigned x1_half, unsigned sixteen) {
   const unsigned h[4] = {h0, h1, h2, h3};
   unsigned s[4];
   #pragma unroll
@@ -252,13 +256,15 @@ __device__ __forceinline__ unsigned tk_e2m1_word_of_f16x8(unsigned h0, unsigned 
   }
   // Element 2i is the low lane of s[i]: bytes of elements 0-3 and 4-7, low (the steps k) and high (sign, exponent).
   const unsigned k[2] = {__byte_perm(s[0], s[1], 0x6420) & 0x07070707u, __byte_perm(s[2], s[3], 0x6420) & 0x07070707u};
-  const unsigned e[2] = {__byte_perm(s[0], s[1], 0x7531) + x1, __byte_perm(s[2], s[3], 0x7531) + x1};
+  const unsigned e[2] = {__byte_perm(s[0], s[1], 0x7531), __byte_perm(s[2], s[3], 0x7531)};
   unsigned n[2];
   #pragma unroll
   for (int j = 0; j < 2; ++j) {
-    // k + 2 (exponent & 3) (e >> 1), at most 7, then the sign from bit 7 to bit 3 (e >> 4): the code of element
-    // 4 j + b in byte b.
-    const unsigned code = k[j] + (__umulhi(e[j], 0x80000000u) & 0x06060606u);
+    // k + 2 ((exponent + x + 1) & 3) ((e >> 1) + x1_half), at most 7, then the sign from bit 7 to bit 3 (e >> 4): the
+    // code of element 4 j + b in byte b.
+    unsigned exponent_steps;
+    asm("mad.hi.u32 %0, %1, %2, %3;" : "=r"(exponent_steps) : "r"(e[j]), "r"(0x80000000u), "r"(x1_half));
+    const unsigned code = k[j] + (exponent_steps & 0x06060606u);
     n[j] = code | (__umulhi(e[j], 0x10000000u) & 0x08080808u);
   }
   // The even elements' codes in one word and the odd ones' in another; odd * 16 + even has element i in nibble i.
@@ -732,10 +738,11 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str, 
                         f16_exact = f16_exact_factor(factor, chunk_amax)
                         f16_lanes = T.all_sync(T.Or(T.Not(active), f16_exact)) != 0
                     if f16_lanes:
-                        # The factor is 2^x, x = factor_exponent - 127: t = 2^-x as an f16 pair, and (x + 1) & 3 in each byte.
+                        # The factor is 2^x, x = factor_exponent - 127: t = 2^-x as an f16 pair, and (x + 1) & 3 in each byte,
+                        # doubled (x1_half of tk_e2m1_word_of_f16x8).
                         threshold_exponent = T.Cast('uint32', 127 + 15 - factor_exponent) << T.uint32(10)
                         threshold_pair = threshold_exponent | (threshold_exponent << T.uint32(16))
-                        exponent_bytes = T.Cast('uint32', (factor_exponent - 126) & 3) * T.uint32(0x04040404)
+                        exponent_bytes = T.Cast('uint32', (factor_exponent - 126) & 3) * T.uint32(0x02020202)
                         # 16 in a register (round_sf >> 31 is 0, but no compiler can prove it).
                         sixteen = T.alloc_var(T.uint32)
                         sixteen = T.uint32(16) | (T.Cast('uint32', tid) & T.Cast('uint32', round_sf >> 31))

@@ -70,15 +70,15 @@ def umulhi(a: int, b: int) -> int:
     return (a * b) >> 32
 
 
-def e2m1_word_of_f16x2(h: list[int], t: int, x1: int, step_mask: int = 0x07070707) -> int:
+def e2m1_word_of_f16x2(h: list[int], t: int, x1_half: int, step_mask: int = 0x07070707) -> int:
     s = []
     for i in range(4):
         m = max_xorsign_abs(h[i], t)
         s.append(fma(h[i], 0x18001800, m))
     n = []
-    for k, high in ((byte_perm(s[0], s[1], 0x6420) & step_mask, (byte_perm(s[0], s[1], 0x7531) + x1) & MASK32),
-                    (byte_perm(s[2], s[3], 0x6420) & step_mask, (byte_perm(s[2], s[3], 0x7531) + x1) & MASK32)):
-        code = (k + (umulhi(high, 0x80000000) & 0x06060606)) & MASK32
+    for k, high in ((byte_perm(s[0], s[1], 0x6420) & step_mask, byte_perm(s[0], s[1], 0x7531)),
+                    (byte_perm(s[2], s[3], 0x6420) & step_mask, byte_perm(s[2], s[3], 0x7531))):
+        code = (k + ((umulhi(high, 0x80000000) + x1_half) & 0x06060606)) & MASK32  # mad.hi.u32
         assert all((code >> (8 * b)) & 0xFF <= 7 for b in range(4)), hex(code)
         n.append(code | (umulhi(high, 0x10000000) & 0x08080808))
     return (byte_perm(n[0], n[1], 0x7531) * 16 + byte_perm(n[0], n[1], 0x6420)) & MASK32
@@ -92,7 +92,7 @@ def kernel_word(codes: list[int], k: int, step_mask: int = 0x07070707) -> int:
     tk_e4m3x2_lo_to_f16x2 and tk_e4m3x2_hi_to_f16x2 widen them: element 2i in the low lane of h[i])."""
     h = [pair(half_bits(E4M3_VALUES[codes[2 * i]]), half_bits(E4M3_VALUES[codes[2 * i + 1]])) for i in range(4)]
     threshold = (15 - k) << 10  # 2^-k
-    return e2m1_word_of_f16x2(h, pair(threshold, threshold), ((k + 1) & 3) * 0x04040404, step_mask)
+    return e2m1_word_of_f16x2(h, pair(threshold, threshold), ((k + 1) & 3) * 0x02020202, step_mask)
 
 
 def reference_word(codes: list[int], k: int) -> int:
@@ -136,12 +136,16 @@ def test_needs_the_mask_of_the_steps():
         kernel_word(codes, 0, step_mask=MASK32)
 
 
-def test_needs_the_factor_at_least_2_to_the_minus_13():
-    """Under 2^-14 the unscaled sum s / 2^(x+1) sits in f16's binade of 2^14, whose exponent field (29) plus x1 (3)
-    carries into the sign bit: the kernel sends such chunks down the float32 path (power_of_two_between(factor, -13, 14)),
-    and here they come out wrong."""
+def test_exponent_offset_never_reaches_the_sign():
+    """Under 2^-14 the unscaled sum s / 2^(x+1) sits in f16's binade of 2^14, whose exponent field (29) plus (x + 1) & 3
+    (3) passes 31. Added to the high bytes as they are, that carry went into the sign bit and the codes came out wrong,
+    which is why the kernel keeps such factors off this path (power_of_two_between(factor, -13, 14)). Added by the
+    multiply-high-add to the bytes shifted down one, the carry lands in a bit the mask drops, and the sign is read from
+    the bytes as they are, so the replay now holds there too (the kernel's bound stays where it was)."""
     codes = [0x38, 0x40, 0x48, 0x50, 0x00, 0x30, 0x7E, 0x01]  # positive values, all below 2^-5 once scaled
-    assert kernel_word(codes, -14) != reference_word(codes, -14) == 0
+    assert kernel_word(codes, -14) == reference_word(codes, -14) == 0
+    negated = [c | 0x80 for c in codes]
+    assert kernel_word(negated, -14) == reference_word(negated, -14) == 0x88888888
 
 
 def test_op_divides_by_the_kernels_tile():
