@@ -22,8 +22,9 @@ for a finite factor, its output codes come from a table of the eight magnitudes'
 that table needs no products where the factor is known: one formed from the shift for power-of-two factors
 (POW2_TABLE_SHIFTS), one from the largest code without round_sf (CANONICAL_WINDOW), and with UE8M0 in and out the scale factor too
 comes from the largest code, in integers (EXPONENT_PATH_INPUTS).
-e4m3 input to e2m1: two elements an instruction in f16 lanes when every active lane of the warp has a power-of-two
-factor (E4M3_TO_E2M1_F16_PRELUDE), else element by element in float32, as e4m3 to e4m3 goes.
+e4m3 input to e2m1: two elements an instruction in f16 lanes, without round_sf by the ratio path (RATIO_UP and the
+note above it) when every active lane of the warp holds a block of one chunk with a normal, finite amax, else when every
+one has a power-of-two factor (E4M3_TO_E2M1_F16_PRELUDE); else element by element in float32, as e4m3 to e4m3 goes.
 
 The chunk's row, chunk of the row and the scale factors' block indices are int32 locals bound once: pasted as
 expressions, tilelang widened each use to 64 bits before its shifts, and every address took 64-bit shifts and
@@ -94,10 +95,11 @@ MIN_BLOCKS = {
     **{('e2m1', fmt, sf): 16 for fmt in FORMATS for sf in SF_FORMATS},
 }
 # sm_100a's ptxas spills e4m3 -> e2m1 at 48 registers (8 bytes a thread) with float32 scale factors (at 40 too with one
-# chunk a thread), and with packed UE8M0 ones from 32-byte vectors; by (target, in_fmt, fmt, in_sf_format, vec_bytes).
+# chunk a thread), and with packed UE8M0 ones from 32-byte vectors; with the ratio path, at 56 (9 CTAs) the float32
+# 32-byte spec; by (target, in_fmt, fmt, in_sf_format, vec_bytes).
 MIN_BLOCKS_BY_TARGET = {
     ('sm_100a', 'e4m3', 'e2m1', 'f32', 16): 9,
-    ('sm_100a', 'e4m3', 'e2m1', 'f32', 32): 9,
+    ('sm_100a', 'e4m3', 'e2m1', 'f32', 32): 8,
     ('sm_100a', 'e4m3', 'e2m1', 'ue8m0', 32): 9,
 }
 
@@ -199,7 +201,8 @@ FLOAT32_SIGN_AND_MANTISSA = 0x807FFFFF
 # where the integer pipe (permutes, masks, conversions) bounded it at 80% busy (GPU runs 5 and 6 of
 # docs/gpu-runs/2026-12-01-h200-f.md); the even and odd elements' codes are paired by one multiply-add. It needs
 # |q 2^x| <= 6 (no clamp), -13 <= x <= 14 and no NaN: the kernel checks all three per chunk and otherwise takes the
-# float32 path (about seven and a half instructions an element, by e2m1_finite_top_nibble). Both paths take the f16
+# ratio path below (without round_sf) or the float32 path (about seven and a half instructions an element, by
+# e2m1_finite_top_nibble). All three take the f16
 # pairs the amax widened, where each widened the e4m3 bytes again: 16 conversions a chunk fewer, still 48 registers
 # with two chunks a thread. The f16 lanes now take 136 instructions a chunk of 32 (148 before the pairing and the
 # unformed products, 163 before the shared pairs): with round_sf 32.2-32.3 -> 29.1-29.2 us, packed UE8M0
@@ -209,6 +212,31 @@ FLOAT32_SIGN_AND_MANTISSA = 0x807FFFFF
 # of its own: round_sf 28.31 -> 28.10 us, UE8M0 28.87 -> 28.74 (run 4 of docs/gpu-runs/2026-12-02-h200-j.md).
 # tests/cpu/test_requant_f16_e2m1.py checks the encoder against the reference's rounding over every e4m3 value and
 # factor.
+# e4m3 -> e2m1 without round_sf (the ratio path), two elements an instruction too. With one chunk a block, the block's amax is
+# fl(M s) (M the chunk's largest |q|, s its input scale), and the factor F = fl(s fl(6 / fl(M s))) is 6 / M (1 + d), d
+# within 3 * 2^-24 (three roundings of normal floats). The reference's product fl(q F) is 6 q / M (1 + d), rounded; and
+# over every pair of e4m3 values q <= M, 6 q / M either lies 1.1% or more from every e2m1 midpoint (0.25, 0.75, ..., 5),
+# where no rounding that small changes its code, or exactly on one (a tie). So the codes are those of 6 q / M, and only
+# the ties depend on F: a tie goes up when d > 2^-24 / m, m the midpoint's mantissa (1, 1.25, 1.5 or 1.75), down when d <
+# -2^-24 / m, and otherwise stays on the midpoint, where e2m1's round to even takes the even code (up from 0.75, 1.75 and
+# 3.5, down from the others). The d that F can have come in steps of M's four significant bits times F's last place, and
+# for no M does one fall between the thresholds of two mantissas (u = d 2^24 in (0.8, 1] or [-2/3, -4/7)), so every tie
+# of a chunk goes up (u > 1), every one goes down (u < -2/3), or every one stays (the rest); r = fma(M, F, -6) = 6 d
+# exactly, against RATIO_UP and RATIO_DOWN (6 * 2^-24 times u = 0.875 and -0.625), tells which.
+# The kernel multiplies the f16 pairs of q by g = RN16(2 F (1 + n)), n = 3 * 2^-11 for all up, -3 * 2^-11 for all down,
+# else 0, the product rounded to f16. With n = 0, g is 12 / M to within 2^-11 / 2 relative (12 / M times M's mantissa
+# numerator is 96, whose quotients by 8..15 lie at least 0.04 of an f16 unit from an f16 rounding boundary, so d
+# never moves g), and for every M g's own error leaves every tie's f16 product exactly on its midpoint (a product within
+# 2^-11 / m of it rounds onto it); with n = +-3 * 2^-11 every tie's product lands clear above or below. Every other
+# product stays within 0.25% of 12 q / M, far inside the 1.1%. The rounding sum of tk_e2m1_word_of_f16x8 then encodes
+# the product, its round to even taking a tie on its midpoint to the even code, as the reference does.
+# tests/cpu/test_requant_f16_e2m1.py replays the path over every e4m3 pair and every F within 4 * 2^-24 of 6 / M.
+RATIO_UP = 6 * 2.0**-24 * 0.875
+RATIO_DOWN = 6 * 2.0**-24 * 0.625
+RATIO_NUDGE = 3 * 2.0**-11
+# The amax (float32 bits, unsigned) the path takes: [the e2m1 floor, +infinity), normal and finite.
+RATIO_AMAX_BITS = (struct.unpack('<I', struct.pack('<f', FORMATS['e2m1'][1]))[0], 0x7F800000)
+
 E4M3_TO_E2M1_F16_PRELUDE = """
 // The f16 pair of e4m3 bytes 0-1 (lo) or 2-3 (hi) of a word: the half taken by mov lets ptxas read it in place (.H1).
 __device__ __forceinline__ unsigned tk_e4m3x2_lo_to_f16x2(unsigned word) {
@@ -232,36 +260,22 @@ __device__ __forceinline__ float tk_f16x2_absmax_nan(const unsigned* h, int n) {
   asm("cvt.f32.f16 %0, %1;" : "=f"(r) : "h"((unsigned short)(m & 0x7fffu)));
   return r;
 }
-// Eight e2m1 codes (element i in nibble i) of the f16 pairs h[0..3] (elements 2i, 2i + 1) times 2^x, given
-// t = 2^-x in both f16 halves and x1_half = ((x + 1) & 3) * 0x02020202. The doubled products p = h 2^(x+1) are not formed:
-// s / 2^(x+1) = h * 2^-9 + 2^e / 2^(x+1), and 2^e / 2^(x+1) is the binade of max(|h|, 2^-x), exactly, in f16's
-// normal range (-13 <= x <= 14, the kernel's condition). So s / 2^(x+1) has s's mantissa and sign, and its exponent
-// x + 1 less, which x1_half adds back to the two low bits the code reads, on the high bytes shifted down one (a
-// multiply-high-add, no add of its own): a carry out of those bits goes to bits the mask drops, never to the sign,
-// which the code reads from the bytes as they are.
-// The FMA adds max(|h|, 2^-x) itself, not its binade: its mantissa (an e4m3 value's three bits, at f16 mantissa bits
-// 7-9, an even number of units) shifts the sum by whole units of its last place without changing its binade, the
-// rounding or the parity a tie goes by (k + that mantissa < 2^10), so the steps k are the low byte's bits 0-2 (bit 7
-// takes the mantissa's lowest bit, masked off) and the high byte's exponent bits are as before (its two low bits take
-// the mantissa's top two, which the code never reads). One mask a word of four codes, where each pair took one.
+// The code word of four f16 pairs of rounding sums s (element 2i in the low lane of s[i]): each sum is 2^e + p * 2^-9 with
+// p's sign, p the doubled product and 2^e the binade of max(|p|, 2), rounded once, so that its mantissa counts the e2m1
+// steps k (0..4) of p / 2 above the binade's first code. Its exponent's two low bits plus x1_half's (x1_half = ((x + 1) & 3)
+// * 0x02020202 where the sums are those of tk_e2m1_word_of_f16x8, whose exponent is x + 1 short; 0 where it is not), twice,
+// are the binade's index. step_mask keeps k's three bits of the low byte (see tk_e2m1_word_of_f16x8). Element i in nibble i.
 // sixteen is 16 from a register the compiler cannot fold (see the kernel).
-__device__ __forceinline__ unsigned tk_e2m1_word_of_f16x8(unsigned h0, unsigned h1, unsigned h2, unsigned h3, unsigned t, unsigned x1_half, unsigned sixteen) {
-  const unsigned h[4] = {h0, h1, h2, h3};
-  unsigned s[4];
-  #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    unsigned m;
-    asm("max.xorsign.abs.f16x2 %0, %1, %2;" : "=r"(m) : "r"(h[i]), "r"(t));
-    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(s[i]) : "r"(h[i]), "r"(0x18001800u), "r"(m));
-  }
+__device__ __forceinline__ unsigned tk_e2m1_word_of_sums(const unsigned* s, unsigned step_mask, unsigned x1_half, unsigned sixteen) {
   // Element 2i is the low lane of s[i]: bytes of elements 0-3 and 4-7, low (the steps k) and high (sign, exponent).
-  const unsigned k[2] = {__byte_perm(s[0], s[1], 0x6420) & 0x07070707u, __byte_perm(s[2], s[3], 0x6420) & 0x07070707u};
+  const unsigned k[2] = {__byte_perm(s[0], s[1], 0x6420) & step_mask, __byte_perm(s[2], s[3], 0x6420) & step_mask};
   const unsigned e[2] = {__byte_perm(s[0], s[1], 0x7531), __byte_perm(s[2], s[3], 0x7531)};
   unsigned n[2];
   #pragma unroll
   for (int j = 0; j < 2; ++j) {
     // k + 2 ((exponent + x + 1) & 3) ((e >> 1) + x1_half), at most 7, then the sign from bit 7 to bit 3 (e >> 4): the
-    // code of element 4 j + b in byte b.
+    // code of element 4 j + b in byte b. x1_half is added by the multiply-high that halves the bytes (no add of its own):
+    // a carry out of those bits goes to bits the mask drops, never to the sign, which is read from the bytes as they are.
     unsigned exponent_steps;
     asm("mad.hi.u32 %0, %1, %2, %3;" : "=r"(exponent_steps) : "r"(e[j]), "r"(0x80000000u), "r"(x1_half));
     const unsigned code = k[j] + (exponent_steps & 0x06060606u);
@@ -273,7 +287,63 @@ __device__ __forceinline__ unsigned tk_e2m1_word_of_f16x8(unsigned h0, unsigned 
   asm("mad.lo.u32 %0, %1, %2, %3;" : "=r"(r) : "r"(__byte_perm(n[0], n[1], 0x7531)), "r"(sixteen), "r"(__byte_perm(n[0], n[1], 0x6420)));
   return r;
 }
+// Eight e2m1 codes (element i in nibble i) of the f16 pairs h[0..3] (elements 2i, 2i + 1) times 2^x, given
+// t = 2^-x in both f16 halves and x1_half = ((x + 1) & 3) * 0x02020202. The doubled products p = h 2^(x+1) are not formed:
+// s / 2^(x+1) = h * 2^-9 + 2^e / 2^(x+1), and 2^e / 2^(x+1) is the binade of max(|h|, 2^-x), exactly, in f16's
+// normal range (-13 <= x <= 14, the kernel's condition). So s / 2^(x+1) has s's mantissa and sign, and its exponent
+// x + 1 less, which x1_half adds back to the two low bits the code reads.
+// The FMA adds max(|h|, 2^-x) itself, not its binade: its mantissa (an e4m3 value's three bits, at f16 mantissa bits
+// 7-9, an even number of units) shifts the sum by whole units of its last place without changing its binade, the
+// rounding or the parity a tie goes by (k + that mantissa < 2^10), so the steps k are the low byte's bits 0-2 (bit 7
+// takes the mantissa's lowest bit, masked off) and the high byte's exponent bits are as before (its two low bits take
+// the mantissa's top two, which the code never reads). One mask a word of four codes, where each pair took one.
+__device__ __forceinline__ unsigned tk_e2m1_word_of_f16x8(unsigned h0, unsigned h1, unsigned h2, unsigned h3, unsigned t, unsigned x1_half, unsigned sixteen) {
+  const unsigned h[4] = {h0, h1, h2, h3};
+  unsigned s[4];
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    unsigned m;
+    asm("max.xorsign.abs.f16x2 %0, %1, %2;" : "=r"(m) : "r"(h[i]), "r"(t));
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(s[i]) : "r"(h[i]), "r"(0x18001800u), "r"(m));
+  }
+  return tk_e2m1_word_of_sums(s, 0x07070707u, x1_half, sixteen);
+}
+// The ratio path (no round_sf, one chunk a block; see the note above RATIO_UP): the f16 pair of 2 factor, nudged by 3 * 2^-11 up or
+// down where r = amax_q * factor - 6 (exact) puts the reference's ties all above or all below the e2m1 midpoints.
+__device__ __forceinline__ unsigned tk_ratio_factor_f16x2(float amax_q, float factor) {
+  const float r = __fmaf_rn(amax_q, factor, -6.0f);
+  const float doubled = r > __uint_as_float(RATIO_UP_BITS) ? __uint_as_float(RATIO_DOUBLE_UP_BITS)
+                      : r < -__uint_as_float(RATIO_DOWN_BITS) ? __uint_as_float(RATIO_DOUBLE_DOWN_BITS) : 2.0f;
+  unsigned g;
+  asm("cvt.rn.f16x2.f32 %0, %1, %1;" : "=r"(g) : "f"(__fmul_rn(factor, doubled)));
+  return g;
+}
+// Eight e2m1 codes of the f16 pairs h[0..3] under the ratio path's factor pair g: p = h g rounded to f16 (which puts every
+// product of a reference tie exactly on its midpoint, or clear of it as g was nudged), then the rounding sum on p's binade
+// (masked: p's mantissa is not an e4m3 value's), so the low byte is k alone.
+__device__ __forceinline__ unsigned tk_e2m1_word_of_f16x8_ratio(unsigned h0, unsigned h1, unsigned h2, unsigned h3, unsigned g, unsigned sixteen) {
+  const unsigned h[4] = {h0, h1, h2, h3};
+  unsigned s[4];
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    unsigned p, m;
+    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(p) : "r"(h[i]), "r"(g));
+    asm("max.xorsign.abs.f16x2 %0, %1, %2;" : "=r"(m) : "r"(p), "r"(0x40004000u));
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(s[i]) : "r"(p), "r"(0x18001800u), "r"(m & 0xfc00fc00u));
+  }
+  return tk_e2m1_word_of_sums(s, 0xffffffffu, 0u, sixteen);
+}
 """
+
+
+def _float32_bits(value: float) -> int:
+    return struct.unpack('<I', struct.pack('<f', value))[0]
+
+
+E4M3_TO_E2M1_F16_PRELUDE = (E4M3_TO_E2M1_F16_PRELUDE.replace('RATIO_UP_BITS', hex(_float32_bits(RATIO_UP)) + 'u')
+                            .replace('RATIO_DOWN_BITS', hex(_float32_bits(RATIO_DOWN)) + 'u')
+                            .replace('RATIO_DOUBLE_UP_BITS', hex(_float32_bits(2 * (1 + RATIO_NUDGE))) + 'u')
+                            .replace('RATIO_DOUBLE_DOWN_BITS', hex(_float32_bits(2 * (1 - RATIO_NUDGE))) + 'u'))
 
 
 E4M3_PAIR_TO_F16X2 = ('tk_e4m3x2_lo_to_f16x2', 'tk_e4m3x2_hi_to_f16x2')  # of a word's bytes 0-1, 2-3
@@ -486,6 +556,53 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str, 
             for e in T.unroll(8):
                 values[8 * w + e] = values[8 * w + e] * factor
             codes[w] = e2m1_word([values[8 * w + e] for e in range(8)], finite=finite)
+
+    @T.macro
+    def encode_pow2_lanes(halves, factor_exponent, codes, tid, round_sf):
+        """The f16 lanes' codes under the factor 2^x, x = factor_exponent - 127: t = 2^-x as an f16 pair, and (x + 1) & 3
+        in each byte, doubled (x1_half of tk_e2m1_word_of_f16x8)."""
+        threshold_exponent = T.Cast('uint32', 127 + 15 - factor_exponent) << T.uint32(10)
+        threshold_pair = threshold_exponent | (threshold_exponent << T.uint32(16))
+        exponent_bytes = T.Cast('uint32', (factor_exponent - 126) & 3) * T.uint32(0x02020202)
+        # 16 in a register (round_sf >> 31 is 0, but no compiler can prove it).
+        sixteen = T.alloc_var(T.uint32)
+        sixteen = T.uint32(16) | (T.Cast('uint32', tid) & T.Cast('uint32', round_sf >> 31))
+        for w in T.unroll(CHUNK // 8):
+            codes[w] = T.call_extern('uint32', 'tk_e2m1_word_of_f16x8', *[halves[4 * w + i] for i in range(4)], threshold_pair, exponent_bytes,
+                                       sixteen)
+
+    @T.macro
+    def encode_ratio_lanes(halves, chunk_amax, factor, codes, tid, round_sf):
+        """The ratio path's codes (tk_e2m1_word_of_f16x8_ratio) under the factor pair of chunk_amax and factor."""
+        ratio_pair = T.alloc_var(T.uint32)
+        ratio_pair = T.call_extern('uint32', 'tk_ratio_factor_f16x2', chunk_amax, factor)
+        sixteen = T.alloc_var(T.uint32)
+        sixteen = T.uint32(16) | (T.Cast('uint32', tid) & T.Cast('uint32', round_sf >> 31))
+        for w in T.unroll(CHUNK // 8):
+            codes[w] = T.call_extern('uint32', 'tk_e2m1_word_of_f16x8_ratio', *[halves[4 * w + i] for i in range(4)], ratio_pair, sixteen)
+
+    @T.macro
+    def encode_f32_chunk(halves, values, factor, codes, chunk_amax, active):
+        """e4m3 -> e2m1 codes in float32 (encode_f32_words): where every product lies within chunk_amax * factor below
+        E2M1_UNCLAMPED_BOUND (a NaN fails the test), in every active lane of the warp, the finite encoder (the sign
+        through the rounding add); else the clamped one, exact for any value. Voted once a chunk: a test per word cost
+        a branch and its reconvergence per word, for a clamp that chunks whose own amax sets their scale never need.
+        With the sign's LOP3 gone too, 36.4-36.6 -> 32.8-32.9 us without round_sf (GPU run 1 of
+        docs/gpu-runs/2026-12-02-h200-f.md)."""
+        half_values = T.view(halves, (CHUNK,), T.float16)
+        if T.all_sync(T.Or(T.Not(active), products_bounded([chunk_amax], [factor]))) != 0:
+            encode_f32_words(half_values, values, factor, codes, True)
+        else:
+            encode_f32_words(half_values, values, factor, codes, False)
+
+    @T.macro
+    def encode_pow2_or_f32(halves, values, factor, factor_exponent, codes, chunk_amax, active, tid, round_sf):
+        """The f16 lanes' codes where every active lane of the warp has a power-of-two factor they take
+        (f16_exact_factor), else float32's."""
+        if T.all_sync(T.Or(T.Not(active), f16_exact_factor(factor, chunk_amax))) != 0:
+            encode_pow2_lanes(halves, factor_exponent, codes, tid, round_sf)
+        else:
+            encode_f32_chunk(halves, values, factor, codes, chunk_amax, active)
 
     @T.macro
     def encode_one_by_one(values, factor, codes):
@@ -729,38 +846,35 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str, 
                     # Nsight counted 23.7 active threads a warp instruction; voted, 32, and 24% fewer warp instructions
                     # (49.0-49.2 -> 36.4-36.8 us, run 1 of docs/gpu-runs/2026-12-02-h200-b.md). The float32 path is exact for any
                     # factor.
-                    if f16_exponent_path:  # (a warp on the exponent path has such factors: no test)
+                    if packed:  # (packed UE8M0 requires round_sf: its factors are powers of two)
                         f16_lanes = T.alloc_var(T.bool)
-                        f16_lanes = warp_exponents
-                        if T.Not(warp_exponents):
-                            f16_lanes = T.all_sync(T.Or(T.Not(active), f16_exact_factor(factor, chunk_amax))) != 0
-                    else:
-                        f16_exact = f16_exact_factor(factor, chunk_amax)
-                        f16_lanes = T.all_sync(T.Or(T.Not(active), f16_exact)) != 0
-                    if f16_lanes:
-                        # The factor is 2^x, x = factor_exponent - 127: t = 2^-x as an f16 pair, and (x + 1) & 3 in each byte,
-                        # doubled (x1_half of tk_e2m1_word_of_f16x8).
-                        threshold_exponent = T.Cast('uint32', 127 + 15 - factor_exponent) << T.uint32(10)
-                        threshold_pair = threshold_exponent | (threshold_exponent << T.uint32(16))
-                        exponent_bytes = T.Cast('uint32', (factor_exponent - 126) & 3) * T.uint32(0x02020202)
-                        # 16 in a register (round_sf >> 31 is 0, but no compiler can prove it).
-                        sixteen = T.alloc_var(T.uint32)
-                        sixteen = T.uint32(16) | (T.Cast('uint32', tid) & T.Cast('uint32', round_sf >> 31))
-                        for w in T.unroll(CHUNK // 8):
-                            codes[w] = T.call_extern('uint32', 'tk_e2m1_word_of_f16x8', *[halves[4 * w + i] for i in range(4)], threshold_pair, exponent_bytes,
-                                                       sixteen)
-                    else:
-                        # Where every product lies within chunk_amax * factor below E2M1_UNCLAMPED_BOUND (a NaN fails
-                        # the test), in every active lane of the warp, the finite encoder (the sign through the rounding
-                        # add); else the clamped one, exact for any value. Voted once a chunk: a test per word cost a
-                        # branch and its reconvergence per word, for a clamp that chunks whose own amax sets their scale
-                        # never need. With the sign's LOP3 gone too, 36.4-36.6 -> 32.8-32.9 us without round_sf (GPU run 1
-                        # of docs/gpu-runs/2026-12-02-h200-f.md).
-                        half_values = T.view(halves, (CHUNK,), T.float16)
-                        if T.all_sync(T.Or(T.Not(active), products_bounded([chunk_amax], [factor]))) != 0:
-                            encode_f32_words(half_values, values, factor, codes, True)
+                        if f16_exponent_path:  # (a warp on the exponent path has such factors: no test)
+                            f16_lanes = warp_exponents
+                            if T.Not(warp_exponents):
+                                f16_lanes = T.all_sync(T.Or(T.Not(active), f16_exact_factor(factor, chunk_amax))) != 0
                         else:
-                            encode_f32_words(half_values, values, factor, codes, False)
+                            f16_lanes = T.all_sync(T.Or(T.Not(active), f16_exact_factor(factor, chunk_amax))) != 0
+                        if f16_lanes:
+                            encode_pow2_lanes(halves, factor_exponent, codes, tid, round_sf)
+                        else:
+                            encode_f32_chunk(halves, values, factor, codes, chunk_amax, active)
+                    else:
+                        # Without round_sf (whose factors, s times a power of two, are not 6 / M), a block of one chunk
+                        # with no NaN, whose amax is normal (at or above the floor) and finite, in every active lane of
+                        # the warp: the ratio path, for any factor (a power of two too), before the f16 lanes' test.
+                        # (amax[0] skips a NaN, chunk_amax does not.) With round_sf the warp neither forms nor votes on
+                        # that test: in one branch with it, round_sf's chunks measured 2.5% slower (GPU run 3 of
+                        # docs/gpu-runs/2026-12-02-h200-k.md).
+                        if round_sf == 0:
+                            amax_bits = T.reinterpret(amax[0], T.uint32)
+                            ratio_chunk = T.And(T.And(npc_log2 == 5, T.Not(T.isnan(chunk_amax))),
+                                                amax_bits - T.uint32(RATIO_AMAX_BITS[0]) < T.uint32(RATIO_AMAX_BITS[1] - RATIO_AMAX_BITS[0]))
+                            if T.all_sync(T.Or(T.Not(active), ratio_chunk)) != 0:
+                                encode_ratio_lanes(halves, chunk_amax, factor, codes, tid, round_sf)
+                            else:
+                                encode_pow2_or_f32(halves, values, factor, factor_exponent, codes, chunk_amax, active, tid, round_sf)
+                        else:
+                            encode_pow2_or_f32(halves, values, factor, factor_exponent, codes, chunk_amax, active, tid, round_sf)
                 else:
                     encode_one_by_one(values, factor, codes)
                 code_bytes = T.view(codes, (out_bytes,), out_dtype)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import random
 import struct
+from fractions import Fraction
 
 import pytest
 import torch
@@ -70,11 +71,11 @@ def umulhi(a: int, b: int) -> int:
     return (a * b) >> 32
 
 
-def e2m1_word_of_f16x2(h: list[int], t: int, x1_half: int, step_mask: int = 0x07070707) -> int:
-    s = []
-    for i in range(4):
-        m = max_xorsign_abs(h[i], t)
-        s.append(fma(h[i], 0x18001800, m))
+def mul(a: int, b: int) -> int:  # mul.rn.f16x2
+    return pair(*(half_bits(half_value(x) * half_value(y)) for x, y in zip(lanes(a), lanes(b))))
+
+
+def e2m1_word_of_sums(s: list[int], step_mask: int, x1_half: int) -> int:  # tk_e2m1_word_of_sums
     n = []
     for k, high in ((byte_perm(s[0], s[1], 0x6420) & step_mask, byte_perm(s[0], s[1], 0x7531)),
                     (byte_perm(s[2], s[3], 0x6420) & step_mask, byte_perm(s[2], s[3], 0x7531))):
@@ -82,6 +83,10 @@ def e2m1_word_of_f16x2(h: list[int], t: int, x1_half: int, step_mask: int = 0x07
         assert all((code >> (8 * b)) & 0xFF <= 7 for b in range(4)), hex(code)
         n.append(code | (umulhi(high, 0x10000000) & 0x08080808))
     return (byte_perm(n[0], n[1], 0x7531) * 16 + byte_perm(n[0], n[1], 0x6420)) & MASK32
+
+
+def e2m1_word_of_f16x2(h: list[int], t: int, x1_half: int, step_mask: int = 0x07070707) -> int:
+    return e2m1_word_of_sums([fma(h[i], 0x18001800, max_xorsign_abs(h[i], t)) for i in range(4)], step_mask, x1_half)
 
 
 E4M3_VALUES = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn).float().tolist()
@@ -146,6 +151,80 @@ def test_exponent_offset_never_reaches_the_sign():
     assert kernel_word(codes, -14) == reference_word(codes, -14) == 0
     negated = [c | 0x80 for c in codes]
     assert kernel_word(negated, -14) == reference_word(negated, -14) == 0x88888888
+
+
+def float32(value: float) -> float:
+    """The float32 nearest the exact double `value` (ties to even), as one rounded float32 operation gives."""
+    return struct.unpack('<f', struct.pack('<f', value))[0]
+
+
+def ratio_factor_pair(amax_q: float, factor: float, nudge: float | None = None) -> int:
+    """tk_ratio_factor_f16x2: r = fma(amax_q, factor, -6) (the product of a 4- and a 24-bit significand is exact in a
+    double), the doubled factor nudged as r falls, rounded to f16 in both lanes."""
+    from kernel_src.quant.per_token_requant import RATIO_DOWN, RATIO_NUDGE, RATIO_UP
+    nudge = RATIO_NUDGE if nudge is None else nudge
+    r = float32(amax_q * factor - 6)
+    doubled = 2 * (1 + nudge) if r > RATIO_UP else 2 * (1 - nudge) if r < -RATIO_DOWN else 2.0
+    g = half_bits(float32(factor * float32(doubled)))
+    return pair(g, g)
+
+
+def ratio_word(codes: list[int], g: int, binade_mask: int = 0xFC00FC00) -> int:
+    """tk_e2m1_word_of_f16x8_ratio on eight e4m3 bytes (f16 pairs as the kernel widens them)."""
+    h = [pair(half_bits(E4M3_VALUES[codes[2 * i]]), half_bits(E4M3_VALUES[codes[2 * i + 1]])) for i in range(4)]
+    sums = []
+    for i in range(4):
+        p = mul(h[i], g)
+        sums.append(fma(p, 0x18001800, max_xorsign_abs(p, 0x40004000) & binade_mask))
+    return e2m1_word_of_sums(sums, MASK32, 0)
+
+
+def factors_near(amax_q: float, reach: int):
+    """Every float32 F within reach * 2^-24 (relative) of 6 / amax_q: the kernel's factor s * RN(6 / RN(amax_q s)) is
+    within 3 * 2^-24 of it for every input scale s that keeps the block's amax normal and finite."""
+    centre = struct.unpack('<I', struct.pack('<f', 6 / amax_q))[0]
+    for bits in range(centre - 4 * reach, centre + 4 * reach + 1):
+        factor = struct.unpack('<f', struct.pack('<I', bits))[0]
+        if abs(Fraction(amax_q) * Fraction(factor) / 6 - 1) <= Fraction(reach, 2**24):
+            yield factor
+
+
+def ratio_mismatches(reach: int, **replay) -> list:
+    """The (largest value, F, bytes) whose ratio-path words differ from the reference's codes of RN32(q F), over every
+    positive e4m3 largest value M, every F near 6 / M and every e4m3 byte of magnitude up to M (both signs, eight a word)."""
+    nudge = replay.pop('nudge', None)
+    found = []
+    for largest in range(1, 0x7F):
+        amax_q = E4M3_VALUES[largest]
+        usable = [c for c in range(256) if (c & 0x7F) <= largest]
+        words = [(usable[i:i + 8] + usable[:8])[:8] for i in range(0, len(usable), 8)]
+        for factor in factors_near(amax_q, reach):
+            g = ratio_factor_pair(amax_q, factor, nudge)
+            for codes in words:
+                products = torch.tensor([E4M3_VALUES[c] for c in codes], dtype=torch.float32) * torch.tensor(factor, dtype=torch.float32)
+                expected = sum(int(n) << (4 * i) for i, n in enumerate(e2m1_codes(products).tolist()))
+                try:
+                    word = ratio_word(codes, g, **replay)
+                except AssertionError:  # a code byte past 7 (e2m1_word_of_sums)
+                    word = None
+                if word != expected:
+                    found.append((amax_q, factor, codes))
+    return found
+
+
+def test_ratio_path_over_every_e4m3_pair():
+    """Without round_sf (the ratio path of kernel_src.quant.per_token_requant): every e4m3 byte under every largest value
+    of its chunk and every factor the kernel can form from them, bit for bit against the reference's rounding of the
+    float32 product, ties included (three or more a largest value, which the factor decides)."""
+    assert ratio_mismatches(4) == []
+
+
+def test_ratio_path_needs_its_nudges_and_its_mask():
+    """The replay can fail: without the nudges (the doubled factor always 2), ties that the reference's factor sends
+    up or down land on their midpoint and go to the even code; without the binade mask the product's own mantissa moves
+    the rounding sum's last bit, and with it which way a tie goes."""
+    assert ratio_mismatches(1, nudge=0.0)
+    assert ratio_mismatches(1, binade_mask=MASK32)
 
 
 def test_op_divides_by_the_kernels_tile():

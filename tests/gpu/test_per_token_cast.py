@@ -290,6 +290,43 @@ def test_per_token_cast_of_quantised_input(spec, num_tokens, hidden):
                     assert calc_diff(back, x.float()) < 2e-3  # a sanity check: the bitwise comparison is the test
 
 
+E2M1_MIDPOINTS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
+
+
+@pytest.mark.parametrize('spec', installed_specs('quant.per_token_requant', lambda s: (s['in_fmt'], s['fmt'], s['sf_format']) == ('e4m3', 'e2m1', 'f32')))
+def test_per_token_cast_e4m3_to_e2m1_ties_without_round_sf(spec):
+    """Without round_sf a chunk's codes are those of 6 q / M (M its largest |q|) except where that lands exactly on an
+    e2m1 midpoint, and there the float32 factor decides: all of a chunk's ties up, all down, or all to the even code
+    (the ratio path of kernel_src.quant.per_token_requant). Every chunk here holds its largest value and each of its
+    tie partners, under input scale factors that give all three outcomes many times (counted below from the
+    reference's own factors), bit for bit against the reference."""
+    generator = torch.Generator().manual_seed(11)
+    num_tokens, hidden = 512, 1024
+    magnitudes = torch.arange(128, dtype=torch.uint8).view(torch.float8_e4m3fn).float()  # byte b's value (0x7F: NaN)
+    ties = [[b for b in range(1, 0x7F) if any(6 * magnitudes[b].item() == mid * magnitudes[largest].item() for mid in E2M1_MIDPOINTS)]
+            for largest in range(0x7F)]
+    largest = torch.randint(0x08, 0x7F, (num_tokens * hidden // 32,), generator=generator)
+    chunks = (torch.rand((largest.numel(), 32), generator=generator) * (largest[:, None] + 1).float()).long()  # bytes <= M
+    for i, m in enumerate(largest.tolist()):
+        chunks[i, :len(ties[m]) + 1] = torch.tensor([m] + ties[m])
+    chunks |= torch.randint(0, 2, chunks.shape, generator=generator) << 7  # either sign
+    data = chunks.to(torch.uint8).view(torch.float8_e4m3fn).view(num_tokens, hidden)
+    scale = (torch.rand((num_tokens, hidden // 32), generator=generator) + 1) * torch.exp2(torch.randint(-12, 13, (num_tokens, hidden // 32), generator=generator).float())
+    # The reference's factor of each chunk, and where r = M F - 6 puts its ties (6 * 2^-24 times 0.875 and -0.625).
+    amax = magnitudes[largest].view(num_tokens, hidden // 32) * scale
+    factor = scale * (6 / amax)
+    r = magnitudes[largest].view(num_tokens, hidden // 32).double() * factor.double() - 6
+    unit = 6 * 2.0**-24
+    outcomes = ((r > 0.875 * unit).sum().item(), (r < -0.625 * unit).sum().item(), (r.abs() <= 0.625 * unit).sum().item())
+    assert min(outcomes) > 500, outcomes
+    q = requant_input(spec, (data.cuda(), scale.cuda()))
+    args = {'x_block_size': (1, 32), 'use_tma_aligned_col_major_sf': False, 'round_sf': False, 'use_packed_ue8m0': False}
+    out, sf = tile_kernels_aot.quant.per_token_cast(q, 'e2m1', 32, **args)
+    out_ref, sf_ref = reference.cast(q, 'e2m1', (1, 32), **args)
+    assert_bitwise_equal(out, out_ref)
+    assert_bitwise_equal(sf, sf_ref)
+
+
 @pytest.mark.parametrize('spec', installed_specs('quant.per_token_requant'))
 def test_per_token_cast_of_quantised_input_with_extreme_scale_factors(spec):
     """Each chunk picks its path from its factor (input scale factor times output multiplier): e2m1 input
