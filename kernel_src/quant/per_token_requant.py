@@ -349,6 +349,12 @@ E4M3_TO_E2M1_F16_PRELUDE = (E4M3_TO_E2M1_F16_PRELUDE.replace('RATIO_UP_BITS', he
 E4M3_PAIR_TO_F16X2 = ('tk_e4m3x2_lo_to_f16x2', 'tk_e4m3x2_hi_to_f16x2')  # of a word's bytes 0-1, 2-3
 
 
+def sixteen_in_a_register(tid, round_sf):
+    """16, in a form no compiler can fold (round_sf >> 31 is 0, but nothing proves it): with a literal 16 ptxas makes the
+    pairing multiply-add of tk_e2m1_word_of_sums a LEA, on the integer pipe."""
+    return let('sixteen', 'uint32', T.uint32(16) | (T.Cast('uint32', tid) & T.Cast('uint32', round_sf >> 31)), lambda v: v)
+
+
 def power_of_two_between(factor, low: int, high: int):
     """Whether float32 `factor` is 2^k for an integer k in [low, high] (normal and positive: its sign and mantissa
     bits clear)."""
@@ -559,14 +565,12 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str, 
 
     @T.macro
     def encode_pow2_lanes(halves, factor_exponent, codes, tid, round_sf):
-        """The f16 lanes' codes under the factor 2^x, x = factor_exponent - 127: t = 2^-x as an f16 pair, and (x + 1) & 3
-        in each byte, doubled (x1_half of tk_e2m1_word_of_f16x8)."""
-        threshold_exponent = T.Cast('uint32', 127 + 15 - factor_exponent) << T.uint32(10)
-        threshold_pair = threshold_exponent | (threshold_exponent << T.uint32(16))
+        """The f16 lanes' codes under the factor 2^x, x = factor_exponent - 127: t = 2^-x as an f16 pair (its exponent
+        field, at most 28, times 2^10 + 2^26: one multiply-add where shifting and merging took five instructions), and
+        (x + 1) & 3 in each byte, doubled (x1_half of tk_e2m1_word_of_f16x8)."""
+        threshold_pair = T.Cast('uint32', 127 + 15 - factor_exponent) * T.uint32(0x04000400)
         exponent_bytes = T.Cast('uint32', (factor_exponent - 126) & 3) * T.uint32(0x02020202)
-        # 16 in a register (round_sf >> 31 is 0, but no compiler can prove it).
-        sixteen = T.alloc_var(T.uint32)
-        sixteen = T.uint32(16) | (T.Cast('uint32', tid) & T.Cast('uint32', round_sf >> 31))
+        sixteen = sixteen_in_a_register(tid, round_sf)
         for w in T.unroll(CHUNK // 8):
             codes[w] = T.call_extern('uint32', 'tk_e2m1_word_of_f16x8', *[halves[4 * w + i] for i in range(4)], threshold_pair, exponent_bytes,
                                        sixteen)
@@ -576,8 +580,7 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str, 
         """The ratio path's codes (tk_e2m1_word_of_f16x8_ratio) under the factor pair of chunk_amax and factor."""
         ratio_pair = T.alloc_var(T.uint32)
         ratio_pair = T.call_extern('uint32', 'tk_ratio_factor_f16x2', chunk_amax, factor)
-        sixteen = T.alloc_var(T.uint32)
-        sixteen = T.uint32(16) | (T.Cast('uint32', tid) & T.Cast('uint32', round_sf >> 31))
+        sixteen = sixteen_in_a_register(tid, round_sf)
         for w in T.unroll(CHUNK // 8):
             codes[w] = T.call_extern('uint32', 'tk_e2m1_word_of_f16x8_ratio', *[halves[4 * w + i] for i in range(4)], ratio_pair, sixteen)
 
