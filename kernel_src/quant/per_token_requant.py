@@ -236,8 +236,14 @@ FLOAT32_SIGN_AND_MANTISSA = 0x807FFFFF
 RATIO_UP = 6 * 2.0**-24 * 0.875
 RATIO_DOWN = 6 * 2.0**-24 * 0.625
 RATIO_NUDGE = 3 * 2.0**-11
+
+
+def _float32_bits(value: float) -> int:
+    return struct.unpack('<I', struct.pack('<f', value))[0]
+
+
 # The amax (float32 bits, unsigned) the path takes: [the e2m1 floor, +infinity), normal and finite.
-RATIO_AMAX_BITS = (struct.unpack('<I', struct.pack('<f', FORMATS['e2m1'][1]))[0], 0x7F800000)
+RATIO_AMAX_BITS = (_float32_bits(FORMATS['e2m1'][1]), 0x7F800000)
 
 E4M3_TO_E2M1_F16_PRELUDE = """
 // The f16 pair of e4m3 bytes 0-1 (lo) or 2-3 (hi) of a word: the half taken by mov lets ptxas read it in place (.H1).
@@ -338,10 +344,6 @@ __device__ __forceinline__ unsigned tk_e2m1_word_of_f16x8_ratio(unsigned h0, uns
 """
 
 
-def _float32_bits(value: float) -> int:
-    return struct.unpack('<I', struct.pack('<f', value))[0]
-
-
 E4M3_TO_E2M1_F16_PRELUDE = (E4M3_TO_E2M1_F16_PRELUDE.replace('RATIO_UP_BITS', hex(_float32_bits(RATIO_UP)) + 'u')
                             .replace('RATIO_DOWN_BITS', hex(_float32_bits(RATIO_DOWN)) + 'u')
                             .replace('RATIO_DOUBLE_UP_BITS', hex(_float32_bits(2 * (1 + RATIO_NUDGE))) + 'u')
@@ -375,6 +377,11 @@ def f16_exact_factor(factor, chunk_amax):
     """Whether e4m3 -> e2m1 may take the f16 lanes under `factor` (E4M3_TO_E2M1_F16_PRELUDE): a power of two whose double
     is in f16's normal range, no NaN in the chunk, and every product within 6."""
     return T.And(power_of_two_between(factor, -13, 14), T.And(chunk_amax * factor <= T.float32(6), T.Not(T.isnan(chunk_amax))))
+
+
+def f16_lanes_vote(factor, chunk_amax, active):
+    """Whether every active lane of the warp may take the f16 lanes (f16_exact_factor), so that a warp takes one path."""
+    return T.all_sync(T.Or(T.Not(active), f16_exact_factor(factor, chunk_amax))) != 0
 
 
 def e2m1_value(magnitude):
@@ -604,7 +611,7 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str, 
     def encode_pow2_or_f32(halves, values, factor, factor_exponent, codes, chunk_amax, active, tid, round_sf):
         """The f16 lanes' codes where every active lane of the warp has a power-of-two factor they take
         (f16_exact_factor), else float32's."""
-        if T.all_sync(T.Or(T.Not(active), f16_exact_factor(factor, chunk_amax))) != 0:
+        if f16_lanes_vote(factor, chunk_amax, active):
             encode_pow2_lanes(halves, factor_exponent, codes, tid, round_sf)
         else:
             encode_f32_chunk(halves, values, factor, codes, chunk_amax, active)
@@ -856,9 +863,9 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str, 
                         if f16_exponent_path:  # (a warp on the exponent path has such factors: no test)
                             f16_lanes = warp_exponents
                             if T.Not(warp_exponents):
-                                f16_lanes = T.all_sync(T.Or(T.Not(active), f16_exact_factor(factor, chunk_amax))) != 0
+                                f16_lanes = f16_lanes_vote(factor, chunk_amax, active)
                         else:
-                            f16_lanes = T.all_sync(T.Or(T.Not(active), f16_exact_factor(factor, chunk_amax))) != 0
+                            f16_lanes = f16_lanes_vote(factor, chunk_amax, active)
                         if f16_lanes:
                             encode_pow2_lanes(halves, factor_exponent, codes, tid, round_sf)
                         else:
