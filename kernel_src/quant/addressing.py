@@ -17,6 +17,12 @@ def unsigned_wide_mad(a, b, c):
     return T.Cast('int64', _u64(a) * _u64(b) + _u64(c))
 
 
+def unsigned_wide_dot(a, b, c, d):
+    """a * b + c * d for int32 a, b, c, d >= 0, as int64 through unsigned 32 x 32 -> 64-bit arithmetic (two
+    IMAD.WIDE.U32): a two-dimensional offset in any strides, which no product can overflow."""
+    return T.Cast('int64', _u64(a) * _u64(b) + _u64(c) * _u64(d))
+
+
 def magic_quotient(n, magic, shift):
     """n // d for int32 0 <= n < 2^31, from the (magic, shift) pair the op computes for d
     (tile_kernels_aot.quant._common.magic): one unsigned 32 x 32 -> 64-bit multiply-high, where an integer

@@ -37,7 +37,7 @@ from fractions import Fraction
 from tilelang import language as T
 
 from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
-from kernel_src.quant.addressing import magic_quotient, unsigned_index
+from kernel_src.quant.addressing import magic_quotient, unsigned_index, unsigned_wide_dot, unsigned_wide_mad
 from kernel_src.quant.common import (
     E2M1_SIGNED_PRELUDE, FLOAT32_EXPONENT_MASK, FORMATS, RCP_DIV_PRELUDE, SF_FORMATS, block_scale, e2m1_finite_top_nibble, e2m1_top_nibble, e2m1_word, let,
     pow2_scale_carry, products_bounded,
@@ -45,7 +45,7 @@ from kernel_src.quant.common import (
 from kernel_src.quant.nibbles import (
     CODE_MAGNITUDES, PRMT_PRELUDE, byte_perm, e2m1_word_through_table, halving_steps_of_largest, largest_magnitude, table_bytes_of_codes, table_word,
 )
-from kernel_src.quant.token_sf import sf_flat_view, store_token_sf, store_token_sf_flat, token_sf_tensor
+from kernel_src.quant.token_sf import sf_flat_view, store_block_sf_flat, store_token_sf, token_sf_tensor
 
 NUM_THREADS = 128
 # Two layouts of the chunks over the CTAs, chosen per (in_fmt, fmt, in_sf_format) by measurement (GPU runs 1-3 of
@@ -68,12 +68,15 @@ TILE_ROWS = 8
 TILE_CHUNKS = NUM_THREADS // TILE_ROWS
 TILED = {('e2m1', 'e2m1', 'ue8m0'), ('e2m1', 'e4m3', 'ue8m0')}
 CHUNKS_PER_THREAD = {('e4m3', 'e2m1', sf): 2 for sf in SF_FORMATS}
-# The untiled specs store a chunk's scale factor through a flat view by an unsigned 32-bit index (store_token_sf_flat),
+# The untiled specs store a chunk's scale factor through a flat view by an unsigned 32-bit index (store_block_sf_flat),
 # where the strided buffer's 64-bit addressing took about 10 instructions a chunk more: e4m3 -> e2m1 measured 3.7%
 # faster with float32 scale factors and 1.2% with packed UE8M0, e2m1 -> e2m1 1.5% (GPU run 8 of
-# docs/gpu-runs/2026-12-01-h200-h.md). e4m3 -> e4m3 keeps the strided store: the flat one made its float32 variant
-# 10% slower there, which its SASS (the same loads and stores, a predicated store for a branch) does not explain.
-STRIDED_SF_STORE = {('e4m3', 'e4m3')}
+# docs/gpu-runs/2026-12-01-h200-h.md). Every spec loads x and its scale factors through flat views too (load_chunk).
+# e4m3 -> e4m3 keeps the strided buffers and masks: the flat store made its float32 variant 10% slower there, which its
+# SASS (the same loads and stores, a predicated store for a branch) does not explain; with the unmasked scale factor
+# load nvcc kept its 32 bytes as sixteen 16-bit halves (32 permutes more) and it measured 13-15% slower (31.1 ->
+# 35.8 us, run 1 of docs/gpu-runs/2026-12-03-h200.md).
+STRIDED_BUFFERS = {('e4m3', 'e4m3')}
 CHUNK = 32  # logical elements per thread
 # Bytes of x a vector load takes (compile time, vec_bytes): 32, a whole chunk of e4m3 input, is one 256-bit load on
 # sm_100a, a whole 32-byte sector, for an x whose pointer and row stride are 32-byte aligned; 16 takes any 16-byte
@@ -368,8 +371,7 @@ def power_of_two_between(factor, low: int, high: int):
 
 
 def biased_exponent(value):
-    """The exponent field of a non-negative float32 (an input UE8M0 scale factor's byte, as load_chunk reads it, or a
-    power-of-two factor's 127 + x)."""
+    """The exponent field of a non-negative float32 (a power-of-two factor's 127 + x)."""
     return T.Cast('int32', T.reinterpret(value, T.uint32) >> T.uint32(23))
 
 
@@ -423,14 +425,16 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str, 
     hidden = in_width * 2 if in_fp4 else in_width
     num_in_sf_rows, num_in_sf_blocks, num_in_sf_words = T.dynamic('num_in_sf_rows'), T.dynamic('num_in_sf_blocks'), T.dynamic('num_in_sf_words')
     in_sf_row_bytes = T.dynamic('in_sf_row_bytes')
-    in_sf_type = token_sf_tensor(in_packed, num_in_sf_rows, num_in_sf_blocks, num_in_sf_words,
-                            T.dynamic('in_sf_word_stride'), T.dynamic('in_sf_stride_t'), T.dynamic('in_sf_stride_k'), in_sf_row_bytes)
+    in_sf_word_stride, in_sf_stride_t, in_sf_stride_k = T.dynamic('in_sf_word_stride'), T.dynamic('in_sf_stride_t'), T.dynamic('in_sf_stride_k')
+    in_sf_type = token_sf_tensor(in_packed, num_in_sf_rows, num_in_sf_blocks, num_in_sf_words, in_sf_word_stride, in_sf_stride_t, in_sf_stride_k,
+                                 in_sf_row_bytes)
     num_sf_blocks, num_sf_words = T.dynamic('num_sf_blocks'), T.dynamic('num_sf_words')
     sf_word_stride = T.dynamic('sf_word_stride')
     sf_type = token_sf_tensor(packed, num_tokens, num_sf_blocks, num_sf_words, sf_word_stride, T.dynamic('sf_stride_t'), T.dynamic('sf_stride_k'))
     spec = (in_fmt, fmt, in_sf_format)
     tiled = spec in TILED
-    flat_sf_store = not tiled and (in_fmt, fmt) not in STRIDED_SF_STORE
+    strided = (in_fmt, fmt) in STRIDED_BUFFERS
+    flat_sf_store = not tiled and not strided
     per_thread = CHUNKS_PER_THREAD.get(spec, 1)
     assert not tiled or (packed and per_thread == 1)
     in_dtype = T.int8 if in_fp4 else T.float8_e4m3fn
@@ -457,19 +461,34 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str, 
             for b in T.vectorized(4):
                 out_sf[tile_word + tid // TILE_ROWS, (tile_row + tid % TILE_ROWS) * 4 + b] = word_bytes[b]
 
+    def input_scale(scale):
+        """The float32 input scale factor of a `scales` element (packed: 2^(byte - 127), its byte's float bits)."""
+        return T.reinterpret(T.Cast('uint32', scale) << T.uint32(23), T.float32) if in_packed else scale
+
     @T.macro
-    def load_chunk(x, x_sf, all_data, scales, k, row, chunk, active, in_row, in_block):
+    def load_chunk(x, x_sf, x_flat, x_sf_flat, all_data, scales, k, row, chunk, active, in_row, in_block):
         """Chunk k of the thread's: its bytes into all_data[k * in_bytes ...], its input scale factor into scales[k]
-        (zeros when inactive)."""
-        scales[k] = T.float32(0)
+        (zeros when inactive). Through flat views by unsigned 32 x 32 -> 64-bit offsets (addressing), where the
+        strided buffers' signed 64-bit row * stride took about 10 instructions a chunk more; the scale factor
+        unmasked: the op checks that x_sf has exactly the blocks of x (check_input_sf), so an active chunk's block
+        is always there."""
+        scales[k] = T.Cast(scales.dtype, 0)
         if active:
             for e in T.vectorized(in_bytes):
-                all_data[k * in_bytes + e] = x[row, chunk * in_bytes + e]
-            if in_packed:
-                if (in_block >> 2) < num_in_sf_words and in_row * 4 < in_sf_row_bytes:
-                    scales[k] = T.reinterpret(T.Cast('uint32', x_sf[in_block >> 2, in_row * 4 + (in_block & 3)]) << T.uint32(23), T.float32)
-            elif in_row < num_in_sf_rows and in_block < num_in_sf_blocks:
-                scales[k] = x_sf[in_row, in_block]
+                if strided:
+                    all_data[k * in_bytes + e] = x[row, chunk * in_bytes + e]
+                else:
+                    all_data[k * in_bytes + e] = x_flat[unsigned_wide_mad(row, row_stride // vec_bytes, chunk * (in_bytes // vec_bytes)) * vec_bytes + e]
+            if strided:
+                if in_packed:
+                    if (in_block >> 2) < num_in_sf_words and in_row * 4 < in_sf_row_bytes:
+                        scales[k] = T.Cast('int32', x_sf[in_block >> 2, in_row * 4 + (in_block & 3)])
+                elif in_row < num_in_sf_rows and in_block < num_in_sf_blocks:
+                    scales[k] = x_sf[in_row, in_block]
+            elif in_packed:
+                scales[k] = T.Cast('int32', x_sf_flat[unsigned_wide_mad(in_block >> 2, in_sf_word_stride, in_row * 4 + (in_block & 3))])
+            else:
+                scales[k] = x_sf_flat[unsigned_wide_dot(in_row, in_sf_stride_t, in_block, in_sf_stride_k)]
         else:
             # Zero words, not T.cast(0, e4m3) bytes: nvcc does not fold that conversion, and its F2FP, byte merges and
             # copies (8-12 SASS instructions a chunk, predicated off in active threads but issued by all) stayed in
@@ -630,7 +649,7 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str, 
         x_sf: in_sf_type,
         out: T.Tensor[(num_tokens, hidden // 2 if out_fp4 else hidden), out_dtype],
         out_sf: sf_type,
-        chunks_per_row: T.int32,  # ceil(hidden / num_per_channels) * num_per_channels / 32
+        chunks_per_row: T.int32,  # ceil(hidden / num_per_channels) * num_per_channels / 32, blocks padded to a multiple of 4 when packed
         row_magic: T.int64,  # with row_shift, the division of a chunk's index by chunks_per_row (unused when tiled)
         row_shift: T.int32,
         tile_magic: T.int64,  # with tile_shift, the division of a CTA's index by the tiles a row (used only when tiled)
@@ -655,7 +674,11 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str, 
                 T.annotate_min_blocks_per_sm(MIN_BLOCKS_BY_TARGET.get((arch.target, *spec, vec_bytes), MIN_BLOCKS[spec]))
             tid = T.get_thread_binding()
             all_data = T.alloc_local((per_thread * in_bytes,), in_dtype)
-            scales = T.alloc_local((per_thread,), T.float32)  # the input scale factor of each chunk
+            # The input scale factor of each chunk; packed, its exponent byte, which the exponent paths take as it is
+            # (input_scale gives the float): its float bits and back had taken three instructions a chunk on the chain
+            # from the byte's load to the warp's vote, and packed e4m3 -> e2m1 measured 28.5-28.6 -> 27.8 us without
+            # them (runs 1 and 2 of docs/gpu-runs/2026-12-03-h200.md).
+            scales = T.alloc_local((per_thread,), T.int32 if in_packed else T.float32)
             if tiled:
                 tile_row = T.alloc_var(T.int32)
                 tile_chunk = T.alloc_var(T.int32)
@@ -667,6 +690,14 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str, 
                 staged = T.alloc_shared((TILE_ROWS * TILE_CHUNKS,), T.uint8)  # [row][block of the tile]
             elif flat_sf_store:
                 out_sf_flat, sf_row_step, sf_block_step = sf_flat_view(out_sf, packed)
+            x_flat = T.Tensor(((num_tokens - 1) * row_stride + in_width,), in_dtype, x.data)
+            x_sf_flat = sf_flat_view(x_sf, in_packed)[0]
+            # Per thread, not per chunk: whether its chunks are the first of their blocks (the lane that stores the
+            # block's scale factor), and whether a block is one chunk.
+            block_writer = T.alloc_var(T.bool)
+            block_writer = (tid & ((1 << (npc_log2 - 5)) - 1)) == 0
+            one_chunk_blocks = T.alloc_var(T.bool)
+            one_chunk_blocks = npc_log2 == 5
             if per_thread == 1:
                 # (Not the loop below with one turn: written so, these specs' cubins changed and e2m1 -> e2m1 measured
                 # 2% slower, GPU run 3 of docs/gpu-runs/2026-12-01-h200-g.md; this form keeps them as measured.)
@@ -693,7 +724,7 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str, 
                 if not flat_sf_store:  # (the strided store's block; the flat one takes the column)
                     block = T.alloc_var(T.int32)
                     block = col >> npc_log2
-                load_chunk(x, x_sf, all_data, scales, 0, row, chunk, active, in_row, in_block)
+                load_chunk(x, x_sf, x_flat, x_sf_flat, all_data, scales, 0, row, chunk, active, in_row, in_block)
             else:
                 # Every chunk's loads are issued before any is encoded; a thread's chunks are NUM_THREADS apart, so
                 # each warp's loads stay one contiguous run.
@@ -706,7 +737,7 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str, 
                     rows[k] = magic_quotient(c, row_magic, row_shift)
                     chunks[k] = c - rows[k] * chunks_per_row
                     actives[k] = T.And(rows[k] < num_tokens, chunks[k] * CHUNK < hidden)
-                    load_chunk(x, x_sf, all_data, scales, k, rows[k], chunks[k], actives[k], rows[k] >> in_block_m_log2, (chunks[k] * CHUNK) >> in_block_k_log2)
+                    load_chunk(x, x_sf, x_flat, x_sf_flat, all_data, scales, k, rows[k], chunks[k], actives[k], rows[k] >> in_block_m_log2, (chunks[k] * CHUNK) >> in_block_k_log2)
             for k in T.unroll(per_thread):
                 data = T.alloc_local((in_bytes,), in_dtype)
                 for e in T.vectorized(in_bytes):
@@ -755,10 +786,10 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str, 
                     # (7 - largest) / 2, and the table that of the factor 2 to that, in integers (EXPONENT_PATH_INPUTS);
                     # the chunks off that path find their largest code and factor as the others do.
                     in_exponent = T.alloc_var(T.int32)
-                    in_exponent = biased_exponent(scales[k])
+                    in_exponent = scales[k]
                     halving_steps, nonzero = halving_steps_of_largest([magnitudes[w] for w in range(in_bytes // 4)])
                     exact_exponents = T.alloc_var(T.bool)
-                    exact_exponents = T.And(T.And(npc_log2 == 5, nonzero),
+                    exact_exponents = T.And(T.And(one_chunk_blocks, nonzero),
                                             T.And(in_exponent >= EXPONENT_PATH_INPUTS[0], in_exponent <= EXPONENT_PATH_INPUTS[1]))
                     sf_exponent = T.alloc_var(T.int32)
                     if exact_exponents:
@@ -769,20 +800,20 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str, 
                     else:
                         largest = largest_magnitude([magnitudes[w] for w in range(in_bytes // 4)])
                         amax[0] = e2m1_value(largest)
-                        chunk_scale(amax, scales[k], sf, multiplier, factor, npc_log2, round_sf)
+                        chunk_scale(amax, input_scale(scales[k]), sf, multiplier, factor, npc_log2, round_sf)
                         sf_exponent = T.Cast('int32', sf[0])
                 elif f16_exponent_path:
                     # UE8M0 in and out, a block of one chunk: the scale factor's byte is the input's plus
                     # amax_shift, and the factor 2^-amax_shift, in integers (F16_EXPONENT_PATH); other chunks take
                     # block_scale.
                     in_exponent = T.alloc_var(T.int32)
-                    in_exponent = biased_exponent(scales[k])
+                    in_exponent = scales[k]
                     amax_shift = T.alloc_var(T.int32)
                     amax_shift = T.Cast('int32', (T.reinterpret(chunk_amax, T.uint32) + T.uint32(F16_EXPONENT_PATH_CARRY)) >> T.uint32(23)) - (127 + F16_EXPONENT_PATH_F)
                     sf_exponent = T.alloc_var(T.int32)
                     sf_exponent = in_exponent + amax_shift
                     exact_exponents = T.alloc_var(T.bool)
-                    exact_exponents = T.And(T.And(npc_log2 == 5, chunk_amax > T.float32(0)),
+                    exact_exponents = T.And(T.And(one_chunk_blocks, chunk_amax > T.float32(0)),
                                             T.And(T.And(in_exponent >= F16_EXPONENT_PATH_INPUTS[0], in_exponent <= F16_EXPONENT_PATH_INPUTS[1]),
                                                   T.And(sf_exponent >= F16_EXPONENT_PATH_BYTES[0], sf_exponent <= F16_EXPONENT_PATH_BYTES[1])))
                     # Voted, so that a warp whose every active chunk is on the path skips the factor's test for the f16
@@ -792,19 +823,26 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str, 
                     if warp_exponents:
                         factor = T.reinterpret(T.Cast('uint32', 127 - amax_shift) << T.uint32(23), T.float32)
                     else:
-                        chunk_scale(amax, scales[k], sf, multiplier, factor, npc_log2, round_sf)
+                        chunk_scale(amax, input_scale(scales[k]), sf, multiplier, factor, npc_log2, round_sf)
                         sf_exponent = T.Cast('int32', sf[0])
                 else:
-                    chunk_scale(amax, scales[k], sf, multiplier, factor, npc_log2, round_sf)
+                    chunk_scale(amax, input_scale(scales[k]), sf, multiplier, factor, npc_log2, round_sf)
 
                 if tiled:
                     store_tile_sf(out_sf, staged, sf_exponent if integer_sf else sf[0], active, tid, tile_row, tile_chunk, npc_log2)
-                elif active and (tid & ((1 << (npc_log2 - 5)) - 1)) == 0:
-                    if flat_sf_store:
-                        store_token_sf_flat(out_sf_flat, packed, row, chunk * CHUNK, sf_exponent if integer_sf else sf[0], npc_log2, hidden,
-                                            num_tokens, num_sf_blocks, num_sf_words, sf_row_step, sf_block_step)
-                    else:
-                        store_token_sf(out_sf, packed, row, block, sf[0], (block + 1) << npc_log2 >= hidden, num_sf_blocks, num_sf_words)
+                elif flat_sf_store and packed:
+                    # The op pads a row's chunks to whole words of packed scale factors (4 blocks), so the bytes past a
+                    # row's last block are those of inactive chunks, which store zero (deterministic output) where the
+                    # last block's lane took a test and three stores a chunk. Unmasked: the op allocated the buffer
+                    # (alloc_sf).
+                    if block_writer and row < num_tokens:
+                        store_block_sf_flat(out_sf_flat, packed, row, chunk >> (npc_log2 - 5), T.if_then_else(active, sf_exponent if integer_sf else sf[0], 0),
+                                            False, sf_row_step, sf_block_step)
+                elif flat_sf_store:
+                    if active and block_writer:
+                        store_block_sf_flat(out_sf_flat, packed, row, chunk >> (npc_log2 - 5), sf[0], False, sf_row_step, sf_block_step)
+                elif active and (tid & ((1 << (npc_log2 - 5)) - 1)) == 0:  # (STRIDED_BUFFERS: not block_writer, which moved its SASS)
+                    store_token_sf(out_sf, packed, row, block, sf[0], (block + 1) << npc_log2 >= hidden, num_sf_blocks, num_sf_words)
                 codes = T.alloc_local((out_bytes // 4,), T.uint32)
                 if in_fp4:
                     if exponent_path and exact_exponents:
@@ -879,7 +917,7 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str, 
                         # docs/gpu-runs/2026-12-02-h200-k.md).
                         if round_sf == 0:
                             amax_bits = T.reinterpret(amax[0], T.uint32)
-                            ratio_chunk = T.And(T.And(npc_log2 == 5, T.Not(T.isnan(chunk_amax))),
+                            ratio_chunk = T.And(T.And(one_chunk_blocks, T.Not(T.isnan(chunk_amax))),
                                                 amax_bits - T.uint32(RATIO_AMAX_BITS[0]) < T.uint32(RATIO_AMAX_BITS[1] - RATIO_AMAX_BITS[0]))
                             if T.all_sync(T.Or(T.Not(active), ratio_chunk)) != 0:
                                 encode_ratio_lanes(halves, chunk_amax, factor, codes, tid, round_sf)
@@ -895,7 +933,7 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str, 
                         # Through a flat view by an unsigned 32-bit offset (the op keeps the output below 2^31
                         # elements): e4m3 -> e2m1 1.7-3.4% faster (e2m1 -> e2m1 UE8M0 2.5%, with a shorter table form
                         # in the same build); e4m3 -> e4m3 the same way measured 10-18% slower, as its scale factors
-                        # did (STRIDED_SF_STORE), and e2m1 -> e4m3 under 1% slower (GPU run 4 of
+                        # did (STRIDED_BUFFERS), and e2m1 -> e4m3 under 1% slower (GPU run 4 of
                         # docs/gpu-runs/2026-12-02-h200-g.md).
                         out_flat = T.Tensor((out.shape[0] * out.shape[1],), out_dtype, out.data)
                         for e in T.vectorized(out_bytes):

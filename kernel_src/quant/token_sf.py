@@ -89,14 +89,24 @@ def store_token_sf_flat(out_sf_flat, packed: bool, row, col, value, npc_log2, hi
     if row < num_tokens and col < hidden:
         block = col >> npc_log2
         if packed:
-            # Byte block % 4 of word block / 4 of the row (sf_row_step 4, sf_block_step the word stride);
-            # the last block of a row zeroes the rest of its word (deterministic output).
             if (block >> 2) < num_sf_words:
-                byte_index = (block >> 2) * sf_block_step + row * 4 + (block & 3)
-                out_sf_flat[unsigned_index(byte_index)] = T.Cast(T.uint8, value)
-                if ((block + 1) << npc_log2) >= hidden:
-                    for b in T.unroll(1, 4):
-                        if (block & 3) + b < 4:
-                            out_sf_flat[unsigned_index(byte_index + b)] = T.uint8(0)
+                store_block_sf_flat(out_sf_flat, packed, row, block, value, ((block + 1) << npc_log2) >= hidden, sf_row_step, sf_block_step)
         elif block < num_sf_blocks:
-            out_sf_flat[unsigned_index(row * sf_row_step + block * sf_block_step)] = value
+            store_block_sf_flat(out_sf_flat, packed, row, block, value, False, sf_row_step, sf_block_step)
+
+
+@T.macro
+def store_block_sf_flat(out_sf_flat, packed: bool, row, block, value, last_in_row, sf_row_step, sf_block_step):
+    """store_token_sf_flat's store, unmasked: for a row and block the caller knows are in the buffer (its own
+    checks, or one chunk per scale factor of an op-allocated buffer: kernel_src.quant.per_token_requant)."""
+    if packed:
+        # Byte block % 4 of word block / 4 of the row (sf_row_step 4, sf_block_step the word stride);
+        # the last block of a row zeroes the rest of its word (deterministic output).
+        byte_index = (block >> 2) * sf_block_step + row * 4 + (block & 3)
+        out_sf_flat[unsigned_index(byte_index)] = T.Cast(T.uint8, value)
+        if last_in_row:
+            for b in T.unroll(1, 4):
+                if (block & 3) + b < 4:
+                    out_sf_flat[unsigned_index(byte_index + b)] = T.uint8(0)
+    else:
+        out_sf_flat[unsigned_index(row * sf_row_step + block * sf_block_step)] = value

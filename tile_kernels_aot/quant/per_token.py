@@ -15,7 +15,7 @@ import torch
 from tile_kernels_aot import _checks
 from tile_kernels_aot._select import find_kernel
 from tile_kernels_aot.quant._common import (
-    FORMATS, IN_DTYPES, INDEX_LIMIT, MODE_CAST, MODE_PRECOMPUTED, MODE_SF_ONLY, VECTOR_BYTES, QuantTensor, alloc_quant_out, alloc_sf,
+    FORMATS, IN_DTYPES, INDEX_LIMIT, MODE_CAST, MODE_PRECOMPUTED, MODE_SF_ONLY, VECTOR_BYTES, QuantTensor, align, alloc_quant_out, alloc_sf,
     check_cast_back_args, check_input_sf, check_int_pair, check_out_fmt, check_packed_ue8m0, check_sf_flags, dtype_name, is_pow2, magic,
     not_built, packed_sf_bytes, row_aligned, sf_format, unpack_quant, vector_bytes,
 )
@@ -128,7 +128,8 @@ def _requantize(op: str, x: object, fmt: str, num_per_channels: int, x_block_siz
                                f'{num_tokens} tokens of {hidden} channels in blocks of {(in_block_m, in_block_k)}')
     device = _checks.on_one_cuda_device(op, data=data, sf=in_sf)
     num_blocks = -(-hidden // num_per_channels)
-    chunks_per_row = num_blocks * num_per_channels // 32
+    # Packed: whole words of 4 blocks a row, whose chunks past the data store the zero bytes of a row's last word.
+    chunks_per_row = (align(num_blocks, 4) if packed else num_blocks) * num_per_channels // 32
     if num_tokens * chunks_per_row * 32 > INDEX_LIMIT:
         raise ValueError(f'{op}: data is too large: {num_tokens} x {hidden} elements reach the 32-bit index range')
     returned, sf_arg = alloc_sf(num_tokens, num_blocks, col_major, packed, data.device)
