@@ -466,19 +466,19 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str, 
         return T.reinterpret(T.Cast('uint32', scale) << T.uint32(23), T.float32) if in_packed else scale
 
     @T.macro
-    def load_chunk(x, x_sf, x_flat, x_sf_flat, all_data, scales, k, row, chunk, active, in_row, in_block):
+    def load_chunk(x, x_sf, all_data, scales, k, row, chunk, active, in_row, in_block):
         """Chunk k of the thread's: its bytes into all_data[k * in_bytes ...], its input scale factor into scales[k]
-        (zeros when inactive). Through flat views by unsigned 32 x 32 -> 64-bit offsets (addressing), where the
-        strided buffers' signed 64-bit row * stride took about 10 instructions a chunk more; the scale factor
-        unmasked: the op checks that x_sf has exactly the blocks of x (check_input_sf), so an active chunk's block
-        is always there."""
+        (zeros when inactive). x and x_sf are flat views (but STRIDED_BUFFERS), read by unsigned 32 x 32 -> 64-bit
+        offsets (addressing), where the strided buffers' signed 64-bit row * stride took about 10 instructions a chunk
+        more; the scale factor unmasked: the op checks that x_sf has exactly the blocks of x (check_input_sf), so an
+        active chunk's block is always there."""
         scales[k] = T.Cast(scales.dtype, 0)
         if active:
             for e in T.vectorized(in_bytes):
                 if strided:
                     all_data[k * in_bytes + e] = x[row, chunk * in_bytes + e]
                 else:
-                    all_data[k * in_bytes + e] = x_flat[unsigned_wide_mad(row, row_stride // vec_bytes, chunk * (in_bytes // vec_bytes)) * vec_bytes + e]
+                    all_data[k * in_bytes + e] = x[unsigned_wide_mad(row, row_stride // vec_bytes, chunk * (in_bytes // vec_bytes)) * vec_bytes + e]
             if strided:
                 if in_packed:
                     if (in_block >> 2) < num_in_sf_words and in_row * 4 < in_sf_row_bytes:
@@ -486,9 +486,9 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str, 
                 elif in_row < num_in_sf_rows and in_block < num_in_sf_blocks:
                     scales[k] = x_sf[in_row, in_block]
             elif in_packed:
-                scales[k] = T.Cast('int32', x_sf_flat[unsigned_wide_mad(in_block >> 2, in_sf_word_stride, in_row * 4 + (in_block & 3))])
+                scales[k] = T.Cast('int32', x_sf[unsigned_wide_mad(in_block >> 2, in_sf_word_stride, in_row * 4 + (in_block & 3))])
             else:
-                scales[k] = x_sf_flat[unsigned_wide_dot(in_row, in_sf_stride_t, in_block, in_sf_stride_k)]
+                scales[k] = x_sf[unsigned_wide_dot(in_row, in_sf_stride_t, in_block, in_sf_stride_k)]
         else:
             # Zero words, not T.cast(0, e4m3) bytes: nvcc does not fold that conversion, and its F2FP, byte merges and
             # copies (8-12 SASS instructions a chunk, predicated off in active threads but issued by all) stayed in
@@ -690,8 +690,8 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str, 
                 staged = T.alloc_shared((TILE_ROWS * TILE_CHUNKS,), T.uint8)  # [row][block of the tile]
             elif flat_sf_store:
                 out_sf_flat, sf_row_step, sf_block_step = sf_flat_view(out_sf, packed)
-            x_flat = T.Tensor(((num_tokens - 1) * row_stride + in_width,), in_dtype, x.data)
-            x_sf_flat = sf_flat_view(x_sf, in_packed)[0]
+            x_in = x if strided else T.Tensor(((num_tokens - 1) * row_stride + in_width,), in_dtype, x.data)
+            x_sf_in = x_sf if strided else sf_flat_view(x_sf, in_packed)[0]
             # Per thread, not per chunk: whether its chunks are the first of their blocks (the lane that stores the
             # block's scale factor), and whether a block is one chunk.
             block_writer = T.alloc_var(T.bool)
@@ -724,7 +724,7 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str, 
                 if not flat_sf_store:  # (the strided store's block; the flat one takes the column)
                     block = T.alloc_var(T.int32)
                     block = col >> npc_log2
-                load_chunk(x, x_sf, x_flat, x_sf_flat, all_data, scales, 0, row, chunk, active, in_row, in_block)
+                load_chunk(x_in, x_sf_in, all_data, scales, 0, row, chunk, active, in_row, in_block)
             else:
                 # Every chunk's loads are issued before any is encoded; a thread's chunks are NUM_THREADS apart, so
                 # each warp's loads stay one contiguous run.
@@ -737,7 +737,7 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str, 
                     rows[k] = magic_quotient(c, row_magic, row_shift)
                     chunks[k] = c - rows[k] * chunks_per_row
                     actives[k] = T.And(rows[k] < num_tokens, chunks[k] * CHUNK < hidden)
-                    load_chunk(x, x_sf, x_flat, x_sf_flat, all_data, scales, k, rows[k], chunks[k], actives[k], rows[k] >> in_block_m_log2, (chunks[k] * CHUNK) >> in_block_k_log2)
+                    load_chunk(x_in, x_sf_in, all_data, scales, k, rows[k], chunks[k], actives[k], rows[k] >> in_block_m_log2, (chunks[k] * CHUNK) >> in_block_k_log2)
             for k in T.unroll(per_thread):
                 data = T.alloc_local((in_bytes,), in_dtype)
                 for e in T.vectorized(in_bytes):
