@@ -18,7 +18,7 @@ import torch
 from benchmarks.run import DTYPE_OF_SIZE, Timer, copy_bandwidth, nbytes
 from tile_kernels_aot import reference
 from tile_kernels_aot._launch import LoadedKernel
-from tile_kernels_aot._manifest import manifest_from_json
+from tile_kernels_aot.manifest import manifest_from_json
 
 TOKENS = 8192
 

@@ -22,11 +22,11 @@ from build_tools import ninja, wheels
 from build_tools.cubin_info import frame_bytes
 from build_tools.util import BuildError, sha256_bytes, stable_json, write_if_different
 from kernel_src.decl import Arch, KernelDecl
-from tile_kernels_aot._cubin import cubin_sm, target_sm
-from tile_kernels_aot._manifest import (
+from tile_kernels_aot.cubin import cubin_sm, target_sm
+from tile_kernels_aot.manifest import (
     KernelInfo, Manifest, entry_from_plain, manifest_from_json, manifest_to_json,
 )
-from tile_kernels_aot._version import __version__
+from tile_kernels_aot.version import __version__
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 KERNEL_SRC = REPO_ROOT / 'kernel_src'

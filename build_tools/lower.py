@@ -16,7 +16,7 @@ import tvm
 from tvm import tirx
 
 from kernel_src.decl import Arch, KernelDecl
-from tile_kernels_aot._manifest import expr_vars
+from tile_kernels_aot.manifest import expr_vars
 
 _TIR_BINARY = {
     tirx.Add: '+',
@@ -40,7 +40,7 @@ class LoweringError(RuntimeError):
 
 
 def to_expr(node: Any) -> Any:
-    """A TIR integer expression as a manifest expression tree (see tile_kernels_aot._manifest)."""
+    """A TIR integer expression as a manifest expression tree (see tile_kernels_aot.manifest)."""
     if isinstance(node, int):
         return node
     if isinstance(node, tirx.IntImm):

@@ -21,8 +21,8 @@ from pathlib import Path
 
 from build_tools.util import BuildError, sha256_bytes, write_if_different
 from kernel_src.decl import Arch
-from tile_kernels_aot import _arch
-from tile_kernels_aot._version import __version__
+from tile_kernels_aot import targets
+from tile_kernels_aot.version import __version__
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 META_DIST = 'tile-kernels-aot'
@@ -33,7 +33,7 @@ SOURCE_DATE_EPOCH = '315532800'
 
 
 def arch_dist_name(arch: Arch) -> str:
-    return _arch.distribution_for(arch.target)
+    return targets.distribution_for(arch.target)
 
 
 def _pyproject(name: str, description: str, dependencies: list[str], packages: list[str], package_data: dict[str, list[str]]) -> str:
@@ -63,7 +63,7 @@ include-package-data = false
 
 
 def _stage_arch(arch: Arch, jobs: list, manifest: Path, build_dir: Path, stage: Path) -> None:
-    pkg = _arch.package_for(arch.target)
+    pkg = targets.package_for(arch.target)
     root = stage / pkg
     root.mkdir(parents=True)
     (root / '__init__.py').write_text(

@@ -12,8 +12,8 @@ import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from tile_kernels_aot._arch import KNOWN_TARGETS
-from tile_kernels_aot._manifest import ParamSchema, ParamValue, spec_file_stem, spec_key
+from tile_kernels_aot.targets import KNOWN_TARGETS
+from tile_kernels_aot.manifest import ParamSchema, ParamValue, spec_file_stem, spec_key
 
 
 @dataclasses.dataclass(frozen=True)

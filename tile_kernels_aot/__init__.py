@@ -8,7 +8,7 @@ installed arch package for that GPU (tile_kernels_aot_sm90a, ...) and loads the 
 """
 
 from tile_kernels_aot import config, errors, moe, quant, reference, transpose
-from tile_kernels_aot._version import __version__
+from tile_kernels_aot.version import __version__
 from tile_kernels_aot.config import get_device_num_sms, get_num_sms, set_num_sms
 
 __all__ = ['__version__', 'config', 'errors', 'get_device_num_sms', 'get_num_sms', 'moe', 'quant', 'reference', 'set_num_sms', 'transpose']

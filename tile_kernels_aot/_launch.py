@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 
 from tile_kernels_aot import _driver
-from tile_kernels_aot._cubin import cubin_sm, target_sm
-from tile_kernels_aot._manifest import Entry, Launch, compile_expr, format_expr
+from tile_kernels_aot.cubin import cubin_sm, target_sm
+from tile_kernels_aot.manifest import Entry, Launch, compile_expr, format_expr
 from tile_kernels_aot.errors import KernelIntegrityError, TileKernelsAOTError
 
 TORCH_DTYPES = {

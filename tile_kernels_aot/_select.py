@@ -15,9 +15,9 @@ import os
 import threading
 from pathlib import Path
 
-from tile_kernels_aot import _arch
+from tile_kernels_aot import targets
 from tile_kernels_aot._launch import LoadedKernel
-from tile_kernels_aot._manifest import Entry, Manifest, ParamValue, manifest_from_json, spec_key
+from tile_kernels_aot.manifest import Entry, Manifest, ParamValue, manifest_from_json, spec_key
 from tile_kernels_aot.errors import SpecNotPrebuiltError, UnsupportedDeviceError
 
 KERNEL_DIRS_ENV = 'TILE_KERNELS_AOT_KERNEL_DIRS'
@@ -60,16 +60,16 @@ def installed_packages() -> tuple[ArchPackage, ...]:
             raise FileNotFoundError(f'{KERNEL_DIRS_ENV} names {root}, which has no manifest.json')
         manifest = manifest_from_json((root / 'manifest.json').read_text())  # its target says which arch it serves
         found.setdefault(manifest.target, ArchPackage(manifest.target, root, f'{KERNEL_DIRS_ENV} ({root})', manifest))
-    for target in _arch.KNOWN_TARGETS:
+    for target in targets.KNOWN_TARGETS:
         root = find_arch_package(target)
         if target not in found and root is not None:
-            found[target] = ArchPackage(target, root, _arch.distribution_for(target))
+            found[target] = ArchPackage(target, root, targets.distribution_for(target))
     return tuple(found.values())
 
 
 def find_arch_package(target: str) -> Path | None:
     """The folder of the installed arch package for `target`, found without importing it."""
-    spec = importlib.util.find_spec(_arch.package_for(target))
+    spec = importlib.util.find_spec(targets.package_for(target))
     if spec is None or not spec.submodule_search_locations:
         return None
     return Path(next(iter(spec.submodule_search_locations)))
@@ -86,9 +86,9 @@ def device_facts(device_index: int) -> tuple[str, tuple[int, int]]:
 def package_for_device(device_index: int) -> ArchPackage:
     name, capability = device_facts(device_index)
     packages = {p.target: p for p in installed_packages()}
-    target, reasons = _arch.choose_target(capability, list(packages))
+    target, reasons = targets.choose_target(capability, list(packages))
     if target is None:
-        raise UnsupportedDeviceError(name, capability, [f'{t} ({p.origin})' for t, p in packages.items()], reasons, _arch.install_advice(capability))
+        raise UnsupportedDeviceError(name, capability, [f'{t} ({p.origin})' for t, p in packages.items()], reasons, targets.install_advice(capability))
     return packages[target]
 
 
@@ -106,7 +106,7 @@ def _not_prebuilt(package: ArchPackage, kernel: str, params: dict[str, ParamValu
         ranked = sorted(info.entries.values(), key=lambda e: (_distance(params, e.params), e.key))
         nearest = [e.key for e in ranked[:3]]
     spec_json = json.dumps([{'kernel': kernel, 'params': params}])
-    major, minor, _ = _arch.parse_target(package.target)
+    major, minor, _ = targets.parse_target(package.target)
     command = f'python -m build_tools --arch sm{major}{minor} --specs my_specs.json'
     return SpecNotPrebuiltError(kernel, package.target, params, nearest, command, spec_json)
 

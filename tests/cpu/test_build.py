@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from build_tools.cubin_info import frame_bytes
-from tile_kernels_aot._cubin import cubin_sm
-from tile_kernels_aot._manifest import manifest_from_json
+from tile_kernels_aot.cubin import cubin_sm
+from tile_kernels_aot.manifest import manifest_from_json
 
 from .conftest import SUBSET, build_subset
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from tile_kernels_aot._manifest import (
+from tile_kernels_aot.manifest import (
     ParamSchema, compile_expr, format_expr, parse_spec_key, spec_file_stem, spec_key,
 )
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tile_kernels_aot._launch import _BindingPlan
-from tile_kernels_aot._manifest import entry_from_plain
+from tile_kernels_aot.manifest import entry_from_plain
 
 
 def run_python(code: str) -> subprocess.CompletedProcess:

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from tile_kernels_aot import _arch, _select
+from tile_kernels_aot import targets, _select
 from tile_kernels_aot.errors import SpecNotPrebuiltError, UnsupportedDeviceError
 
 
@@ -13,14 +13,14 @@ from tile_kernels_aot.errors import SpecNotPrebuiltError, UnsupportedDeviceError
     ('sm_90', (9, 0), True), ('sm_80', (8, 6), True), ('sm_80', (9, 0), False),
 ])
 def test_compatibility_rules(target, capability, ok):
-    assert _arch.runs_on(target, capability)[0] is ok
+    assert targets.runs_on(target, capability)[0] is ok
 
 
 def test_choice_prefers_exact_then_family_then_plain():
-    assert _arch.choose_target((10, 0), ['sm_100', 'sm_100f', 'sm_100a'])[0] == 'sm_100a'
-    assert _arch.choose_target((10, 3), ['sm_100', 'sm_100f', 'sm_100a'])[0] == 'sm_100f'
-    assert _arch.choose_target((9, 0), ['sm_100a', 'sm_90a'])[0] == 'sm_90a'
-    target, reasons = _arch.choose_target((8, 0), ['sm_90a', 'sm_100a'])
+    assert targets.choose_target((10, 0), ['sm_100', 'sm_100f', 'sm_100a'])[0] == 'sm_100a'
+    assert targets.choose_target((10, 3), ['sm_100', 'sm_100f', 'sm_100a'])[0] == 'sm_100f'
+    assert targets.choose_target((9, 0), ['sm_100a', 'sm_90a'])[0] == 'sm_90a'
+    target, reasons = targets.choose_target((8, 0), ['sm_90a', 'sm_100a'])
     assert target is None and reasons == [
         'sm_90a: rejected (sm_90a runs only on compute capability 9.0)',
         'sm_100a: rejected (sm_100a runs only on compute capability 10.0)',

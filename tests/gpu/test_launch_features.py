@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tile_kernels_aot._launch import LoadedKernel
-from tile_kernels_aot._manifest import manifest_from_json
+from tile_kernels_aot.manifest import manifest_from_json
 
 from .helpers import assert_bitwise_equal
 
