@@ -176,6 +176,8 @@ def _kernel_src_closure(module: str) -> set[Path]:
         if path in seen or path.name in ('models.py', 'registry.py'):
             continue
         seen.add(path)
+        if path.name == '__init__.py':
+            seen.update(path.parent.glob('*.cuh'))  # a package's CUDA headers (kernel_src.cuda) count with it
         package = name.rsplit('.', 1)[0] if path.name != '__init__.py' else name
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom):
