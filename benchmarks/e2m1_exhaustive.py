@@ -6,8 +6,8 @@ sequence of kernel_src.quant.common.e2m1_top_nibble against the reference's comp
 
 --finite checks e2m1_finite_top_nibble instead, over the patterns it is for: finite, below E2M1_UNCLAMPED_BOUND.
 
-CPU only; 22 minutes on two shared cores (2026-11-30, seven-instruction sequence: 0 mismatches; dropping its final
-max(s, 1) changed only NaN inputs, which tests/cpu/test_e2m1_code.py covers with several payloads of both signs). Exits non-zero and prints the first mismatches if any.
+CPU only, tens of minutes on two cores. NaN inputs, whose codes depend on the sequence's final max(s, 1), are covered
+by tests/cpu/test_e2m1_code.py with several payloads of both signs. Exits non-zero and prints the first mismatches if any.
 """
 
 from __future__ import annotations

@@ -8,7 +8,6 @@ Where benchmarks.upstream shows a gap, this tells which launch (or memset / copy
 from __future__ import annotations
 
 import argparse
-import fnmatch
 import sys
 
 import torch
@@ -36,21 +35,22 @@ def main() -> int:
     args = parser.parse_args()
     import tile_kernels as tk
 
-    from benchmarks.run import cases_of
+    from benchmarks.run import cases_of, installed_kernels, no_case_row, select
     from benchmarks.upstream import CASES
 
-    for kernel, case in CASES.items():
-        if not fnmatch.fnmatchcase(kernel, args.kernels):
-            continue
+    kernels, missing = select(CASES, args.kernels, installed_kernels())
+    for kernel in missing:
+        no_case_row(kernel, 'benchmarks/upstream.py')
+    for kernel in kernels:
         try:
-            for label, mine, theirs, _, _ in cases_of(case, tk, args.tokens):
+            for label, mine, theirs, _, _ in cases_of(CASES[kernel], tk, args.tokens):
                 for who, fn in (('ours', mine), ('upstream', theirs)):
                     parts = kernel_times(fn)
                     print(f'{kernel} [{label}] {who}: total {sum(t for _, t in parts):.1f} us = '
                           + ', '.join(f'{name[:60]} {t:.1f}' for name, t in parts), flush=True)
         except Exception as exc:  # report and go on
             print(f'{kernel}: {type(exc).__name__}: {str(exc)[:200]}', flush=True)
-    return 0
+    return 1 if missing else 0
 
 
 if __name__ == '__main__':

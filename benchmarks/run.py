@@ -1,11 +1,15 @@
 """Benchmark every installed spec against the copy-bandwidth ceiling measured in the same run.
 
-    python benchmarks/run.py [--out results.jsonl] [--kernels PATTERN] [--tokens 8192] [--upstream]
+    python -m benchmarks.run [--out bench.jsonl] [--kernels PATTERN] [--tokens 8192] [--decode]
 
 Device time is taken between CUDA events on a GPU kept busy by a sleep, so host launch overhead is not
-counted; each input is larger than L2 or L2 is flushed before every run. Decode sizes (1, 32, 128
-tokens) are timed by replaying a CUDA graph of 100 calls, and their host time per call is measured
-separately. Bandwidth counts each input read once and each output written once.
+counted; each input is larger than L2 or L2 is flushed before every run. A case's row holds the median, minimum
+and maximum of ITERS such runs. Decode sizes (1, 32, 128 tokens) are timed by replaying a CUDA graph of 100
+calls, and their host time per call is measured separately. Bandwidth counts each input read once and each
+output written once.
+
+The kernels are those of the installed arch package that serves the GPU, each with its case builder in CASES:
+an installed kernel without one is written as an error row and makes the exit status 1.
 """
 
 from __future__ import annotations
@@ -27,8 +31,8 @@ from tile_kernels_aot.quant.per_token import per_token_requant_spec
 
 ITERS = 30
 # A case (its inputs, timings and decode sizes) still running after this many seconds is taken for a kernel that never
-# returns: every thread's traceback goes to stderr and the process exits, so a GPU session loses one step, not its
-# device time (twenty-second session). Cases take a few seconds.
+# returns: every thread's traceback goes to stderr and the process exits, so a GPU run loses one step, not the rest of
+# its device time. Cases take a few seconds.
 CASE_TIMEOUT_S = 120
 DECODE_TOKENS = (1, 32, 128)
 
@@ -38,6 +42,11 @@ class Timer:
         self.flush = torch.zeros(64 * 2**20, dtype=torch.int32, device='cuda')  # 256 MB, > 4x the 60 MB L2
 
     def device_us(self, fn, iters: int = ITERS) -> float:
+        """The median of device_times."""
+        return statistics.median(self.device_times(fn, iters))
+
+    def device_times(self, fn, iters: int = ITERS) -> list[float]:
+        """Device time of each of `iters` calls, in us, each after an L2 flush and behind a sleep."""
         fn()
         times = []
         for _ in range(iters):
@@ -51,7 +60,7 @@ class Timer:
             end.record()
             times.append((start, end))
         torch.cuda.synchronize()
-        return statistics.median(s.elapsed_time(e) for s, e in times) * 1e3
+        return [s.elapsed_time(e) * 1e3 for s, e in times]
 
     def graph_us(self, fn, calls: int = 100) -> float:
         """Device time per call of a graph of `calls` back-to-back calls (for decode sizes)."""
@@ -93,9 +102,9 @@ class SameSizeCopy:
     """Device time of a copy that moves as many bytes (read + written) as a case, timed as the cases are.
 
     The 235 MB copy of copy_bandwidth is the ceiling every case is quoted against. A kernel of 20-30 us also pays
-    what any launch of its size pays (the grid filling the GPU and draining, the first loads' latency): copies of
-    60-90 MB reached 85-91% of the large copy's rate on the H200 (run 1 of docs/gpu-runs/2026-12-02-h200-c.md). So
-    each case is also quoted against a copy of its own size, time for time."""
+    what any launch of its size pays (the grid filling the GPU and draining, the first loads' latency), which a
+    copy of the same size pays too and the large copy spreads thin. So each case is also quoted against a copy of
+    its own size, time for time."""
 
     def __init__(self, timer: Timer) -> None:
         self.timer = timer
@@ -109,6 +118,23 @@ class SameSizeCopy:
             self.us[n] = self.timer.device_us(lambda: c.copy_(a), iters=50)
             del a, c
         return self.us[n]
+
+
+def installed_kernels() -> list[str]:
+    """The kernels of the arch package that serves GPU 0, in manifest order: what the benchmarks cover."""
+    return list(package_for_device(0).manifest.kernels)
+
+
+def select(cases: dict, pattern: str, kernels: list[str]) -> tuple[list[str], list[str]]:
+    """The kernels of `kernels` that match `pattern` and have a case in `cases`, and those that match but have none."""
+    chosen = [k for k in kernels if fnmatch.fnmatchcase(k, pattern)]
+    return [k for k in chosen if k in cases], [k for k in chosen if k not in cases]
+
+
+def no_case_row(kernel: str, where: str) -> dict:
+    row = {'kernel': kernel, 'error': f'no benchmark case: {kernel} is installed but {where} has no entry for it in CASES'}
+    print(f'{kernel}: {row["error"]}', file=sys.stderr, flush=True)
+    return row
 
 
 def nbytes(*tensors) -> int:
@@ -501,19 +527,21 @@ def main() -> int:
             out.flush()
 
     record({'kernel': 'copy', 'gbs': copy_gbs, 'gpu': gpu})
-    for kernel, case in CASES.items():
-        if not fnmatch.fnmatchcase(kernel, args.kernels):
-            continue
+    kernels, missing = select(CASES, args.kernels, installed_kernels())
+    for kernel in missing:
+        record(no_case_row(kernel, 'benchmarks/run.py'))
+    for kernel in kernels:
         for spec in prebuilt_specs(kernel, 0):
             faulthandler.dump_traceback_later(CASE_TIMEOUT_S, exit=True)
-            for i, (label, fn, moved) in enumerate(cases_of(case, spec, args.tokens)):
-                us = timer.device_us(fn)
-                row = {'kernel': kernel, 'spec': spec, 'shape': label, 'us': us, 'gbs': moved / us / 1e3, 'of_copy': moved / us / 1e3 / copy_gbs,
-                       'of_same_size_copy': same_size_copy(moved) / us}
+            for i, (label, fn, moved) in enumerate(cases_of(CASES[kernel], spec, args.tokens)):
+                times = timer.device_times(fn)
+                us = statistics.median(times)
+                row = {'kernel': kernel, 'spec': spec, 'shape': label, 'tokens': args.tokens, 'us': us, 'min_us': min(times), 'max_us': max(times),
+                       'gbs': moved / us / 1e3, 'of_copy': moved / us / 1e3 / copy_gbs, 'of_same_size_copy': same_size_copy(moved) / us}
                 if args.decode and kernel != 'transpose.batched_transpose':
                     row['decode'] = {}
                     for t in DECODE_TOKENS:
-                        small = cases_of(case, spec, t)[i][1]
+                        small = cases_of(CASES[kernel], spec, t)[i][1]
                         row['decode'][t] = {'graph_us': timer.graph_us(small), 'host_us': timer.host_us(small)}
                 record(row)
                 print(f'{kernel:28s} {json.dumps(spec, separators=(",", ":")):90s} {label:18s} {us:8.1f} us {row["gbs"]:7.0f} GB/s '
@@ -523,7 +551,7 @@ def main() -> int:
             faulthandler.cancel_dump_traceback_later()
     if out:
         out.close()
-    return 0
+    return 1 if missing else 0
 
 
 if __name__ == '__main__':

@@ -31,7 +31,7 @@ TRANSPOSE = variant('tune.transpose', batched_transpose.DECL, {'max_warps': 'w'}
     if not batched_transpose.check_or_none(eb, v, tm, tn)
 ])
 
-# Threads and 16-byte vectors a thread (vec_bytes=16), for the aligned kernels (fifth session) and the unaligned bf16 ones
+# Threads and 16-byte vectors a thread (vec_bytes=16), for the aligned kernels and the unaligned bf16 ones
 # (element-wise loads). More vectors (7 or 8 a thread, or 4 in CTAs of 256) spill under the kernels' register cap,
 # and so do CTAs of 256 for the unaligned e2m1 kernels since their cap is 8 CTAs an SM (32 registers).
 PER_TOKEN_CAST = variant('tune.per_token_cast', per_token_cast.DECL, {'num_threads': 't', 'num_vectors': 'n'}, lambda: [
@@ -51,15 +51,13 @@ REDUCE_FUSED = variant('tune.reduce_fused', reduce_fused.DECL, {'threads': 't', 
     for t, v, f in ((128, 2, 4), (64, 2, 4), (64, 2, 8), (128, 1, 8), (128, 4, 4), (256, 1, 8), (128, 7, 2))
 ])
 
-# The two quant kernels ~1% behind upstream's in run 2 of docs/gpu-runs/2026-11-30-h200-e.md: loads in flight
-# per SM against registers. cast_back: e4m3 -> bf16 with packed UE8M0 scale factors (upstream's case).
+# Loads in flight per SM against registers. cast_back: e4m3 -> bf16 with packed UE8M0 scale factors (upstream's case).
 CAST_BACK = variant('tune.cast_back', cast_back.DECL, {'num_units': 'u', 'min_blocks': 'mb'}, lambda: [
     dict(fmt='e4m3', out_dtype='bfloat16', sf_format='ue8m0', num_units=u, min_blocks=mb)
     for u, mb in ((8, 8), (8, 10), (12, 8), (12, 6), (16, 6), (16, 4), (4, 16))
 ])
 
-# per_channel_cast_fused: the thread layout (rows, lanes_k, warps_k, vec_bytes) for every input, against the layout
-# the kernel shipped with until the sweep of the fifth session's run 8 (8, 4, 4, 16), at the shipped CTAs per SM.
+# per_channel_cast_fused: thread layouts (rows, lanes_k, warps_k, vec_bytes) for every input, at the shipped CTAs per SM.
 _CHANNEL_LAYOUTS = ((8, 4, 4, 16), (8, 16, 1, 16), (8, 8, 2, 16))
 PER_CHANNEL_CAST = variant('tune.per_channel_cast_fused', per_channel_cast.FUSED,
                            {'min_blocks': 'mb', 'rows': 'r', 'lanes_k': 'lk', 'warps_k': 'wk', 'vec_bytes': 'vb'}, lambda: [

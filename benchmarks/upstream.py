@@ -5,13 +5,14 @@
 Needs `tile_kernels` importable (on the GPU host: ../shared/tools/pack-upstream-for-device.sh, unpacked
 onto PYTHONPATH). For each case it checks that both give the same result (bit for bit where upstream's
 own tests compare bit for bit) and times both with benchmarks.run's Timer, interleaved, so that clock
-and thermal drift hit both alike. Upstream's first call (its JIT compile) is timed too.
+and thermal drift hit both alike: each side's time is the lowest of three interleaved medians. Upstream's
+first call (its JIT compile) is timed too. The kernels are those installed for the GPU (benchmarks.run.select);
+one without a case here is an error row.
 """
 
 from __future__ import annotations
 
 import argparse
-import fnmatch
 import json
 import sys
 import time
@@ -20,7 +21,7 @@ from functools import partial
 import torch
 
 import tile_kernels_aot as ours
-from benchmarks.run import Timer, cases_of, copy_bandwidth, nbytes
+from benchmarks.run import Timer, cases_of, copy_bandwidth, installed_kernels, nbytes, no_case_row, select
 
 
 def _same_bits(a, b):
@@ -348,16 +349,20 @@ def main() -> int:
     import tile_kernels as tk  # imports tilelang: seconds
 
     import_s = time.perf_counter() - t0
+    import tilelang
+
     timer = Timer()
     copy_gbs = copy_bandwidth(timer)
-    print(f'# upstream tile_kernels from {tk.__file__} (import {import_s:.1f} s); copy bandwidth {copy_gbs:.0f} GB/s')
-    rows = [{'kernel': 'copy', 'gbs': copy_gbs, 'upstream_import_s': import_s}]
-    for kernel, case in CASES.items():
-        if not fnmatch.fnmatchcase(kernel, args.kernels):
-            continue
+    print(f'# upstream tile_kernels from {tk.__file__} (import {import_s:.1f} s, tilelang {tilelang.__version__}); '
+          f'copy bandwidth {copy_gbs:.0f} GB/s')
+    rows = [{'kernel': 'copy', 'gbs': copy_gbs, 'upstream_import_s': import_s, 'tilelang': tilelang.__version__,
+             'upstream_version': getattr(tk, '__version__', None)}]
+    kernels, missing = select(CASES, args.kernels, installed_kernels())
+    rows += [no_case_row(kernel, 'benchmarks/upstream.py') for kernel in missing]
+    for kernel in kernels:
         label = ''
         try:
-            for label, mine, theirs, compare, moved in cases_of(case, tk, args.tokens):
+            for label, mine, theirs, compare, moved in cases_of(CASES[kernel], tk, args.tokens):
                 t0 = time.perf_counter()
                 expected = theirs()
                 torch.cuda.synchronize()

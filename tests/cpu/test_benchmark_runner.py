@@ -1,5 +1,6 @@
-"""benchmarks/run.py's loop without a GPU (stub timings): rows reach --out as they are measured, and a case that
-never returns ends the process with a traceback instead of holding the GPU session."""
+"""benchmarks/run.py's loop without a GPU (stub timings): rows reach --out as they are measured, an installed kernel
+without a case is an error row, and a case that never returns ends the process with a traceback instead of holding
+the GPU."""
 
 from __future__ import annotations
 
@@ -15,13 +16,14 @@ STUBS = '''
 import sys, time, torch
 import benchmarks.run as run
 class Timer:
-    def device_us(self, fn, iters=30):
+    def device_times(self, fn, iters=30):
         fn()
-        return 10.0
+        return [12.0, 10.0, 9.0]
 run.Timer = Timer
 run.copy_bandwidth = lambda timer: 4000.0
 run.SameSizeCopy = lambda timer: (lambda moved: 5.0)
 run.prebuilt_specs = lambda kernel, device: [{'n': 1}, {'n': 2}]
+run.installed_kernels = lambda: ['k.a']
 torch.cuda.get_device_name = lambda index: 'stub'
 torch.cuda.empty_cache = lambda: None
 run.CASE_TIMEOUT_S = 2
@@ -42,7 +44,18 @@ def test_every_case_is_a_row(tmp_path):
     assert done.returncode == 0, done.stderr
     assert rows[0] == {'kernel': 'copy', 'gbs': 4000.0, 'gpu': 'stub'}
     assert [(r['spec']['n'], r['shape']) for r in rows[1:]] == [(1, 'one'), (1, 'two'), (2, 'one'), (2, 'two')]
+    assert (rows[1]['us'], rows[1]['min_us'], rows[1]['max_us'], rows[1]['tokens']) == (10.0, 9.0, 12.0, 8192)
     assert rows[2]['gbs'] == pytest.approx(200.0) and rows[2]['of_same_size_copy'] == pytest.approx(0.5)
+
+
+def test_an_installed_kernel_without_a_case_is_an_error_row_and_fails_the_run(tmp_path):
+    done, rows = _run(tmp_path, """
+        run.installed_kernels = lambda: ['k.a', 'k.new']
+        run.CASES = {'k.a': lambda spec, tokens: ('one', lambda: None, 1e6)}
+    """)
+    assert done.returncode == 1
+    assert rows[1]['kernel'] == 'k.new' and 'no benchmark case' in rows[1]['error']
+    assert [r['shape'] for r in rows[2:]] == ['one', 'one']
 
 
 def test_a_case_that_never_returns_ends_the_run_and_keeps_the_rows_before_it(tmp_path):
@@ -52,5 +65,5 @@ def test_a_case_that_never_returns_ends_the_run_and_keeps_the_rows_before_it(tmp
         run.CASES = {'k.a': case}
     ''')
     assert done.returncode != 0
-    assert 'Timeout' in done.stderr and 'device_us' in done.stderr
+    assert 'Timeout' in done.stderr and 'device_times' in done.stderr
     assert [r.get('shape') for r in rows] == [None, 'returns']
