@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# One GPU session on a machine with a GPU and no network: install the wheels built here (dist/), run
+# One GPU run on a machine with a GPU and no network: install the wheels built here (dist/), run
 # the GPU tests and the benchmarks from a copy of the checkout outside it (so that imports resolve to
-# the installed wheels, not to the source tree), and leave every log under $OUT.
-#   bash .ci/gpu-session.sh [tests] [bench] [tune] [cold] [pip] [host] [upstream] [profile] [ncu] [sanitize]   (default: tests bench tune cold)
+# the installed wheels, not to the source tree), leave every log under $OUT, and end by condensing them
+# into the run's record, $OUT/DATE-GPU.jsonl (benchmarks/record.py; copy it to docs/measurements/).
+#   COMMIT=SHA bash .ci/gpu-session.sh [tests] [bench] [tune] [cold] [pip] [host] [upstream] [profile] [ncu] [sanitize]
+# (default steps: tests bench tune cold). COMMIT names the commit the wheels were built from; without it the
+# script reads $DIST/COMMIT, and without that the record is left to `python -m benchmarks.record $OUT --commit SHA`.
 set -uo pipefail
 OUT=${OUT:-/tmp/tk-out}
 SITE=/tmp/tk-site
@@ -11,6 +14,7 @@ steps=${*:-tests bench tune cold}
 DIST=${DIST:-dist}          # the wheels to install
 TESTS=${TESTS:-tests/gpu}   # pytest selection
 KERNELS=${KERNELS:-*}       # benchmark selection (a glob over kernel names)
+COMMIT=${COMMIT:-$(cat "$DIST/COMMIT" 2>/dev/null || echo unknown)}
 # A warm machine keeps /tmp between calls, and pip --target skips packages already there: start clean.
 rm -rf "$SITE" "$WORK"
 mkdir -p "$OUT" "$SITE" "$WORK"
@@ -25,6 +29,13 @@ cp -r tests benchmarks pyproject.toml "$WORK"/
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader
   python3 -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda)'
   ls $DIST
+  echo "compute_capability $(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -n 1)"
+  echo "commit $COMMIT"
+  echo "kernels $KERNELS"
+  echo "tests $TESTS"
+  # The tools that built the installed cubins, from an arch package's manifest.
+  python3 -c 'import glob, json, sys; p = json.load(open(sorted(glob.glob(sys.argv[1] + "/tile_kernels_aot_sm*/manifest.json"))[0]))["provenance"]
+print("built_with_tilelang", p["tilelang"]); print("built_with_nvcc", p["nvcc"])' "$SITE"
 } | tee "$OUT/environment.txt"
 
 status=0
@@ -32,16 +43,16 @@ cd "$WORK"
 for step in $steps; do
   case $step in
     tests) # The suite takes about a minute on an H200. Past this timeout a kernel has hung: the steps after it would
-           # share the GPU with it (a killed process's hung kernel kept the GPU busy, rows 15-20 times slower,
-           # docs/gpu-runs/2026-12-02-h200-d.md), so the session stops there.
+           # share the GPU with it (a killed process's hung kernel can keep the GPU busy and slow every later
+           # measurement), so the run stops there.
            timeout 240 python3 -m pytest $TESTS -q -p no:cacheprovider -rfEs --junitxml="$OUT/junit.xml" 2>&1 | tee "$OUT/pytest.log" | tail -n 25
            rc=${PIPESTATUS[0]}
            [ $rc -ne 0 ] && status=1
-           if [ $rc -eq 124 ]; then echo "## tests timed out: a kernel has likely hung (pytest's faulthandler dump above names the test); stopping the session" | tee -a "$OUT/pytest.log"; break; fi ;;
+           if [ $rc -eq 124 ]; then echo "## tests timed out: a kernel has likely hung (pytest's faulthandler dump above names the test); stopping the run" | tee -a "$OUT/pytest.log"; break; fi ;;
     bench) timeout 400 python3 -m benchmarks.run --decode --kernels "$KERNELS" --out "$OUT/bench.jsonl" 2>&1 | tee "$OUT/bench.log" | tail -n 40 || status=1 ;;
     tune)  [ -d "$OLDPWD/build-tune/sm_90a" ] && timeout 90 python3 -m benchmarks.tune "$OLDPWD/build-tune/sm_90a" --out "$OUT/tune.jsonl" 2>&1 | tee "$OUT/tune.log" | tail -n 60 ;;
     cold)  for i in 1 2 3; do python3 benchmarks/cold_start.py; done 2>&1 | tee "$OUT/cold_start.log" ;;
-    pip)   # The user's path, into the machine's own Python (it is thrown away after the session): pip
+    pip)   # The user's path, into the machine's own Python (the machine is thrown away after the run): pip
            # resolves the meta package, the runtime and the arch wheels from dist/ and torch from what is installed.
            (env -u PYTHONPATH python3 -m pip install --no-index --find-links "$OLDPWD/$DIST" tile-kernels-aot && cd / \
             && env -u PYTHONPATH python3 -c 'import torch, tile_kernels_aot as tk; s = torch.randn(4, 256, device="cuda"); print("pip install ok:", tk.__file__, tk.moe.topk_gate(s, 8).tolist()[0])') 2>&1 | tee "$OUT/pip_install.log" || status=1 ;;
@@ -63,14 +74,23 @@ for step in $steps; do
     sanitize) # every spec once under compute-sanitizer: SANITIZE_TOOLS (default memcheck racecheck synccheck), SANITIZE_KERNELS (a glob)
            : > "$OUT/sanitize.log"
            for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck}; do
-             echo "## $tool" >> "$OUT/sanitize.log"
+             echo "## $tool, kernels ${SANITIZE_KERNELS:-*}" >> "$OUT/sanitize.log"
              timeout 240 compute-sanitizer --tool $tool --error-exitcode 1 python3 -m benchmarks.sanitize --kernels "${SANITIZE_KERNELS:-*}" \
                > /tmp/tk-sanitize.txt 2>&1
-             rc=$?; [ $rc -ne 0 ] && { status=1; echo "## $tool: FAILED (exit $rc)" >> "$OUT/sanitize.log"; }
+             rc=$?
              grep -v '^ran ' /tmp/tk-sanitize.txt | tail -n 20 >> "$OUT/sanitize.log"
+             [ $rc -ne 0 ] && { status=1; echo "## $tool: FAILED (exit $rc)" >> "$OUT/sanitize.log"; }
            done
            tail -n 60 "$OUT/sanitize.log" ;;
     host)  timeout 120 python3 -m benchmarks.host_profile 2>&1 | tee "$OUT/host_profile.log" | head -n 45 ;;
   esac
 done
+# The record: what the steps measured, a few lines of JSON (benchmarks/record.py says which).
+if [ -f "$OUT/bench.jsonl" ] || [ -f "$OUT/upstream.jsonl" ] || [ -f "$OUT/junit.xml" ]; then
+  if [ "$COMMIT" = unknown ]; then
+    echo "## no record written: COMMIT is unset; run python -m benchmarks.record OUT_DIR --commit SHA on the fetched output"
+  else
+    python3 -m benchmarks.record "$OUT" --out "$OUT" || status=1
+  fi
+fi
 exit $status
