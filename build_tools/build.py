@@ -270,6 +270,7 @@ def write_manifests(jobs: list[Job], build_dir: Path, tools: dict) -> dict[str, 
                 kernel=job.decl.name, key=job.key, params=job.params, target=arch.target,
                 cubin=f'cubins/{job.relative_stem}.cubin', sha256=sha256_bytes(data), source=f'sources/{job.relative_stem}.cu',
                 buffers=meta['buffers'], scalars=meta['scalars'], launches=meta['launches'],
+                constants=job.decl.constants_for(arch, job.params),
             ))
             info = kernels.setdefault(job.decl.name, KernelInfo(job.decl.name, job.decl.params, {}))
             info.entries[job.key] = entry

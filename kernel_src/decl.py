@@ -4,6 +4,12 @@ One ``KernelDecl`` per kernel drives everything downstream: ``build_tools`` lowe
 spec that ``prebuilt`` yields (plus any the user adds with ``--specs``), the manifest records ``params``
 as the spec schema, the loader dispatches on those names, and the tests and benchmarks enumerate the
 specs that the manifest lists. Nothing else keeps a list of kernels or specs.
+
+``constants`` are the kernel's facts that the runtime computes with but cannot read off the launch: tile
+sizes, elements per thread, chunk counts, index limits. The build writes them into every manifest entry
+(``Entry.constants``) and the ops read them from there, so each such number is written once, here in
+kernel_src, beside the code that relies on it. They are declared, not compiled: changing one changes no
+binary, only what the op computes.
 """
 
 from __future__ import annotations
@@ -61,6 +67,9 @@ class KernelDecl:
     prebuilt: Callable[[], Iterable[Mapping[str, ParamValue]]]
     check: Callable[..., None]  # check(**params): raises ValueError for a spec the factory cannot build
     pass_configs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    # {name: int} for every spec, or constants(arch, **params) -> {name: int} where a value depends on the spec
+    # (see the module docstring); the manifest entry of each binary holds them.
+    constants: Mapping[str, int] | Callable[..., Mapping[str, int]] = dataclasses.field(default_factory=dict)
 
     def normalize(self, params: Mapping[str, Any]) -> dict[str, ParamValue]:
         known = {p.name for p in self.params}
@@ -77,6 +86,16 @@ class KernelDecl:
 
     def file_stem(self, params: Mapping[str, ParamValue]) -> str:
         return spec_file_stem(self.params, params)
+
+    def constants_for(self, arch: Arch, params: Mapping[str, ParamValue]) -> dict[str, int]:
+        """The constants of the binary for `params` on `arch`, by name."""
+        values = self.constants(arch, **params) if callable(self.constants) else self.constants
+        out = {}
+        for name, value in sorted(values.items()):
+            if not isinstance(name, str) or isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f'{self.name}: constant {name!r} must be an int with a str name, got {value!r}')
+            out[name] = value
+        return out
 
     def specs(self) -> list[dict[str, ParamValue]]:
         """The prebuilt specs, validated and without duplicates, in a stable order."""

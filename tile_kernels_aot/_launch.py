@@ -28,7 +28,7 @@ TORCH_DTYPES = {
     'uint32': torch.uint32, 'int8': torch.int8, 'uint8': torch.uint8, 'bool': torch.bool,
 }
 _INT32_MAX = 2**31 - 1
-_MAX_GRID = (2**31 - 1, 65535, 65535)
+MAX_GRID = (2**31 - 1, 65535, 65535)  # CUDA's limits of a grid's x, y and z
 _STATIC_SMEM_LIMIT = 48 * 1024
 _SCALAR_CTYPES = {'int32': ctypes.c_int32, 'int64': ctypes.c_int64, 'float32': ctypes.c_float}
 
@@ -236,8 +236,8 @@ class LoadedKernel:
             grid = (gx(env), gy(env), gz(env))
             if not (grid[0] and grid[1] and grid[2]):
                 continue  # an empty grid: nothing to do
-            if not (0 < grid[0] <= _MAX_GRID[0] and 0 < grid[1] <= _MAX_GRID[1] and 0 < grid[2] <= _MAX_GRID[2]):
-                raise ValueError(f'{launch.symbol}: grid {grid} is outside 1..{_MAX_GRID}')
+            if not (0 < grid[0] <= MAX_GRID[0] and 0 < grid[1] <= MAX_GRID[1] and 0 < grid[2] <= MAX_GRID[2]):
+                raise ValueError(f'{launch.symbol}: grid {grid} is outside 1..{MAX_GRID}')
             self._fill(launch, pack, tensors, env)
             self._launch_one(device, launch, fn, grid, stream, pack.pointers)
 

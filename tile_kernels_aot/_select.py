@@ -18,7 +18,7 @@ from pathlib import Path
 from tile_kernels_aot import targets
 from tile_kernels_aot._launch import LoadedKernel
 from tile_kernels_aot.manifest import Entry, Manifest, ParamValue, manifest_from_json, spec_key
-from tile_kernels_aot.errors import SpecNotPrebuiltError, UnsupportedDeviceError
+from tile_kernels_aot.errors import SpecNotPrebuiltError, TileKernelsAOTError, UnsupportedDeviceError
 
 KERNEL_DIRS_ENV = 'TILE_KERNELS_AOT_KERNEL_DIRS'
 VERIFY_ENV = 'TILE_KERNELS_AOT_VERIFY_SHA256'
@@ -149,6 +149,25 @@ def first_prebuilt(kernel: str, candidates: list[dict[str, ParamValue]], device_
     return chosen
 
 
+_constants: dict[tuple, int] = {}
+
+
+def kernel_constant(kernel: str, name: str, device_index: int) -> int:
+    """A constant that every installed entry of `kernel` for the device declares alike, for an op that needs it before
+    it chooses an entry (after that, the op reads ``find_kernel(...).entry.constants``)."""
+    memo_key = (kernel, name, device_index)
+    value = _constants.get(memo_key)
+    if value is None:
+        package, info = _kernel_info(kernel, device_index)
+        values = {e.constants.get(name) for e in info.entries.values()} if info is not None else set()
+        if len(values) != 1 or None in values:
+            found = 'no binaries of it' if not values else f'{name} = {sorted(values, key=str)} in its binaries'
+            raise TileKernelsAOTError(f'{kernel}: the {package.target} arch package ({package.origin}) has {found}; '
+                                      f'the op needs one {name} for every spec')
+        value = _constants[memo_key] = values.pop()
+    return value
+
+
 def prebuilt_specs(kernel: str, device_index: int = 0) -> list[dict[str, ParamValue]]:
     """The specs of `kernel` installed for a device, in manifest order (used by tests and benchmarks)."""
     _, info = _kernel_info(kernel, device_index)
@@ -161,3 +180,4 @@ def reset() -> None:
     package_for_device.cache_clear()
     _found.clear()
     _preferred.clear()
+    _constants.clear()

@@ -3,7 +3,9 @@
 Every arch package (``tile_kernels_aot_sm90a``, ...) carries one ``manifest.json``. It describes each
 prebuilt binary completely enough that the loader never needs tilelang: the spec it was built for, the
 exact target, the cubin and its sha256, the entry symbol and parameter order, how grid and block follow
-from the dynamic dims, shared memory, launch attributes and TMA descriptor recipes.
+from the dynamic dims, shared memory, launch attributes and TMA descriptor recipes, and the constants its
+declaration gives the runtime (``Entry.constants``: tile sizes, elements per thread, index limits; see
+``kernel_src.decl``), which the ops compute their run-time arguments and checks from.
 
 Grid, block, shape and stride expressions are stored as small JSON trees (``["//", "num_tokens", 4]``)
 and evaluated by :func:`compile_expr`, never by ``eval``.
@@ -19,7 +21,7 @@ import operator
 from collections.abc import Callable, Mapping
 from typing import Any, Union
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: Entry.constants
 
 Expr = Union[int, str, list]
 ParamValue = Union[int, bool, str]
@@ -195,6 +197,7 @@ class Entry:
     buffers: tuple[BufferSpec, ...]
     scalars: tuple[KernelArg, ...]  # run-time scalar arguments that no buffer shape defines
     launches: tuple[Launch, ...]
+    constants: dict[str, int]  # what the declaration tells the runtime about this binary (KernelDecl.constants)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -261,7 +264,14 @@ def entry_from_plain(d: dict) -> Entry:
         ),
         scalars=tuple(KernelArg(**s) for s in d['scalars']),
         launches=tuple(_launch_from_plain(x) for x in d['launches']),
+        constants=_constants(d['constants']),
     )
+
+
+def _constants(d: Any) -> dict[str, int]:
+    if not isinstance(d, dict) or not all(isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) for k, v in d.items()):
+        raise ValueError(f'bad constants {d!r}: expected {{name: int}}')
+    return dict(d)
 
 
 def manifest_from_json(text: str) -> Manifest:

@@ -8,11 +8,11 @@ from typing import Optional
 import torch
 
 from tile_kernels_aot import _checks
-from tile_kernels_aot._select import find_kernel
+from tile_kernels_aot._launch import LoadedKernel
+from tile_kernels_aot._select import find_kernel, kernel_constant
 from tile_kernels_aot.config import get_device_num_sms, get_num_sms
 
 MAX_TOPK = 32  # topk_gate: one warp per token; lane k writes the k-th winner
-MAX_GROUP_COUNT_BINS = 1024  # group_count / aux_fi keep a 1024-bin histogram in shared memory
 MAX_UNIQUE_GROUPS = 1024  # inplace_unique_group_indices keeps 16 64-bit masks per token
 MAX_GATE_GROUPS = 32  # topk_sum_and_topk_group_idx: one lane per group
 INDEX_DTYPES = {torch.int64: 'int64', torch.int32: 'int32'}
@@ -75,9 +75,8 @@ def topk_sum_and_topk_group_idx(scores: torch.Tensor, num_topk_sum: int, num_top
     return out
 
 
-SCORING_FUNCS = {'sigmoid': 0, 'sqrtsoftplus': 1, 'softmax': 2}  # top2_sum_gate's run-time scoring id
+SCORING_FUNCS = ('sigmoid', 'sqrtsoftplus', 'softmax')  # top2_sum_gate's; the kernel's run-time id of each is its constant scoring_<name>
 MAX_GATE_EXPERTS = 1024  # top2_sum_gate: a warp holds a token's scores in registers
-MAX_REPLICAS = 65535  # top2_sum_gate hashes to a replica in 32-bit arithmetic, exact up to this many
 _absent: dict = {}  # (device, num_topk) -> one-element stand-ins for top2_sum_gate's optional tensors
 
 
@@ -209,8 +208,6 @@ def top2_sum_gate(
             raise ValueError(f'{op}: to_physical_map must be contiguous with {num_logical} rows (routed + shared experts), got shape {tuple(to_physical_map.shape)}')
         _optional(op, 'logical_count', logical_count, (num_logical,), torch.int32)
         num_extra = to_physical_map.shape[1] - 1
-        if num_extra + 1 > MAX_REPLICAS:
-            raise ValueError(f'{op}: to_physical_map may have at most {MAX_REPLICAS} replicas per expert, got {num_extra + 1}')
         tensors.update(to_physical_map=to_physical_map, logical_count=logical_count.contiguous())
     if num_shared > num_extra:
         raise ValueError(f'{op}: {num_shared} shared experts as routed need a to_physical_map with at least as many extra replicas, got {num_extra}')
@@ -227,6 +224,10 @@ def top2_sum_gate(
         _optional(op, 'fix_routing_mask', fix_routing_mask, (num_tokens,), torch.bool)
         tensors['fix_routing_mask'] = fix_routing_mask.contiguous()
     device = _checks.on_one_cuda_device(op, **tensors)
+    if to_physical_map is not None:
+        max_replicas = kernel_constant('moe.top2_sum_gate', 'max_replicas', device)  # the replica hash is exact up to it
+        if num_extra + 1 > max_replicas:
+            raise ValueError(f'{op}: to_physical_map may have at most {max_replicas} replicas per expert, got {num_extra + 1}')
     topk_idx = logits.new_empty((num_tokens, num_slots), dtype=torch.int64)
     topk_weights = logits.new_empty((num_tokens, num_slots))
     if num_tokens == 0:
@@ -234,7 +235,7 @@ def top2_sum_gate(
     spec = dict(num_experts=num_experts, num_topk=num_topk, num_groups=num_groups, num_topk_groups=num_topk_groups)
     kernel = find_kernel('moe.top2_sum_gate', spec, device)
     scalars = {
-        'scoring': SCORING_FUNCS[scoring_func], 'routed_scaling_factor': float(routed_scaling_factor),
+        'scoring': kernel.entry.constants[f'scoring_{scoring_func}'], 'routed_scaling_factor': float(routed_scaling_factor),
         'has_mask': mask is not None, 'has_fix': fix_routing_mask is not None, 'has_unmapped': unmapped_topk_idx is not None,
         'has_map': to_physical_map is not None, 'ep_rank': ep_rank, 'experts_per_rank': experts_per_rank,
         'experts_per_dp': experts_per_rank * num_tp_ranks, 'tp_rank': tp_rank, 'num_tp_ranks': num_tp_ranks,
@@ -274,14 +275,12 @@ def _index_tensor(op: str, name: str, t: object) -> torch.Tensor:
     return t
 
 
-COUNTING_ROWS_PER_BLOCK = 128  # group_count / aux_fi: a block counts 128 consecutive rows per step, one a thread
-
-
-def _persistent_blocks(num_tokens: int, device: int) -> int:
-    """Blocks of a grid-stride loop over tokens: 2 per SM, fewer when the tokens fill fewer blocks. A
-    block past the last row would count nothing, yet still launch and flush: aux_fi's blocks each make
-    one atomic per expert, so that idle blocks would add contention on the same slots."""
-    return max(1, min(2 * get_num_sms(device), -(-num_tokens // COUNTING_ROWS_PER_BLOCK)))
+def _persistent_blocks(kernel: LoadedKernel, num_tokens: int, device: int) -> int:
+    """Blocks of group_count's or aux_fi's grid-stride loop over tokens, of which a block counts rows_per_block
+    consecutive rows a step: 2 per SM, fewer when the tokens fill fewer blocks. A block past the last row would count
+    nothing, yet still launch and flush: aux_fi's blocks each make one atomic per expert, so that idle blocks would add
+    contention on the same slots."""
+    return max(1, min(2 * get_num_sms(device), -(-num_tokens // kernel.entry.constants['rows_per_block'])))
 
 
 def group_count(group_idx: torch.Tensor, num_groups: int) -> torch.Tensor:
@@ -298,12 +297,12 @@ def group_count(group_idx: torch.Tensor, num_groups: int) -> torch.Tensor:
     """
     op = 'group_count'
     _index_tensor(op, 'group_idx', group_idx)
-    _checks.integer(op, 'num_groups', num_groups, low=1, high=MAX_GROUP_COUNT_BINS)
     device = _checks.on_one_cuda_device(op, group_idx=group_idx)
+    _checks.integer(op, 'num_groups', num_groups, low=1, high=kernel_constant('moe.group_count', 'max_bins', device))
     out = torch.zeros((num_groups,), dtype=torch.int32, device=group_idx.device)
     if group_idx.numel():
         kernel = find_kernel('moe.group_count', {'index_dtype': INDEX_DTYPES[group_idx.dtype]}, device)
-        kernel(device, {'group_idx': group_idx, 'out': out}, {'num_blocks': _persistent_blocks(group_idx.shape[0], device)})
+        kernel(device, {'group_idx': group_idx, 'out': out}, {'num_blocks': _persistent_blocks(kernel, group_idx.shape[0], device)})
     return out
 
 
@@ -323,9 +322,9 @@ def aux_fi(topk_idx: torch.Tensor, num_experts: int, num_aux_topk: int) -> torch
     """
     op = 'aux_fi'
     _index_tensor(op, 'topk_idx', topk_idx)
-    _checks.integer(op, 'num_experts', num_experts, low=1, high=MAX_GROUP_COUNT_BINS)
     _checks.integer(op, 'num_aux_topk', num_aux_topk, low=1)
     device = _checks.on_one_cuda_device(op, topk_idx=topk_idx)
+    _checks.integer(op, 'num_experts', num_experts, low=1, high=kernel_constant('moe.aux_fi', 'max_bins', device))
     num_tokens = topk_idx.shape[0]
     if num_tokens == 0:
         return torch.zeros((num_experts,), dtype=torch.float32, device=topk_idx.device)  # as upstream
@@ -333,7 +332,7 @@ def aux_fi(topk_idx: torch.Tensor, num_experts: int, num_aux_topk: int) -> torch
     slots = torch.zeros((num_experts,), dtype=torch.int64, device=topk_idx.device)  # blocks arrived << 32 | count
     kernel = find_kernel('moe.aux_fi', {'index_dtype': INDEX_DTYPES[topk_idx.dtype]}, device)
     kernel(device, {'topk_idx': topk_idx, 'slots': slots, 'out': out},
-           {'num_aux_topk': num_aux_topk, 'num_blocks': _persistent_blocks(num_tokens, device)})
+           {'num_aux_topk': num_aux_topk, 'num_blocks': _persistent_blocks(kernel, num_tokens, device)})
     return out
 
 
@@ -387,8 +386,6 @@ def mask_indices_by_tp(indices: torch.Tensor, n: int, num_ep_ranks: int, tp_rank
 
 # -- the fused (expert-major) layout ---------------------------------------------------------------
 
-MAX_FUSED_EXPERTS = 1024  # get_fused_mapping: per-warp histograms of 1024 bins in shared memory
-MAX_EXPAND_TOPK = 64  # expand_to_fused: a token's positions are staged in shared memory
 _INT32_LIMIT = 2**31 - 1  # positions and flat pair indices are int32 in the kernels
 _EXPAND_CARRIERS = {1: torch.uint8, 2: torch.float16, 4: torch.int32}  # bit-for-bit stand-ins by element size
 _REDUCE_IN = {torch.float32: 'float32', torch.bfloat16: 'bfloat16'}
@@ -456,7 +453,6 @@ def get_fused_mapping(
     op = 'get_fused_mapping'
     _index_tensor(op, 'topk_idx', topk_idx)
     num_tokens, num_topk = topk_idx.shape
-    _checks.integer(op, 'num_experts', num_experts, low=1, high=MAX_FUSED_EXPERTS)
     _checks.integer(op, 'num_expanded_tokens', num_expanded_tokens, low=0, high=_INT32_LIMIT)
     _checks.integer(op, 'alignment', alignment, low=1, high=_INT32_LIMIT)
     if not isinstance(force_no_sync, bool):
@@ -466,6 +462,7 @@ def get_fused_mapping(
     if num_tokens * num_topk > _INT32_LIMIT:
         raise ValueError(f'{op}: {num_tokens} x {num_topk} pairs exceed the int32 range the kernel indexes with')
     device = _checks.on_one_cuda_device(op, topk_idx=topk_idx)
+    _checks.integer(op, 'num_experts', num_experts, low=1, high=kernel_constant('moe.get_fused_mapping', 'max_experts', device))
     should_sync = num_expanded_tokens == 0 and not force_no_sync
     if num_expanded_tokens == 0:
         num_expanded_tokens = (num_tokens * num_topk + (alignment - 1) * num_experts) // alignment * alignment
@@ -528,8 +525,13 @@ def _expand_inputs(op: str, x: object, token_topk_to_pos: object, pos_to_expert:
         raise TypeError(f'{op}: x must have 1-, 2- or 4-byte elements, got {str(x.dtype).removeprefix("torch.")}')
     _checks.inner_contiguous(op, 'x', x)
     _fused_maps(op, token_topk_to_pos, pos_to_expert, x.shape[0])
-    if token_topk_to_pos.shape[1] > MAX_EXPAND_TOPK:
-        raise ValueError(f'{op}: num_topk must be at most {MAX_EXPAND_TOPK}, got {token_topk_to_pos.shape[1]}')
+
+
+def _check_expand_topk(op: str, token_topk_to_pos: torch.Tensor, device: int) -> None:
+    """The kernel stages a token's positions in shared memory, room for max_topk of them."""
+    max_topk = kernel_constant('moe.expand_to_fused', 'max_topk', device)
+    if token_topk_to_pos.shape[1] > max_topk:
+        raise ValueError(f'{op}: num_topk must be at most {max_topk}, got {token_topk_to_pos.shape[1]}')
 
 
 def expand_to_fused(x: torch.Tensor, token_topk_to_pos: torch.Tensor, pos_to_expert: torch.Tensor) -> torch.Tensor:
@@ -549,6 +551,7 @@ def expand_to_fused(x: torch.Tensor, token_topk_to_pos: torch.Tensor, pos_to_exp
     op = 'expand_to_fused'
     _expand_inputs(op, x, token_topk_to_pos, pos_to_expert)
     device = _checks.on_one_cuda_device(op, x=x, token_topk_to_pos=token_topk_to_pos, pos_to_expert=pos_to_expert)
+    _check_expand_topk(op, token_topk_to_pos, device)
     return _expand(x, None, None, token_topk_to_pos, pos_to_expert, device)
 
 
@@ -592,6 +595,7 @@ def expand_to_fused_with_sf(
     if tuple(sf.shape) != (num_tokens, hidden_sf):
         raise ValueError(f'{op}: sf must have shape {(num_tokens, hidden_sf)} for hidden {hidden} and {num_per_channels} per channel, got {tuple(sf.shape)}')
     device = _checks.on_one_cuda_device(op, data=data, sf=sf, token_topk_to_pos=token_topk_to_pos, pos_to_expert=pos_to_expert)
+    _check_expand_topk(op, token_topk_to_pos, device)
     num_expanded = pos_to_expert.shape[0]
     if use_tma_aligned_col_major_sf:
         out_sf = sf.new_empty((hidden_sf, (num_expanded + 3) // 4 * 4))[:, :num_expanded].T

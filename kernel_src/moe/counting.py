@@ -160,5 +160,9 @@ PASS_CONFIGS = {
     'tl.disable_safe_memory_legalize': True,
 }
 
-GROUP_COUNT = KernelDecl('moe.group_count', INDEX_DTYPE_PARAMS, build_group_count, index_dtype_specs, check_index_dtype, PASS_CONFIGS)
-AUX_FI = KernelDecl('moe.aux_fi', INDEX_DTYPE_PARAMS, build_aux_fi, index_dtype_specs, check_index_dtype, PASS_CONFIGS)
+# rows_per_block: the rows a block counts a step, which the op sizes the grid-stride grid by; max_bins: the
+# histogram's bins in shared memory, the most groups (experts) the op may pass.
+CONSTANTS = {'rows_per_block': THREADS, 'max_bins': MAX_BINS}
+GROUP_COUNT = KernelDecl('moe.group_count', INDEX_DTYPE_PARAMS, build_group_count, index_dtype_specs, check_index_dtype, PASS_CONFIGS,
+                         constants=CONSTANTS)
+AUX_FI = KernelDecl('moe.aux_fi', INDEX_DTYPE_PARAMS, build_aux_fi, index_dtype_specs, check_index_dtype, PASS_CONFIGS, constants=CONSTANTS)

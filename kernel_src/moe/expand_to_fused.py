@@ -126,4 +126,5 @@ DECL = KernelDecl(
     prebuilt=prebuilt,
     check=check,
     pass_configs={'tl.disable_warp_specialized': True, 'tl.enable_lower_ldgstg': True, 'tl.disable_thread_storage_sync': True},
+    constants={'max_topk': MAX_TOPK},  # a token's positions staged in shared memory
 )

@@ -254,4 +254,5 @@ DECL = KernelDecl(
     'moe.get_fused_mapping', INDEX_DTYPE_PARAMS, build, index_dtype_specs, check_index_dtype,
     # The barriers are placed by hand: tilelang's automatic ones would land inside per-expert branches.
     {'tl.disable_warp_specialized': True, 'tl.disable_thread_storage_sync': True},
+    constants={'max_experts': MAX_EXPERTS},  # the per-expert arrays in shared memory
 )

@@ -35,6 +35,7 @@ WARPS_PER_BLOCK = 4
 VECTOR = 4  # float4 loads: E must be a multiple of 4
 SCORING = {'sigmoid': 0, 'sqrtsoftplus': 1, 'softmax': 2}  # the op's scoring_func -> run-time id
 HASH_PRIME = 23333  # upstream's replica hash
+MAX_REPLICAS = 65535  # replicas of an expert for which the 32-bit replica hash below is exact (the op checks)
 
 
 def check(num_experts: int, num_topk: int, num_groups: int, num_topk_groups: int) -> None:
@@ -260,7 +261,7 @@ def build(arch: Arch, num_experts: int, num_topk: int, num_groups: int, num_topk
                     if lane < num_slots:
                         if has_map != 0:
                             # (ep_rank + token * 23333) mod replicas, in 32 bits for any token count:
-                            # replicas <= 65535 (checked by the op), so no product below overflows.
+                            # replicas <= MAX_REPLICAS (checked by the op), so no product below overflows.
                             replicas = logical_count[my_index]
                             _device_assert(replicas >= 1 and replicas <= num_replicas)
                             replica = T.Cast('int32', (T.Cast('uint32', token) % T.Cast('uint32', replicas) * T.Cast('uint32', HASH_PRIME % replicas)
@@ -319,4 +320,5 @@ DECL = KernelDecl(
     # Each warp writes and reads only its own shared rows, ordered by __syncwarp; the block-wide barrier
     # tilelang would insert for them is not needed.
     pass_configs={'tl.disable_warp_specialized': True, 'tl.disable_thread_storage_sync': True},
+    constants={'max_replicas': MAX_REPLICAS, **{f'scoring_{name}': value for name, value in SCORING.items()}},
 )

@@ -5,6 +5,11 @@ Its own module (not common.py), so that a change here re-lowers only its users.
 
 from tilelang import language as T
 
+# The flat indices of the ops' largest tensors (elements, or chunks of them), plus the overrun of a CTA past the last
+# one, stay below 2^31: int32 in the kernels and in magic_quotient's range. Declared as the kernels' `index_limit`
+# constant, which the ops check their tensors against.
+INDEX_LIMIT = 2**31 - 2**16
+
 
 def _u64(v):
     """An int32 >= 0 as uint64, through uint32 (no sign extension)."""

@@ -16,7 +16,7 @@ the magnitudes, a multiply for the signs) and converted as e4m3 data.
 from tilelang import language as T
 
 from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
-from kernel_src.quant.addressing import magic_quotient
+from kernel_src.quant.addressing import INDEX_LIMIT, magic_quotient
 from kernel_src.quant.common import SF_FORMATS
 from kernel_src.quant.nibbles import byte_perm
 
@@ -232,4 +232,6 @@ DECL = KernelDecl(
     # per-element guards would stop the vectorisation, since it cannot prove that a unit never straddles
     # the run-time hidden.
     pass_configs={'tl.disable_warp_specialized': True, 'tl.enable_lower_ldgstg': True, 'tl.disable_safe_memory_legalize': True},
+    # vectors_per_row and the block divisor count vectors of vector_elements; index_limit bounds the elements.
+    constants={'vector_elements': VECTOR_ELEMS, 'index_limit': INDEX_LIMIT},
 )

@@ -41,7 +41,7 @@ import tilelang  # noqa: F401  (before tvm: it sets up the tvm that tilelang shi
 from tilelang import language as T
 
 from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
-from kernel_src.quant.addressing import magic_quotient
+from kernel_src.quant.addressing import INDEX_LIMIT, magic_quotient
 from kernel_src.quant.common import IN_DTYPES, SF_FORMATS, inverse_pow2, pow2, pow2_scale_exponent
 from kernel_src.quant.token_sf import bf16_amax_into, cta_max, token_sf_tensor
 
@@ -381,6 +381,7 @@ CAST = KernelDecl(
     prebuilt=prebuilt_cast,
     check=check_cast,
     pass_configs=PASS_CONFIGS,
+    constants={'chunk': CHUNK},  # the op picks the aligned variant for hidden % chunk == 0
 )
 CAST_BACK = KernelDecl(
     name='quant.cast_back_e5m6',
@@ -389,4 +390,5 @@ CAST_BACK = KernelDecl(
     prebuilt=prebuilt_back,
     check=check_back,
     pass_configs=PASS_CONFIGS,
+    constants={'chunk': CHUNK, 'index_limit': INDEX_LIMIT},  # chunks_per_row counts chunks; index_limit bounds their count
 )

@@ -379,6 +379,13 @@ def build(arch: Arch, in_dtype: str, fmt: str, block_m: int, block_k: int, sf_fo
     return KernelProgram(per_block_cast, alignment={'x': vec_bytes, 'out': 16, 'out_sf': 1 if packed else 4})
 
 
+def constants(arch: Arch, in_dtype: str, fmt: str, block_m: int, block_k: int, sf_format: str, vec_bytes: int) -> dict[str, int]:
+    """cta_columns: the columns of a CTA's tile (`cols` in build); the grid's y is ceil(hidden / cta_columns), which
+    the op keeps within 65535."""
+    epv = vec_bytes // IN_DTYPES[in_dtype]
+    return {'cta_columns': TileShape.for_block(block_m, block_k // epv, vec_bytes).lanes * epv}
+
+
 def prebuilt():
     for in_dtype in IN_DTYPES:
         for fmt in FORMATS:
@@ -404,4 +411,5 @@ DECL = KernelDecl(
     # Every access is masked explicitly (against the buffer dims); tilelang's own per-element guards would
     # stop the 16-byte vectorisation, since it cannot prove that a vector never straddles the run-time hidden.
     pass_configs={'tl.disable_warp_specialized': True, 'tl.enable_lower_ldgstg': True, 'tl.disable_safe_memory_legalize': True},
+    constants=constants,
 )

@@ -187,6 +187,12 @@ def build(arch: Arch, block_m: int, block_k: int, in_sf_format: str, sf_format: 
                                                              'out_sf': 1 if packed else 4})
 
 
+def constants(arch: Arch, block_m: int, block_k: int, in_sf_format: str, sf_format: str) -> dict[str, int]:
+    """cta_columns: the columns of a CTA's tile (`cols` in build); the grid's y is ceil(hidden / cta_columns), which
+    the op keeps within 65535."""
+    return {'cta_columns': TileShape.for_block(block_m, block_k // VECTOR_ELEMS).lanes * VECTOR_ELEMS}
+
+
 def prebuilt():
     for block_m, block_k in PREBUILT_BLOCKS:
         for in_sf_format in SF_FORMATS:
@@ -202,4 +208,5 @@ DECL = KernelDecl(
     check=check,
     # Every access is masked explicitly against the buffer dims (see quant.per_block_cast).
     pass_configs={'tl.disable_warp_specialized': True, 'tl.enable_lower_ldgstg': True, 'tl.disable_safe_memory_legalize': True},
+    constants=constants,
 )

@@ -350,7 +350,8 @@ PARAMS = (
     param('num_per_tokens', 'int', 'npt'),
 )
 
+CONSTANTS = {'tile_m': TILE_M}  # the grid's y is ceil(tokens / tile_m), which the op keeps within 65535
 FUSED = KernelDecl(name='quant.per_channel_cast_fused', params=PARAMS, factory=build, prebuilt=prebuilt_fused, check=check,
-                   pass_configs=PASS_CONFIGS)
+                   pass_configs=PASS_CONFIGS, constants=CONSTANTS)
 TRANSPOSE = KernelDecl(name='quant.per_channel_cast_and_transpose', params=PARAMS, factory=build, prebuilt=prebuilt_transpose,
-                       check=check, pass_configs=PASS_CONFIGS)
+                       check=check, pass_configs=PASS_CONFIGS, constants=CONSTANTS)

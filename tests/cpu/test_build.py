@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 
 from build_tools.cubin_info import frame_bytes
+from kernel_src.decl import Arch
+from kernel_src.registry import DECLS
 from tile_kernels_aot.cubin import cubin_sm
 from tile_kernels_aot.manifest import manifest_from_json
 
@@ -41,6 +43,7 @@ def test_manifest_records_every_binary(built):
             (entry,) = info.entries.values()
             assert entry.params == item['params']
             assert entry.target == target
+            assert entry.constants == DECLS[item['kernel']].constants_for(Arch(target), entry.params)
             cubin = (root / entry.cubin).read_bytes()
             assert hashlib.sha256(cubin).hexdigest() == entry.sha256
             assert cubin_sm(cubin) == sm

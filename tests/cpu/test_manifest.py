@@ -1,9 +1,17 @@
-"""The manifest schema: expressions, spec keys and the JSON round trip (pure Python)."""
+"""The manifest schema: expressions, spec keys, constants and the JSON round trip; the declarations' specs and constants."""
+
+import json
+import re
+from pathlib import Path
 
 import pytest
 
+import tile_kernels_aot
+from kernel_src.decl import ARCHS
+from kernel_src.registry import DECLS
 from tile_kernels_aot.manifest import (
-    ParamSchema, compile_expr, format_expr, parse_spec_key, spec_file_stem, spec_key,
+    SCHEMA_VERSION, KernelInfo, Manifest, ParamSchema, compile_expr, entry_from_plain, format_expr, manifest_from_json, manifest_to_json,
+    parse_spec_key, spec_file_stem, spec_key,
 )
 
 SCHEMA = (ParamSchema('in_dtype', 'str', ''), ParamSchema('hidden', 'int', 'h'), ParamSchema('round_sf', 'bool', 'rsf'))
@@ -51,9 +59,66 @@ def test_spec_key_rejects_wrong_names_and_types():
         parse_spec_key(SCHEMA, 'in_dtype=bfloat16,hidden=7168,colour=red')
 
 
-def test_every_declared_kernel_has_valid_unique_specs():
-    from kernel_src.registry import DECLS
+def plain_entry(**changes) -> dict:
+    entry = {'kernel': 'demo.copy', 'key': 'h=64', 'params': {'h': 64}, 'target': 'sm_90a', 'cubin': 'x.cubin', 'sha256': '0' * 64,
+             'source': 'x.cu', 'buffers': [], 'scalars': [], 'launches': [], 'constants': {'tile_m': 128}}
+    return {**entry, **changes}
 
+
+def demo_manifest() -> Manifest:
+    info = KernelInfo('demo.copy', (ParamSchema('h', 'int', 'h'),), {'h=64': entry_from_plain(plain_entry())})
+    return Manifest('sm_90a', 'tile_kernels_aot_sm90a', '0.1.0', {}, {'demo.copy': info})
+
+
+def test_manifest_round_trip_keeps_the_constants():
+    again = manifest_from_json(manifest_to_json(demo_manifest()))
+    assert again == demo_manifest()
+    assert again.kernels['demo.copy'].entries['h=64'].constants == {'tile_m': 128}
+
+
+@pytest.mark.parametrize('constants', [{'tile_m': 1.5}, {'tile_m': True}, {'tile_m': '128'}, [['tile_m', 128]]])
+def test_bad_constants_are_rejected_when_read(constants):
+    with pytest.raises(ValueError, match='bad constants'):
+        entry_from_plain(plain_entry(constants=constants))
+
+
+def test_a_manifest_of_another_schema_is_refused():
+    plain = json.loads(manifest_to_json(demo_manifest()))
+    plain['schema'] = SCHEMA_VERSION - 1
+    with pytest.raises(ValueError, match=f'schema {SCHEMA_VERSION - 1} is not the supported schema {SCHEMA_VERSION}'):
+        manifest_from_json(json.dumps(plain))
+
+
+def test_every_declared_constant_is_an_int_for_every_spec_and_arch():
+    for decl in DECLS.values():
+        for arch in ARCHS:
+            for spec in decl.specs():
+                assert all(isinstance(v, int) for v in decl.constants_for(arch, spec).values())  # constants_for raises otherwise
+
+
+def test_every_constant_the_runtime_reads_is_declared():
+    """The ops read constants by name, from the entry they launch (``entry.constants['name']``) or, before they choose
+    one, from all the entries of a kernel (``kernel_constant('kernel', 'name', device)``, which needs one value)."""
+    declared: dict[tuple[str, str, str], set[int]] = {}  # (kernel, target, name) -> the values of its specs
+    for decl in DECLS.values():
+        for arch in ARCHS:
+            for spec in decl.specs():
+                for name, value in decl.constants_for(arch, spec).items():
+                    declared.setdefault((decl.name, arch.target, name), set()).add(value)
+    names = {name for _, _, name in declared}
+    read, before_choosing = set(), set()
+    for path in Path(tile_kernels_aot.__file__).parent.rglob('*.py'):
+        text = path.read_text()
+        read |= set(re.findall(r"constants\['(\w+)'\]", text))
+        before_choosing |= set(re.findall(r"kernel_constant\('([\w.]+)', '(\w+)'", text))
+    assert read and before_choosing
+    assert read <= names, f'read but never declared: {sorted(read - names)}'
+    for kernel, name in before_choosing:
+        for arch in ARCHS:
+            assert len(declared.get((kernel, arch.target, name), ())) == 1, f'{kernel} has no single {name} for {arch.target}'
+
+
+def test_every_declared_kernel_has_valid_unique_specs():
     for decl in DECLS.values():
         specs = decl.specs()
         assert specs, decl.name
@@ -67,7 +132,6 @@ def test_every_declared_kernel_has_valid_unique_specs():
 
 def test_every_kernel_has_a_benchmark_case():
     from benchmarks.run import CASES
-    from kernel_src.registry import DECLS
 
     assert set(CASES) == set(DECLS)
 
@@ -75,6 +139,5 @@ def test_every_kernel_has_a_benchmark_case():
 def test_every_kernel_is_compared_with_upstream():
     # Every kernel here reimplements an upstream TileKernels v1 kernel; benchmarks/upstream.py runs both.
     from benchmarks.upstream import CASES
-    from kernel_src.registry import DECLS
 
     assert set(CASES) == set(DECLS)

@@ -30,6 +30,23 @@ def test_import_needs_no_tilelang_tvm_or_compiler():
     assert 'loaded: []' in result.stdout
 
 
+def test_every_public_submodule_is_reachable_after_a_plain_import():
+    result = run_python('''
+        import sys
+        for blocked in ('tilelang', 'tvm', 'tvm_ffi', 'triton'):
+            sys.modules[blocked] = None
+        import tile_kernels_aot
+        for name in ('config', 'cubin', 'errors', 'manifest', 'moe', 'quant', 'reference', 'targets', 'torch', 'transpose', 'version'):
+            assert getattr(tile_kernels_aot, name).__name__ == f'tile_kernels_aot.{name}', name
+        print(callable(tile_kernels_aot.torch.stable_topk), tile_kernels_aot.torch.__all__ == tile_kernels_aot.reference.__all__)
+        star = {}
+        exec('from tile_kernels_aot import *', star)
+        print('torch' in star)  # a star import leaves the torch package alone
+    ''')
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ['True', 'True', 'False']
+
+
 def test_import_does_not_touch_the_driver():
     result = run_python('''
         import ctypes, sys
@@ -52,7 +69,7 @@ def test_import_does_not_touch_the_driver():
 
 ENTRY = entry_from_plain({
     'kernel': 'demo.copy', 'key': 'h=64', 'params': {'h': 64}, 'target': 'sm_90a', 'cubin': 'x.cubin', 'sha256': '0' * 64,
-    'source': 'x.cu', 'scalars': [{'name': 'num_sms', 'kind': 'int32'}],
+    'source': 'x.cu', 'scalars': [{'name': 'num_sms', 'kind': 'int32'}], 'constants': {'tile': 4},
     'buffers': [
         {'name': 'x', 'dtype': 'bfloat16', 'shape': ['num_tokens', 64], 'strides': ['row_stride', 1], 'alignment': 16},
         {'name': 'out', 'dtype': 'float32', 'shape': ['num_tokens', ['//', 64, 32]], 'strides': [2, 1], 'alignment': 16},

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from tile_kernels_aot import _checks
+from tile_kernels_aot._launch import MAX_GRID
 
 QuantTensor = tuple[torch.Tensor, torch.Tensor]
 IN_DTYPES = {torch.bfloat16: 'bfloat16', torch.float32: 'float32'}  # high-precision inputs -> spec value
@@ -18,7 +19,7 @@ VECTOR_BYTES = 16
 # per_token_cast's flat kernel, per_block_cast and (on sm_100a) the per-channel SwiGLU cast, where the input's
 # alignment allows (their VEC_BYTES, CH_VEC_BYTES)
 WIDE_VECTOR_BYTES = 32
-MAX_GRID_Y = 65535
+MAX_GRID_Y = MAX_GRID[1]
 # The `mode` scalar of the casts that share one kernel between the plain cast, its sf-only variant and its
 # precomputed-sf variant.
 MODE_CAST, MODE_SF_ONLY, MODE_PRECOMPUTED = 0, 1, 2

@@ -15,14 +15,12 @@ from __future__ import annotations
 import torch
 
 from tile_kernels_aot import _checks
-from tile_kernels_aot._select import find_kernel
+from tile_kernels_aot._select import find_kernel, kernel_constant
 from tile_kernels_aot.quant._common import (
     IN_DTYPES, QuantTensor, align, check_cast_back_args, check_input_sf, check_out_fmt, check_packed_ue8m0, check_sf_flags, dtype_name, magic,
     packed_sf_bytes, row_aligned, sf_format,
 )
 
-_CHUNK = 32  # channels per chunk of the kernels
-_INDEX_LIMIT = 2**31 - 2**16  # flat chunk indices (plus a CTA's overrun) stay int32 in the cast back
 _CAST_OP = "per_token_cast(fmt='e5m6')"
 _BACK_OP = "cast_back(x_special_fmt='e5m6')"
 
@@ -110,22 +108,24 @@ def cast_back_from_e5m6(x: QuantTensor, fmt: str, x_block_size: tuple[int, int])
     out = torch.empty((num_tokens, hidden), dtype=out_dtype, device=data.device)
     if num_tokens == 0:
         return out
-    chunks_per_row = -(-hidden // _CHUNK)
-    if num_tokens * chunks_per_row >= _INDEX_LIMIT:
-        raise ValueError(f'{op}: data is too large: {num_tokens} rows of {chunks_per_row} chunks of 32 channels reach 2^31 chunks')
+    aligned = hidden % kernel_constant('quant.cast_back_e5m6', 'chunk', device) == 0 and data.data_ptr() % 16 == 0
+    kernel = find_kernel('quant.cast_back_e5m6', dict(out_dtype=dtype_name(out.dtype), sf_format=sf_format(packed), aligned=aligned), device)
+    chunk, index_limit = kernel.entry.constants['chunk'], kernel.entry.constants['index_limit']
+    chunks_per_row = -(-hidden // chunk)
+    if num_tokens * chunks_per_row >= index_limit:
+        raise ValueError(f'{op}: data is too large: {num_tokens} rows of {chunks_per_row} chunks of {chunk} channels reach the '
+                         '32-bit index range')
     sf_arg = packed_sf_bytes(sf) if packed else sf
     row_magic, row_shift = magic(chunks_per_row)
     block_magic, block_shift = magic(num_per_channels)
-    aligned = hidden % _CHUNK == 0 and data.data_ptr() % 16 == 0
-    spec = dict(out_dtype=dtype_name(out.dtype), sf_format=sf_format(packed), aligned=aligned)
     scalars = dict(chunks_per_row=chunks_per_row, row_magic=row_magic, row_shift=row_shift, block_magic=block_magic, block_shift=block_shift)
-    find_kernel('quant.cast_back_e5m6', spec, device)(device, {'out': out, 'x': data.view(torch.uint32), 'x_sf': sf_arg}, scalars)
+    kernel(device, {'out': out, 'x': data.view(torch.uint32), 'x_sf': sf_arg}, scalars)
     return out
 
 
 def e5m6_spec_of(x: torch.Tensor, use_packed_ue8m0: bool) -> dict:
-    """The spec per_token_cast_to_e5m6 picks for `x`: the 16-byte variant when hidden % 32 == 0 and the
-    pointer and row stride are 16-byte aligned."""
-    aligned = x.shape[1] % _CHUNK == 0 and row_aligned(x, 16)
+    """The spec per_token_cast_to_e5m6 picks for the CUDA tensor `x`: the 16-byte variant when hidden is a multiple of
+    the kernels' chunk of channels and the pointer and row stride are 16-byte aligned."""
+    aligned = x.shape[1] % kernel_constant('quant.per_token_cast_to_e5m6', 'chunk', x.device.index) == 0 and row_aligned(x, 16)
     return dict(in_dtype=IN_DTYPES[x.dtype], sf_format=sf_format(use_packed_ue8m0), aligned=aligned)
 

@@ -17,6 +17,7 @@ from typing import Optional
 import torch
 
 from tile_kernels_aot import _checks
+from tile_kernels_aot._launch import LoadedKernel
 from tile_kernels_aot._select import find_kernel
 from tile_kernels_aot.quant._common import (
     FORMATS, IN_DTYPES, MAX_GRID_Y, MODE_CAST, MODE_PRECOMPUTED, MODE_SF_ONLY, VECTOR_BYTES, QuantTensor, alloc_quant_out, alloc_sf,
@@ -46,8 +47,6 @@ def _per_block_cast(op: str, x, fmt, block_size, use_tma_aligned_col_major_sf, r
     num_tokens, hidden = x.shape
     if hidden % 16:
         raise ValueError(f'{op}: x must have hidden divisible by 16, got {hidden}')
-    if -(-hidden // 128) > MAX_GRID_Y:
-        raise ValueError(f'{op}: x must have hidden at most {MAX_GRID_Y * 128}, got {hidden}')
     _checks.inner_contiguous(op, 'x', x)
     if num_tokens and not row_aligned(x, VECTOR_BYTES):
         raise ValueError(f'{op}: x must have a 16-byte aligned data pointer and row stride, got {x.data_ptr():#x} and strides {x.stride()}')
@@ -58,15 +57,23 @@ def _per_block_cast(op: str, x, fmt, block_size, use_tma_aligned_col_major_sf, r
             raise ValueError(f'{op}: sf must have shape ({num_rows}, {num_blocks}) for x of shape {tuple(x.shape)} and block_size '
                              f'{(block_m, block_k)}, got {tuple(sf.shape)}')
         device = _checks.on_one_cuda_device(op, x=x, sf=sf)
-        returned, sf_arg = sf, sf
     else:
         device = _checks.on_one_cuda_device(op, x=x)
-        returned, sf_arg = alloc_sf(num_rows, num_blocks, col_major, packed, x.device)
+    if num_tokens:
+        kernel = find_kernel('quant.per_block_cast', per_block_cast_spec(x, fmt, (block_m, block_k), packed), device)
+        _check_columns(op, 'x must have hidden', hidden, kernel)
+    returned, sf_arg = (sf, sf) if mode == MODE_PRECOMPUTED else alloc_sf(num_rows, num_blocks, col_major, packed, x.device)
     out = alloc_quant_out(num_tokens, hidden, fmt, x.device)
     if num_tokens:
-        spec = per_block_cast_spec(x, fmt, (block_m, block_k), packed)
-        find_kernel('quant.per_block_cast', spec, device)(device, {'x': x, 'out': out, 'out_sf': sf_arg}, {'round_sf': int(round_sf), 'mode': mode})
+        kernel(device, {'x': x, 'out': out, 'out_sf': sf_arg}, {'round_sf': int(round_sf), 'mode': mode})
     return out, returned
+
+
+def _check_columns(op: str, what: str, hidden: int, kernel: LoadedKernel) -> None:
+    """A CTA covers cta_columns of the hidden, and the grid's y counts the CTAs."""
+    columns = kernel.entry.constants['cta_columns']
+    if -(-hidden // columns) > MAX_GRID_Y:
+        raise ValueError(f'{op}: {what} at most {MAX_GRID_Y * columns}, got {hidden}')
 
 
 def per_block_cast_spec(x: torch.Tensor, fmt: str, block_size: tuple[int, int], use_packed_ue8m0: bool) -> dict:
@@ -198,20 +205,21 @@ def per_block_cast_lossless(
     hidden = width * 2
     if hidden % 16:
         raise ValueError(f'{op}: data must have a logical hidden (2 x its width) divisible by 16, got {hidden}')
-    if -(-hidden // 512) > MAX_GRID_Y:
-        raise ValueError(f'{op}: data must have a logical hidden at most {MAX_GRID_Y * 512}, got {hidden}')
     _checks.inner_contiguous(op, 'data', data)
     if num_tokens and not row_aligned(data, 8):
         raise ValueError(f'{op}: data must have an 8-byte aligned data pointer and row stride, got {data.data_ptr():#x} and strides {data.stride()}')
     in_packed = check_input_sf(op, sf, -(-num_tokens // in_m), -(-hidden // in_k),
                                f'{num_tokens} tokens of {hidden} channels in blocks of {(in_m, in_k)}')
     device = _checks.on_one_cuda_device(op, data=data, sf=sf)
+    if num_tokens:
+        spec = dict(block_m=block_m, block_k=block_k, in_sf_format=sf_format(in_packed), sf_format=sf_format(packed))
+        kernel = find_kernel('quant.per_block_cast_lossless', spec, device)
+        _check_columns(op, 'data must have a logical hidden', hidden, kernel)
     num_rows, num_blocks = -(-num_tokens // block_m), -(-hidden // block_k)
     returned, sf_arg = alloc_sf(num_rows, num_blocks, col_major, packed, data.device)
     out = torch.empty((num_tokens, hidden), dtype=torch.float8_e4m3fn, device=data.device)
     if num_tokens:
         in_sf_arg = packed_sf_bytes(sf) if in_packed else sf
-        spec = dict(block_m=block_m, block_k=block_k, in_sf_format=sf_format(in_packed), sf_format=sf_format(packed))
         scalars = dict(in_block_m_log2=in_m.bit_length() - 1, in_block_k_log2=in_k.bit_length() - 1)
-        find_kernel('quant.per_block_cast_lossless', spec, device)(device, {'x': data, 'x_sf': in_sf_arg, 'out': out, 'out_sf': sf_arg}, scalars)
+        kernel(device, {'x': data, 'x_sf': in_sf_arg, 'out': out, 'out_sf': sf_arg}, scalars)
     return out, returned

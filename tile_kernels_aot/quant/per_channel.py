@@ -17,10 +17,10 @@ from typing import Optional, Union
 import torch
 
 from tile_kernels_aot import _checks
+from tile_kernels_aot._launch import LoadedKernel
 from tile_kernels_aot._select import find_kernel
 from tile_kernels_aot.quant._common import IN_DTYPES, MAX_GRID_Y, VECTOR_BYTES, QuantTensor, check_bool, check_e4m3, row_aligned
 
-_TILE_M = 128  # tokens per CTA
 _IN_SF_BLOCK = 128  # channels per input scale factor of an e4m3 input
 
 
@@ -32,9 +32,11 @@ def _check_vectors(op: str, name: str, t: torch.Tensor) -> None:
                          f'{t.data_ptr():#x} and row stride {t.stride(0)} elements')
 
 
-def _check_grid(op: str, num_tokens: int) -> None:
-    if -(-num_tokens // _TILE_M) > MAX_GRID_Y:
-        raise ValueError(f'{op}: at most {MAX_GRID_Y * _TILE_M} tokens, got {num_tokens}')
+def _check_grid(op: str, num_tokens: int, kernel: LoadedKernel) -> None:
+    """A CTA takes tile_m tokens, and the grid's y counts the CTAs."""
+    tile_m = kernel.entry.constants['tile_m']
+    if -(-num_tokens // tile_m) > MAX_GRID_Y:
+        raise ValueError(f'{op}: at most {MAX_GRID_Y * tile_m} tokens, got {num_tokens}')
 
 
 def per_channel_cast_fused(
@@ -115,7 +117,6 @@ def _per_channel_cast(op, x, fmt, num_per_tokens, round_sf, num_per_channels, po
         num_tokens_out = num_tokens
         if num_tokens % 128:
             raise ValueError(f'{op}: {name} must have num_tokens divisible by 128 (without pos_to_token), got {num_tokens}')
-    _check_grid(op, num_tokens_out)
     _check_vectors(op, name, data)
     tensors = dict(x=data)
     if dequant:
@@ -123,11 +124,14 @@ def _per_channel_cast(op, x, fmt, num_per_tokens, round_sf, num_per_channels, po
     if gather:
         tensors['pos_to_token'] = pos_to_token
     device = _checks.on_one_cuda_device(op, **tensors)
+    if num_tokens_out:
+        spec = dict(in_dtype=in_dtype, gather=gather, transpose=False, num_per_tokens=num_per_tokens)
+        kernel = find_kernel('quant.per_channel_cast_fused', spec, device)
+        _check_grid(op, num_tokens_out, kernel)
     out = torch.empty((num_tokens_out, hidden), dtype=torch.float8_e4m3fn, device=data.device)
     out_sf = torch.empty((-(-num_tokens_out // num_per_tokens), hidden), dtype=torch.float32, device=data.device)
     if num_tokens_out:
-        spec = dict(in_dtype=in_dtype, gather=gather, transpose=False, num_per_tokens=num_per_tokens)
-        find_kernel('quant.per_channel_cast_fused', spec, device)(device, {**tensors, 'out': out, 'out_sf': out_sf}, {'round_sf': int(round_sf)})
+        kernel(device, {**tensors, 'out': out, 'out_sf': out_sf}, {'round_sf': int(round_sf)})
     return out, out_sf
 
 
@@ -176,15 +180,16 @@ def per_channel_cast_and_transpose(x: torch.Tensor, fmt: str, num_per_tokens: in
         raise ValueError(f'{op}: x must have num_tokens divisible by 128, got {num_tokens}')
     if hidden % 64:
         raise ValueError(f'{op}: x must have hidden divisible by 64, got {hidden}')
-    _check_grid(op, num_tokens)
     _check_vectors(op, 'x', x)
     device = _checks.on_one_cuda_device(op, x=x)
+    if num_tokens:
+        spec = dict(in_dtype='bfloat16', gather=False, transpose=True, num_per_tokens=num_per_tokens)
+        kernel = find_kernel('quant.per_channel_cast_and_transpose', spec, device)
+        _check_grid(op, num_tokens, kernel)
     out = torch.empty((hidden, num_tokens), dtype=torch.float8_e4m3fn, device=x.device)
     out_sf = torch.empty((num_tokens // num_per_tokens, hidden), dtype=torch.float32, device=x.device)
     if num_tokens:
-        spec = dict(in_dtype='bfloat16', gather=False, transpose=True, num_per_tokens=num_per_tokens)
-        find_kernel('quant.per_channel_cast_and_transpose', spec, device)(device, {'x': x, 'out': out, 'out_sf': out_sf},
-                                                                           {'round_sf': int(round_sf)})
+        kernel(device, {'x': x, 'out': out, 'out_sf': out_sf}, {'round_sf': int(round_sf)})
     return out, out_sf
 
 

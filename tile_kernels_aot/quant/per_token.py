@@ -286,19 +286,21 @@ def cast_back(
     device = _checks.on_one_cuda_device(op, data=data, sf=sf)
     if num_tokens and data.data_ptr() % (8 if fp4 else 16):  # an empty tensor's pointer is never read
         raise ValueError(f'{op}: data.data_ptr() must be {8 if fp4 else 16}-byte aligned, got {data.data_ptr():#x}')
-    if num_tokens * hidden > INDEX_LIMIT:
+    if num_tokens == 0:
+        return torch.empty((num_tokens, hidden), dtype=out_dtype, device=data.device)
+    kernel = find_kernel('quant.cast_back', dict(fmt='e2m1' if fp4 else 'e4m3', out_dtype=dtype_name(out_dtype), sf_format=sf_format(packed)),
+                         device)
+    if num_tokens * hidden > kernel.entry.constants['index_limit']:
         raise ValueError(f'{op}: data is too large: {num_tokens} x {hidden} elements reach the 32-bit index range')
     out = torch.empty((num_tokens, hidden), dtype=out_dtype, device=data.device)
-    if num_tokens == 0:
-        return out
     sf_arg = packed_sf_bytes(sf) if packed else sf
-    vectors_per_row = hidden // 16
+    vector_elements = kernel.entry.constants['vector_elements']  # hidden and num_per_channels are multiples of it
+    vectors_per_row = hidden // vector_elements
     row_magic, row_shift = magic(vectors_per_row)
-    block_magic, block_shift = magic(num_per_channels // 16)
-    spec = dict(fmt='e2m1' if fp4 else 'e4m3', out_dtype=dtype_name(out.dtype), sf_format=sf_format(packed))
+    block_magic, block_shift = magic(num_per_channels // vector_elements)
     scalars = dict(vectors_per_row=vectors_per_row, row_magic=row_magic, row_shift=row_shift, block_magic=block_magic, block_shift=block_shift,
                    sf_row_shift=num_per_tokens.bit_length() - 1)
-    find_kernel('quant.cast_back', spec, device)(device, {'x': data, 'x_sf': sf_arg, 'out': out}, scalars)
+    kernel(device, {'x': data, 'x_sf': sf_arg, 'out': out}, scalars)
     return out
 
 
