@@ -64,7 +64,7 @@ def environment(text: str) -> dict:
             env.update(python=m[1], torch=m[2], cuda=m[3])
         elif line.endswith('.whl'):
             env.setdefault('wheels', []).append(line)
-            if m := re.fullmatch(r'tile_kernels_aot_runtime-([^-]+)-.*\.whl', line):
+            if m := re.fullmatch(r'tile_kernels_aot(?:_\w+)?-([^-]+)-.*\.whl', line):
                 env['version'] = m[1]
         elif m := re.fullmatch(r'(commit|compute_capability|kernels|tests|built_with_tilelang|built_with_nvcc) (.+)', line):
             env[m[1]] = m[2]
