@@ -472,9 +472,9 @@ def get_fused_mapping(
     # One block per SM at most: a block (256 threads, ~41 KB of shared memory) always fits on an SM, so the
     # cooperative grid is co-resident. Within that, more blocks shorten each warp's serial walk over its
     # pairs and spread the scattered stores, but every block reads every block's counts after the grid
-    # barrier (one L2 round trip per 32 blocks). H200 sweep (2026-11-30, E 256, K 8, docs/benchmarks.md):
-    # the best count grows like sqrt(pairs); sqrt(pairs / 8) gives 11 blocks at 128 tokens, 91 at 8192,
-    # all SMs at 32768. The result does not depend on the count.
+    # barrier (one L2 round trip per 32 blocks), so the best count grows like the square root of the pairs
+    # (E 256, K 8 on the H200): sqrt(pairs / 8) gives 11 blocks at 128 tokens, 91 at 8192, all SMs at 32768.
+    # The result does not depend on the count.
     sms = min(get_num_sms(device), get_device_num_sms(device))
     num_blocks = max(1, min(sms, round(math.sqrt(num_tokens * num_topk / 8))))
     new = topk_idx.new_empty

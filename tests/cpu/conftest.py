@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-# One spec of each kernel, for both arches: enough to exercise every step of the build.
+# One spec each of a transpose, a moe and a quant kernel, for both arches: enough to exercise every step of the build.
 SUBSET = [
     {'kernel': 'transpose.batched_transpose', 'params': {'elem_bytes': 2, 'vec_bytes': 16, 'tile_m': 64, 'tile_n': 64}},
     {'kernel': 'moe.topk_gate', 'params': {'num_experts': 256, 'num_topk': 8}},

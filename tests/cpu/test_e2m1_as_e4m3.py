@@ -11,22 +11,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kernel_src.quant import cast_back
+from tests.cpu.cuda_intrinsics import byte_perm
 from tile_kernels_aot.reference.cast import e2m1_unpack
 
-cast_back = pytest.importorskip('kernel_src.quant.cast_back')
-
 MASK32 = 0xFFFFFFFF
-
-
-def byte_perm(x: torch.Tensor, y: int, selector: torch.Tensor) -> torch.Tensor:
-    """CUDA's __byte_perm(x, y, s) on int64 tensors of uint32 values: byte n of the result is byte s[4n+2:4n]
-    of the 8 bytes y:x (the upper 16 bits of s and each nibble's bit 3 unused)."""
-    source = (torch.as_tensor(y, dtype=torch.int64) << 32) | x
-    result = torch.zeros_like(x)
-    for n in range(4):
-        index = (selector >> (4 * n)) & 7
-        result |= ((source >> (8 * index)) & 0xFF) << (8 * n)
-    return result
 
 
 def emulated_quad(codes: torch.Tensor, quad: int) -> torch.Tensor:

@@ -12,9 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kernel_src.quant import common
 from tile_kernels_aot.reference.cast import E2M1_THRESHOLDS, E2M1_VALUES, e2m1_codes
-
-common = pytest.importorskip('kernel_src.quant.common')
 
 
 def emulated_e2m1_codes(bits: torch.Tensor, clamp: bool = True) -> torch.Tensor:

@@ -53,7 +53,7 @@ def test_unsupported_expressions_are_refused():
 def _store_under_condition(arch, shifted: int):
     """out[i] = 1 for the first 32 threads of each CTA, the bound written as tid // 8 < 4, or (shifted) as
     tid // 8 < (4 >> (s - 5)) with the kernel scalar s = 5 at run time: the same stores, which tilelang 0.1.15
-    drops in the second form (docs/gpu-runs/2026-12-01-h200-f.md, run 10)."""
+    drops in the second form."""
     from tilelang import language as T
 
     from kernel_src.decl import KernelProgram
@@ -147,7 +147,8 @@ def test_a_barrier_that_threads_of_a_cta_may_not_all_reach_is_refused():
 
 
 def test_the_per_channel_swiglu_with_tilelangs_barriers_is_refused():
-    """What hung the GPU (tilelang's barrier pass on the 32-byte per-channel cast) now stops the build."""
+    """tilelang's barrier pass puts a barrier under a thread-dependent condition in the 32-byte per-channel cast, which
+    hangs the GPU: the build refuses it."""
     pytest.importorskip('tilelang')
     import dataclasses
 

@@ -12,26 +12,14 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kernel_src.quant import nibbles
+from kernel_src.quant import per_block_cast_lossless as lossless
+from tests.cpu.cuda_intrinsics import byte_perm
 from tile_kernels_aot.reference.cast import E2M1_VALUES, e2m1_codes
 
-nibbles = pytest.importorskip('kernel_src.quant.nibbles')
-lossless = pytest.importorskip('kernel_src.quant.per_block_cast_lossless')
 requant = pytest.importorskip('kernel_src.quant.per_token_requant')
 
 SIGNED_VALUES = torch.tensor(E2M1_VALUES + tuple(-v for v in E2M1_VALUES), dtype=torch.float32)  # by code 0..15
-
-
-def byte_perm(x: torch.Tensor, y, selector) -> torch.Tensor:
-    """CUDA's __byte_perm on int64 tensors (or ints) holding uint32s: byte n of the result is byte
-    (selector >> 4n) & 7 of the eight bytes of x (0..3) and y (4..7); only the low 16 bits of the selector
-    are read."""
-    x, y, selector = (torch.as_tensor(v, dtype=torch.int64).expand_as(x) for v in (x, y, selector))
-    source = x | (y << 32)
-    result = torch.zeros_like(x)
-    for n in range(4):
-        index = (selector >> (4 * n)) & 7
-        result |= ((source >> (8 * index)) & 0xFF) << (8 * n)
-    return result
 
 
 def table_bytes(words: torch.Tensor, table_low: int, table_high: int, half: int) -> torch.Tensor:

@@ -12,7 +12,7 @@ layout of every block shape and vector width, for partial row and column blocks:
 import numpy as np
 import pytest
 
-pbc = pytest.importorskip('kernel_src.quant.per_block_cast')
+from kernel_src.quant import per_block_cast as pbc
 
 BLOCKS = [(128, 128), (32, 32), (128, 32), (32, 128)]
 VECTORS = [(16, 8), (16, 4), (32, 16), (32, 8)]  # (vec_bytes, elements per vector): bfloat16, float32 of each width

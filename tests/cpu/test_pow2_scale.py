@@ -15,8 +15,8 @@ SCALED_FORMATS = {**FORMATS, 'e5m6': (E5M6_MAX, E5M6_FLOOR)}
 
 
 def exponent_by_division(clamped: np.ndarray, fmax: float) -> np.ndarray:
-    """The power of two at or above clamped / fmax as the kernels computed it before: the quotient rounded by IEEE
-    float32 division (numpy's, as div.rn.f32), then the exponent of its bits less one, plus one."""
+    """The power of two at or above clamped / fmax by division, which the bit expression replaces: the quotient rounded
+    by IEEE float32 division (numpy's, as div.rn.f32), then the exponent of its bits less one, plus one."""
     with np.errstate(over='ignore', under='ignore'):
         quotient = clamped / np.float32(fmax)
     return ((quotient.view(np.uint32).astype(np.int64) - 1) >> 23) + 1

@@ -143,10 +143,10 @@ def test_needs_the_mask_of_the_steps():
 
 def test_exponent_offset_never_reaches_the_sign():
     """Under 2^-14 the unscaled sum s / 2^(x+1) sits in f16's binade of 2^14, whose exponent field (29) plus (x + 1) & 3
-    (3) passes 31. Added to the high bytes as they are, that carry went into the sign bit and the codes came out wrong,
-    which is why the kernel keeps such factors off this path (power_of_two_between(factor, -13, 14)). Added by the
-    multiply-high-add to the bytes shifted down one, the carry lands in a bit the mask drops, and the sign is read from
-    the bytes as they are, so the replay now holds there too (the kernel's bound stays where it was)."""
+    (3) passes 31. Added to the high bytes as they are, that carry would reach the sign bit, which is why the kernel keeps
+    such factors off this path (power_of_two_between(factor, -13, 14)). The multiply-high-add adds it to the bytes shifted
+    down one, so the carry lands in a bit the mask drops and the sign is read from the bytes as they are: the replay
+    holds there too, and the kernel's bound is a margin."""
     codes = [0x38, 0x40, 0x48, 0x50, 0x00, 0x30, 0x7E, 0x01]  # positive values, all below 2^-5 once scaled
     assert kernel_word(codes, -14) == reference_word(codes, -14) == 0
     negated = [c | 0x80 for c in codes]

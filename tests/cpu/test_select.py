@@ -136,7 +136,7 @@ def test_ops_validate_before_touching_a_device():
 @pytest.mark.parametrize('capability, offset, vec_bytes', [
     ((10, 0), 0, 32),  # sm_100a: one 256-bit load a vector
     ((10, 0), 8, 16),  # the pointer 16 bytes past a 32-byte boundary
-    ((9, 0), 0, 16),  # sm_90a: two 16-byte loads a 32-byte vector measured no faster on the H200
+    ((9, 0), 0, 16),  # sm_90a: a 32-byte vector is two 16-byte loads there, no faster than the 16-byte kernel
     ((9, 0), 8, 16),
 ])
 def test_per_channel_swiglu_vector_width_by_device_and_pointer(fake_device, capability, offset, vec_bytes):

@@ -1,5 +1,5 @@
 """What the GPU tests share: the specs to cover (read from the installed manifest, so they follow the
-kernel declarations), bitwise comparison, and allocator poisoning."""
+kernel declarations), the SM counts to run at, bitwise comparison, and allocator poisoning."""
 
 from __future__ import annotations
 
@@ -8,19 +8,41 @@ import math
 import pytest
 import torch
 
+from tile_kernels_aot import config
+
 TOKEN_COUNTS = (0, 1, 63, 4001, 8192)
+_NO_GPU = pytest.mark.skip(reason='needs a CUDA GPU')
 
 
 def installed_specs(kernel: str, where=None) -> list:
     """One pytest param per installed spec of `kernel` for GPU 0 (those for which where(spec) holds, if
     given); a skipped placeholder without a GPU."""
     if not torch.cuda.is_available():
-        return [pytest.param(None, marks=pytest.mark.skip(reason='needs a CUDA GPU'), id='no-gpu')]
+        return [pytest.param(None, marks=_NO_GPU, id='no-gpu')]
     from tile_kernels_aot._select import prebuilt_specs
 
     specs = [s for s in prebuilt_specs(kernel, 0) if where is None or where(s)]
     assert specs, f'the installed arch package has no {kernel} binaries' + (' of the kind this test needs' if where else '')
     return [pytest.param(s, id='-'.join(f'{k}={v}' for k, v in s.items())) for s in specs]
+
+
+def installed_values(kernel: str, *names: str) -> list:
+    """One pytest param per distinct combination of the spec parameters `names` among the installed specs of
+    `kernel` for GPU 0 (a value each, in that order); a skipped placeholder without a GPU."""
+    if not torch.cuda.is_available():
+        return [pytest.param(*(None for _ in names), marks=_NO_GPU, id='no-gpu')]
+    from tile_kernels_aot._select import prebuilt_specs
+
+    values = sorted({tuple(s[n] for n in names) for s in prebuilt_specs(kernel, 0)})
+    assert values, f'the installed arch package has no {kernel} binaries'
+    return [pytest.param(*v, id='-'.join(f'{n}={x}' for n, x in zip(names, v))) for v in values]
+
+
+def sm_counts() -> tuple[int, int, int]:
+    """The SM counts an op whose result must not depend on config.set_num_sms runs at: one, all but 20, all of GPU 0's
+    (the restore_num_sms fixture puts the setting back)."""
+    device_sms = config.get_device_num_sms(0)
+    return (1, device_sms - 20, device_sms)
 
 
 def copy_at(x: torch.Tensor, offset: int) -> torch.Tensor:

@@ -4,7 +4,7 @@ import torch
 import tile_kernels_aot
 from tile_kernels_aot import reference
 
-from .helpers import TOKEN_COUNTS, assert_bitwise_equal, calc_diff, check_unbiased, installed_specs, poison_allocator
+from .helpers import TOKEN_COUNTS, assert_bitwise_equal, calc_diff, check_unbiased, installed_specs, installed_values, poison_allocator
 
 pytestmark = pytest.mark.gpu
 
@@ -54,7 +54,7 @@ def test_cast_back_of_token_blocks(spec, num_tokens, block):
             assert calc_diff(back, x) < 2e-3  # a sanity check (as test_per_block_cast): the bitwise comparison is the test
 
 
-@pytest.mark.parametrize('fmt', ('e4m3', 'e2m1'))
+@pytest.mark.parametrize('fmt', installed_values('quant.cast_back', 'fmt'))
 def test_cast_back_of_the_op_output(fmt):
     """Upstream's round trip: per_token_cast with each layout, then per_token_cast_back."""
     x = torch.randn((4001, 7168), device='cuda', dtype=torch.bfloat16)

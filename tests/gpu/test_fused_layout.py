@@ -8,18 +8,12 @@ import torch
 import tile_kernels_aot
 from tile_kernels_aot import config, reference
 
-from .helpers import TOKEN_COUNTS, assert_bitwise_equal, installed_specs, poison_allocator
-from .test_moe_routing import ROUTING, routing_indices, sm_counts
+from .helpers import TOKEN_COUNTS, assert_bitwise_equal, installed_specs, poison_allocator, sm_counts
+from .test_moe_routing import ROUTING, routing_indices
 
 pytestmark = pytest.mark.gpu
 
 ELEM_DTYPES = {1: torch.float8_e4m3fn, 2: torch.bfloat16, 4: torch.float32}
-
-
-@pytest.fixture
-def restore_num_sms():
-    yield
-    config.set_num_sms(0)
 
 
 def check_structure(outputs, topk_idx: torch.Tensor, num_experts: int, alignment: int) -> None:

@@ -1,6 +1,6 @@
 """Launch features no shipped kernel uses yet, on kernels built from tests/fixtures/launch_kernels.py:
 TMA descriptors encoded per call, cooperative launch with a grid barrier, >48 KB of dynamic shared memory.
-.ci/gpu-session.sh points TILE_KERNELS_AOT_LAUNCH_TEST_DIR at their build."""
+The GPU script in .ci/ points TILE_KERNELS_AOT_LAUNCH_TEST_DIR at their build."""
 
 import os
 from pathlib import Path

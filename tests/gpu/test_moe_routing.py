@@ -6,7 +6,7 @@ import torch
 import tile_kernels_aot
 from tile_kernels_aot import config, reference
 
-from .helpers import TOKEN_COUNTS, assert_bitwise_equal, calc_diff, installed_specs, poison_allocator
+from .helpers import TOKEN_COUNTS, assert_bitwise_equal, calc_diff, installed_specs, poison_allocator, sm_counts
 
 pytestmark = pytest.mark.gpu
 
@@ -20,17 +20,6 @@ def routing_indices(num_tokens: int, num_topk: int, num_experts: int, num_ep_ran
     idx = scores.topk(num_topk, dim=-1).indices
     idx[idx >= num_experts] = -1
     return idx[(idx >= 0).any(dim=1)][:num_tokens].contiguous()
-
-
-def sm_counts():
-    device_sms = config.get_device_num_sms(0)
-    return (1, device_sms - 20, device_sms)
-
-
-@pytest.fixture
-def restore_num_sms():
-    yield
-    config.set_num_sms(0)
 
 
 @pytest.mark.parametrize('num_tokens', TOKEN_COUNTS)

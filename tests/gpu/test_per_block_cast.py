@@ -7,7 +7,7 @@ import tile_kernels_aot
 from tile_kernels_aot import reference
 from tile_kernels_aot.quant.per_block import per_block_cast_spec
 
-from .helpers import TOKEN_COUNTS, assert_bitwise_equal, calc_diff, check_unbiased, installed_specs, poison_allocator
+from .helpers import TOKEN_COUNTS, assert_bitwise_equal, calc_diff, check_unbiased, installed_specs, installed_values, poison_allocator
 
 pytestmark = pytest.mark.gpu
 
@@ -85,12 +85,11 @@ TIES = {
 }
 
 
-@pytest.mark.parametrize('fmt', ('e4m3', 'e2m1'))
-@pytest.mark.parametrize('block', ((128, 128), (32, 32)))
-def test_per_block_cast_special_values(fmt, block):
+@pytest.mark.parametrize('fmt, block_m, block_k', installed_values('quant.per_block_cast', 'fmt', 'block_m', 'block_k'))
+def test_per_block_cast_special_values(fmt, block_m, block_k):
     """Zero blocks (amax clamped to the floor), a huge outlier, tiny values, and whole blocks of values on
     the rounding ties (amax = the format's max, so the multiplier is 1 with and without round_sf)."""
-    bm, bk = block
+    bm, bk = block = (block_m, block_k)
     x = torch.randn((4 * bm, 1024), device='cuda', dtype=torch.float32)
     x[:bm, :bk] = 0
     x[0, 200] = 3e38
@@ -177,10 +176,11 @@ def test_per_block_cast_lossless(spec, num_tokens):
             assert_bitwise_equal(reference.cast_back((out, sf), 'fp32', block), reference.cast_back(x_fp4, 'fp32', (1, 32)))
 
 
-@pytest.mark.parametrize('block', ((1, 128), (32, 32), (128, 128)))
-def test_per_block_cast_lossless_unrounded_sf_as_upstream(block):
+@pytest.mark.parametrize('block_m, block_k', installed_values('quant.per_block_cast_lossless', 'block_m', 'block_k'))
+def test_per_block_cast_lossless_unrounded_sf_as_upstream(block_m, block_k):
     """Float32 input scale factors that are not powers of two: only their exponent bits count, as upstream
     (the cast is then not lossless, but it is the same)."""
+    block = (block_m, block_k)
     x_fp4 = fp4_input(4001, 2048, 'f32', col_major=False, round_sf=False)
     out, sf = quant.per_block_cast_lossless(x_fp4, 'e4m3', (1, 32), block)
     out_ref, sf_ref = reference.per_block_cast_lossless(x_fp4, 'e4m3', (1, 32), block)

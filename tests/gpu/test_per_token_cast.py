@@ -7,7 +7,9 @@ from tile_kernels_aot.quant import per_token_cast_spec
 from tile_kernels_aot.quant.per_token import per_token_requant_spec
 from tile_kernels_aot.reference.cast import _format_sf as format_sf
 
-from .helpers import TOKEN_COUNTS, assert_bitwise_equal, calc_diff, check_unbiased, copy_at, installed_specs, poison_allocator
+from .helpers import (
+    TOKEN_COUNTS, assert_bitwise_equal, calc_diff, check_unbiased, copy_at, installed_specs, installed_values, poison_allocator,
+)
 
 pytestmark = pytest.mark.gpu
 
@@ -103,8 +105,7 @@ def test_per_token_cast_per_row_wider_than_registers(spec, hidden):
             assert_bitwise_equal(precomputed, reference.cast(x, fmt, (1, hidden), sf=sf))
 
 
-@pytest.mark.parametrize('fmt', ('e4m3', 'e2m1'))
-@pytest.mark.parametrize('in_dtype', ('bfloat16', 'float32'))
+@pytest.mark.parametrize('in_dtype, fmt', installed_values('quant.per_token_cast', 'in_dtype', 'fmt'))
 def test_per_token_cast_takes_narrow_vectors_where_wide_ones_do_not_fit(in_dtype, fmt):
     """An input whose pointer or row stride is a multiple of 16 bytes but not of 32 takes the 16-byte kernel, a 32-byte
     aligned one the 32-byte kernel: both exact."""
@@ -125,7 +126,7 @@ def test_per_token_cast_takes_narrow_vectors_where_wide_ones_do_not_fit(in_dtype
         assert_bitwise_equal(sf, sf_ref)
 
 
-@pytest.mark.parametrize('fmt', ('e4m3', 'e2m1'))
+@pytest.mark.parametrize('fmt', installed_values('quant.per_token_cast', 'fmt'))
 def test_per_token_cast_saturates_and_handles_tiny_blocks(fmt):
     x = torch.randn((64, 7168), device='cuda', dtype=torch.bfloat16)
     x[0, :128] = 0  # amax 0 -> clamped to the floor

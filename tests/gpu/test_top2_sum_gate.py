@@ -12,7 +12,7 @@ from .helpers import TOKEN_COUNTS, assert_bitwise_equal, installed_specs, poison
 
 pytestmark = pytest.mark.gpu
 
-SCORING = ('sigmoid', 'sqrtsoftplus', 'softmax')
+SCORING = tile_kernels_aot.moe.SCORING_FUNCS
 NUM_EXTRA = 32  # replicas beyond one per logical expert, as upstream's test
 GROUP_GAP, EXPERT_GAP = 1e-6, 2e-6  # upstream's margins
 

@@ -223,9 +223,8 @@ def swiglu_forward_and_per_token_cast(
 
 
 # Targets whose per-channel SwiGLU cast takes 32-byte vectors where x allows: one 256-bit load each on sm_100a
-# (upstream's choice on SM100). On sm_90a a 32-byte vector is two 16-byte loads, and the 32-byte kernel measured level
-# (transposed) to 1-2.5% slower (untransposed) than the 16-byte one on the same input (GPU run 4 of
-# docs/gpu-runs/2026-12-02-h200-d.md), so it keeps 16-byte vectors there.
+# (upstream's choice on SM100). On sm_90a a 32-byte vector is two 16-byte loads, and the 32-byte kernel is no faster
+# there than the 16-byte one on the same input (slower untransposed), so sm_90a keeps 16-byte vectors.
 _CHANNEL_WIDE_TARGETS = ('sm_100a',)
 
 
