@@ -20,7 +20,7 @@ from pathlib import Path
 
 from build_tools import ninja, wheels
 from build_tools.cubin_info import frame_bytes
-from build_tools.util import BuildError, sha256_bytes, stable_json, write_if_different
+from build_tools.util import BuildError, Progress, duration, plural, sha256_bytes, stable_json, write_if_different
 from kernel_src.decl import Arch, KernelDecl
 from tile_kernels_aot.cubin import cubin_sm, target_sm
 from tile_kernels_aot.manifest import (
@@ -135,7 +135,7 @@ def plan(args: BuildArgs) -> list[Job]:
 def kernel_sources_hash(decl: KernelDecl) -> str:
     """Hash of the sources that define a kernel's code: the module of its factory and every kernel_src
     module it imports, directly or through others. Editing one kernel family's file re-lowers only that
-    family, not every kernel of the package (a quant rebuild takes tens of minutes on a small machine).
+    family, not every kernel of the package.
     models.py and registry.py only decide which specs and kernels exist, so editing them re-lowers nothing."""
     return _sources_hash(decl.factory.__module__)
 
@@ -225,11 +225,12 @@ def _lower_stale(jobs: list[Job], build_dir: Path, n_workers: int, tools: dict, 
     if not stale:
         print(f'lowering: all {len(jobs)} kernels up to date', flush=True)
         return
-    print(f'lowering {len(stale)} of {len(jobs)} kernels with {n_workers} processes', flush=True)
+    workers = plural(n_workers, 'process', 'processes')
+    print(f'lowering {len(stale)} of {len(jobs)} kernels with {workers}', flush=True)
     from build_tools.lower import lower_job
 
     failures = []
-    start = time.monotonic()
+    progress = Progress(len(stale))
     # spawn, not fork: tilelang and torch hold threads and CUDA-less state that forking copies badly.
     ctx = multiprocessing.get_context('spawn')
     with concurrent.futures.ProcessPoolExecutor(max_workers=n_workers, mp_context=ctx) as pool:
@@ -245,9 +246,10 @@ def _lower_stale(jobs: list[Job], build_dir: Path, n_workers: int, tools: dict, 
             write_if_different(job.path(build_dir, '.cu'), header + lowered.source)
             meta = {'input_hash': want, 'kernel': job.decl.name, 'params': job.params, 'target': job.arch.target, **lowered.launch}
             write_if_different(job.path(build_dir, '.json'), json.dumps(meta, indent=1, sort_keys=True) + '\n')
-            print(f'[{done}/{len(stale)}] lowered {job.label} ({time.monotonic() - start:.1f}s)', flush=True)
+            print(f'[{done}/{len(stale)}] lowered {job.label} ({progress.status(done)})', flush=True)
     if failures:
         raise BuildError(f'{len(failures)} kernel(s) failed to lower:\n\n' + '\n\n'.join(failures))
+    print(f'lowering: {progress.summary("kernel", workers)}', flush=True)
 
 
 def write_manifests(jobs: list[Job], build_dir: Path, tools: dict) -> dict[str, Path]:
@@ -298,7 +300,8 @@ def build(args: BuildArgs) -> list[Path]:
     build_dir = Path(args.build_dir).resolve()
     jobs = plan(args)
     tools = toolchain()
-    print(f'tile-kernels-aot {__version__}: {len(jobs)} kernel binaries for {", ".join(a.target for a in args.archs)} '
+    print(f'tile-kernels-aot {__version__}: {plural(len(jobs), "kernel binary", "kernel binaries")} '
+          f'for {", ".join(a.target for a in args.archs)} '
           f'(tilelang {tools["tilelang"]}, nvcc {tools["nvcc"]})', flush=True)
     _lower_stale(jobs, build_dir, max(1, min(args.jobs, len(jobs))), tools, args.registry)
 
@@ -310,6 +313,17 @@ def build(args: BuildArgs) -> list[Path]:
     built: list[Path] = []
     if args.wheels:
         built = wheels.build_wheels(jobs, manifests, build_dir, Path(args.out).resolve())
-    print(f'done in {time.monotonic() - start:.1f}s', flush=True)
+    else:
+        print(where_the_binaries_are(manifests), flush=True)
+    print(f'done in {duration(time.monotonic() - start)}', flush=True)
     return built
+
+
+def where_the_binaries_are(manifests: dict[str, Path]) -> str:
+    """What a build without wheels tells: the folder of each target, and how the loader finds them."""
+    folders = [manifests[target].parent for target in sorted(manifests)]
+    lines = ['no wheels (--no-wheels); manifest.json, cubins/ and sources/ of each target are in:']
+    lines += [f'  {folder}' for folder in folders]
+    lines.append(f'to load them: export TILE_KERNELS_AOT_KERNEL_DIRS={os.pathsep.join(map(str, folders))}')
+    return '\n'.join(lines)
 

@@ -177,12 +177,11 @@ def lower(decl: KernelDecl, params: dict, arch: Arch) -> Lowered:
 
 def _check_barriers_uniform(symbol: str, dev: tirx.PrimFunc) -> None:
     """Refuse a CTA-wide barrier (`__syncthreads()`) under a condition that threads of one CTA can answer differently.
-    Such a barrier is undefined behaviour, and one that tilelang's barrier pass put inside a kernel's per-thread paths
-    hung the GPU (docs/gpu-runs/2026-12-02-h200-d.md, runs 1-3), where the compute-sanitizers, at their small inputs,
-    saw nothing. A condition counts as uniform when it reads only the kernel's parameters, the block index, constants,
-    and variables bound (or loop variables ranging) over those; any load (a local, shared or global buffer) or the
-    thread index makes it per-thread. Named barriers inside extern helpers (bar.sync with a thread count) are not
-    seen here."""
+    Such a barrier is undefined behaviour: tilelang's barrier pass can put one inside a kernel's per-thread paths, where
+    it hangs the GPU and the compute-sanitizers, at their small inputs, see nothing. A condition counts as uniform when
+    it reads only the kernel's parameters, the block index, constants, and variables bound (or loop variables ranging)
+    over those; any load (a local, shared or global buffer) or the thread index makes it per-thread. Named barriers
+    inside extern helpers (bar.sync with a thread count) are not seen here."""
     uniform = set(dev.params)
 
     def is_uniform(expr) -> bool:
@@ -227,11 +226,10 @@ def _check_barriers_uniform(symbol: str, dev: tirx.PrimFunc) -> None:
 
 
 def _check_stores_kept(func, art) -> None:
-    """Refuse a lowering that lost every access to a buffer the program stores to. tilelang 0.1.15 once dropped
-    a whole branch of stores (a condition on the thread index against a constant shifted by a kernel scalar), and
-    the kernel built, launched and left that output unwritten (docs/gpu-runs/2026-12-01-h200-f.md, run 10). A
-    stored-to buffer the device code still touches in some other way is not caught; one it no longer touches at
-    all is."""
+    """Refuse a lowering that lost every access to a buffer the program stores to. tilelang 0.1.15 can drop a whole
+    branch of stores (a condition on the thread index against a constant shifted by a kernel scalar); the kernel then
+    builds, launches and leaves that output unwritten. A stored-to buffer the device code still touches in some other
+    way is not caught; one it no longer touches at all is."""
     param_data = {func.buffer_map[p].data: func.buffer_map[p].name for p in func.params if p in func.buffer_map}
     stored = {}  # data variable's name -> buffer name
 

@@ -12,7 +12,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from build_tools.util import BuildError, write_if_different
+from build_tools.util import BuildError, Progress, plural, write_if_different
 from kernel_src.decl import Arch
 
 # -w: tilelang's headers trip dozens of deprecation warnings per file that say nothing about our
@@ -91,20 +91,47 @@ def write_ninja(build_dir: Path, compiles: list[tuple[Path, Path, list[str]]]) -
     return path
 
 
-def run_ninja(build_dir: Path, jobs: int, targets: list[Path]) -> None:
-    import ninja
+def ninja_binary() -> str:
+    """The ninja executable of the `ninja` Python package (pyproject's build extra)."""
+    try:
+        import ninja
+    except ModuleNotFoundError as exc:
+        raise BuildError("the Python package 'ninja' is missing: pip install -e '.[build]'") from exc
+    return os.path.join(ninja.BIN_DIR, 'ninja')
 
+
+_STATUS_RE = re.compile(r'^\[(\d+)/(\d+)\] (.*)$')
+
+
+def run_ninja(build_dir: Path, jobs: int, targets: list[Path]) -> None:
+    """Compile the stale ones of `targets`: a heading with the count, each cubin as it finishes with the time so
+    far and an estimate of the rest, and the time per cubin at the end."""
     if not targets:
         return
-    cmd = [os.path.join(ninja.BIN_DIR, 'ninja'), '-C', str(build_dir), '-j', str(jobs), '-k', '0']
-    cmd += [str(t.relative_to(build_dir)) for t in sorted(targets)]
-    # Stream ninja's "[k/n] nvcc ..." lines as they come: a full build compiles for minutes.
+    cmd = [ninja_binary(), '-C', str(build_dir), '-j', str(jobs), '-k', '0']
+    names = [str(t.relative_to(build_dir)) for t in sorted(targets)]
+    # A dry run (no compiles, a few ms) counts the stale cubins for the heading.
+    dry = subprocess.run([*cmd, '-n', *names], capture_output=True, text=True)
+    stale = sum(1 for line in dry.stdout.splitlines() if _STATUS_RE.match(line))
+    if dry.returncode == 0 and stale == 0:
+        print(f'nvcc: all {len(targets)} cubins up to date', flush=True)
+        return
+    print(f'nvcc: compiling {stale} of {len(targets)} cubins with {plural(jobs, "job")}', flush=True)
+    progress = Progress(stale)
+    # Stream ninja's "[k/n] nvcc ..." lines as the compiles finish: a full build compiles for minutes.
     lines = []
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+    env = {**os.environ, 'NINJA_STATUS': '[%f/%t] '}
+    with subprocess.Popen([*cmd, *names], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) as proc:
         for line in proc.stdout:
             lines.append(line)
-            if 'no work to do' not in line and not line.startswith('ninja: Entering directory'):
-                print(line, end='', flush=True)
+            if 'no work to do' in line or line.startswith('ninja: Entering directory'):
+                continue
+            match = _STATUS_RE.match(line.rstrip('\n'))
+            if match:
+                done = int(match.group(1))
+                line = f'{line.rstrip()}  ({progress.status(done)})\n'
+            print(line, end='', flush=True)
     if proc.returncode != 0:
         failed = re.findall(r'^FAILED: (?:\[code=\d+\] )?(\S+)', ''.join(lines), flags=re.M)
         raise BuildError('nvcc failed for:\n' + '\n'.join(f'  {f}' for f in failed or ['(see the ninja output above)']))
+    print(f'nvcc: {progress.summary("cubin", plural(jobs, "job"))}', flush=True)
