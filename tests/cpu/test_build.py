@@ -188,8 +188,8 @@ def test_kernel_sources_are_the_module_and_its_kernel_src_imports():
     def closure(module):
         return {p.relative_to(KERNEL_SRC).as_posix() for p in _kernel_src_closure(module)}
 
-    swiglu = closure('kernel_src.quant.swiglu')
-    assert {'quant/swiglu.py', 'quant/common.py', 'decl.py'} <= swiglu
+    swiglu = closure('kernel_src.quant.swiglu.forward')
+    assert {'quant/swiglu/forward.py', 'quant/swiglu/common.py', 'quant/common.py', 'decl.py', 'cuda/swiglu_div.cuh'} <= swiglu
     assert 'quant/cast_back.py' not in swiglu and 'models.py' not in swiglu
     assert 'quant/common.py' not in closure('kernel_src.transpose.batched_transpose')
 

@@ -1,5 +1,5 @@
-"""The flat SwiGLU forward's bf16 word tests (kernel_src.quant.swiglu _BF16_WORDS_PRELUDE, _SILU_TABLE_PRELUDE), over
-every bf16 value.
+"""The SwiGLU forwards' bf16 word tests (kernel_src/cuda/swiglu_words.cuh, swiglu_silu_table.cuh), over every bf16
+value.
 
 * The step's window test of the silu table on the loaded gate's magnitude bits passes exactly for the gates with
   2^TABLE_LOW_EXP <= |g| < 2^TABLE_HIGH_EXP (no zero, subnormal, inf or NaN), and for those the lookup's byte
@@ -15,18 +15,26 @@ every bf16 value.
 import numpy as np
 import pytest
 
-swiglu = pytest.importorskip('kernel_src.quant.swiglu')
+from kernel_src.quant.swiglu import common, silu_table
+from kernel_src.quant.swiglu.channel import CHANNEL_PRELUDE
+from kernel_src.quant.swiglu.forward import forward_prelude
+from kernel_src.quant.swiglu.layout import ForwardLayout
+from tests.cpu.cuda_prelude import expand_defines
+
+# The flat bf16 forward's and the per-channel forward's preludes, as nvcc reads them.
+FLAT_BF16_PRELUDE = expand_defines(forward_prelude(ForwardLayout('bfloat16', False, silu_table.TABLE_THREADS, None)))
+WORDS_PRELUDE = expand_defines(CHANNEL_PRELUDE)
 
 ALL_BITS = np.arange(1 << 16, dtype=np.uint32)
 VALUES = (ALL_BITS << 16).view(np.float32)  # every bf16, widened exactly
 CLAMPS = [np.float32(v) for v in (10.0, 7.0, 7.3, 80.0, 100.0, 1e-3, 2.0**-64, 2.0**-70, 0.0, -1.0, float('inf'))]
-LOW, HIGH = swiglu.TABLE_LOW_BITS, swiglu.TABLE_HIGH_BITS
+LOW, HIGH = silu_table.TABLE_LOW_BITS, silu_table.TABLE_HIGH_BITS
 
 
 def _lookup_offsets(words):
     """tk_silu_lookup_bf16x8's byte offsets of the two gates of each 32-bit word (low half, high half)."""
     import re
-    constant = int(re.search(r'"r"\((0x[0-9a-f]+)u\)', swiglu._SILU_TABLE_PRELUDE).group(1), 16)
+    constant = int(re.search(r'"r"\((0x[0-9a-f]+)u\)', FLAT_BF16_PRELUDE).group(1), 16)
     scaled = ((words & 0x7FFF7FFF) * 4 + constant) & 0xFFFFFFFF  # mad.lo.u32
     offsets = scaled | (words & 0x80008000)
     return offsets & 0xFFFF, offsets >> 16
@@ -35,27 +43,27 @@ def _lookup_offsets(words):
 def _slot(bits):
     """The float index the table build writes the silu of gate `bits` to."""
     negative = bits >> 15
-    return negative * swiglu.TABLE_SIGN_WORDS + (bits & 0x7FFF) - LOW
+    return negative * silu_table.TABLE_SIGN_WORDS + (bits & 0x7FFF) - LOW
 
 
 def test_window_test_is_the_value_window():
     magnitude = ALL_BITS & 0x7FFF
     passes = (magnitude < HIGH) & (magnitude >= LOW)  # tk_gate_bits_in_table on a step holding this gate
     with np.errstate(invalid='ignore'):
-        window = (np.abs(VALUES) >= np.float32(2.0**swiglu.TABLE_LOW_EXP)) & (np.abs(VALUES) < np.float32(2.0**swiglu.TABLE_HIGH_EXP))
+        window = (np.abs(VALUES) >= np.float32(2.0**silu_table.TABLE_LOW_EXP)) & (np.abs(VALUES) < np.float32(2.0**silu_table.TABLE_HIGH_EXP))
     assert np.array_equal(passes, window)
-    assert passes.sum() == 2 * swiglu.TABLE_PER_SIGN
+    assert passes.sum() == 2 * silu_table.TABLE_PER_SIGN
 
 
 def test_build_writes_each_window_gate_once():
-    entry = np.arange(2 * swiglu.TABLE_PER_SIGN)  # build_silu_table: entry k * threads + tid
-    negative = (entry >= swiglu.TABLE_PER_SIGN).astype(np.int64)
-    bits = negative * 0x8000 + LOW + entry - negative * swiglu.TABLE_PER_SIGN
-    slot = negative * swiglu.TABLE_SIGN_WORDS + entry - negative * swiglu.TABLE_PER_SIGN
+    entry = np.arange(2 * silu_table.TABLE_PER_SIGN)  # build_silu_table: entry k * threads + tid
+    negative = (entry >= silu_table.TABLE_PER_SIGN).astype(np.int64)
+    bits = negative * 0x8000 + LOW + entry - negative * silu_table.TABLE_PER_SIGN
+    slot = negative * silu_table.TABLE_SIGN_WORDS + entry - negative * silu_table.TABLE_PER_SIGN
     magnitude = ALL_BITS & 0x7FFF
     assert np.array_equal(np.sort(bits), ALL_BITS[(magnitude >= LOW) & (magnitude < HIGH)])
     assert np.array_equal(slot, _slot(bits))
-    assert len(set(slot.tolist())) == len(slot) and slot.min() >= 0 and slot.max() < swiglu.TABLE_WORDS
+    assert len(set(slot.tolist())) == len(slot) and slot.min() >= 0 and slot.max() < silu_table.TABLE_WORDS
 
 
 def test_lookup_offsets_are_the_build_slots():
@@ -66,7 +74,7 @@ def test_lookup_offsets_are_the_build_slots():
     low, high = _lookup_offsets(words)
     assert np.array_equal(low, 4 * _slot(words & 0xFFFF))
     assert np.array_equal(high, 4 * _slot(words >> 16))
-    assert high.max() < 4 * swiglu.TABLE_WORDS and low.max() < 4 * swiglu.TABLE_WORDS
+    assert high.max() < 4 * silu_table.TABLE_WORDS and low.max() < 4 * silu_table.TABLE_WORDS
 
 
 @pytest.mark.parametrize('c', CLAMPS, ids=str)
@@ -110,19 +118,18 @@ def _passing_magnitudes_form_a_prefix(passes):
 def test_division_range_on_gate_bits(c):
     """tk_gate_bits_in_div_range (the per-channel forward's one test a thread): when it passes on a gate's magnitude bits,
     the clamped gate min.NaN(g, c) lies where tk_div_rn_fast is correctly rounded (tk_div_fast_in_range's float test)."""
-    prelude = swiglu._BF16_WORDS_PRELUDE
-    body = prelude[prelude.index('tk_gate_bits_in_div_range'):]
+    body = WORDS_PRELUDE[WORDS_PRELUDE.index('int tk_gate_bits_in_div_range'):]
     body = body[:body.index('}')]
     import re
     high_bits = int(re.search(r'<= (0x[0-9a-f]+)u', body).group(1), 16)
     low_bits = int(re.search(r'>= (0x[0-9a-f]+)u', body).group(1), 16)
-    assert high_bits == swiglu._bf16_bits(swiglu.FAST_DIV_MAX) and low_bits == swiglu._bf16_bits(swiglu.FAST_DIV_MIN)
-    assert swiglu.FAST_DIV_MIN.hex() + 'f' in body
+    assert high_bits == common.bf16_bits(common.FAST_DIV_MAX) and low_bits == common.bf16_bits(common.FAST_DIV_MIN)
+    assert common.FAST_DIV_MIN.hex() + 'f' in body
     magnitude = ALL_BITS & 0x7FFF
-    passes = (magnitude <= high_bits) & (magnitude >= low_bits) & bool(c >= np.float32(swiglu.FAST_DIV_MIN))
+    passes = (magnitude <= high_bits) & (magnitude >= low_bits) & bool(c >= np.float32(common.FAST_DIV_MIN))
     clamped = _min_nan(VALUES, np.full_like(VALUES, c))
     with np.errstate(invalid='ignore'):
-        in_range = (np.abs(clamped) <= np.float32(swiglu.FAST_DIV_MAX)) & (np.abs(clamped) >= np.float32(swiglu.FAST_DIV_MIN))
+        in_range = (np.abs(clamped) <= np.float32(common.FAST_DIV_MAX)) & (np.abs(clamped) >= np.float32(common.FAST_DIV_MIN))
     assert in_range[passes].all()
     # and the same gates as the float test on raw gates (nothing in range lost without a clamp)
     if c == np.inf:

@@ -1,4 +1,4 @@
-"""The SwiGLU kernels' branch-free division (kernel_src.quant.swiglu tk_div_rn_fast) is IEEE a / b, bit for bit,
+"""The SwiGLU kernels' branch-free division (tk_div_rn_fast, kernel_src/cuda/swiglu_div.cuh) is IEEE a / b, bit for bit,
 wherever the step's range test lets it be used (2^-64 <= |a| <= 80, b = 1 + exp(-a)).
 
 The sequence: y0 = MUFU.RCP(b) (rcp.approx), e = RN(1 - b y0), y = RN(y0 + y0 e), q0 = RN(a y),
@@ -32,12 +32,12 @@ import math
 import random
 
 import numpy as np
-import pytest
 import torch
 
+from kernel_src.quant.swiglu import common
+from kernel_src.quant.swiglu.backward import BACKWARD_PRELUDE
+from tests.cpu.cuda_prelude import expand_defines
 from tests.cpu.exact_float32 import divide, fma
-
-swiglu = pytest.importorskip('kernel_src.quant.swiglu')
 
 SIGNIFICAND_BITS = 24
 
@@ -85,7 +85,7 @@ def _fast_division(a: float, b: float, y0: float) -> float:
 
 
 def _check_gate(a: float, b_ulps: int) -> None:
-    assert swiglu.FAST_DIV_MIN <= abs(a) <= swiglu.FAST_DIV_MAX
+    assert common.FAST_DIV_MIN <= abs(a) <= common.FAST_DIV_MAX
     for b in _float32_neighbours(1 + math.exp(-a), b_ulps):
         y0 = float(np.float32(1 / b))  # RN(1 / b): 1 / b in float64 is within 2^-53, never a float32 tie
         assert _fast_division(a, b, y0) == divide(a, b), (a, b)
@@ -94,7 +94,7 @@ def _check_gate(a: float, b_ulps: int) -> None:
 def test_every_bfloat16_gate_in_range():
     bits = torch.arange(1 << 16, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
     gates = bits.float()
-    gates = gates[(gates.abs() >= swiglu.FAST_DIV_MIN) & (gates.abs() <= swiglu.FAST_DIV_MAX)]
+    gates = gates[(gates.abs() >= common.FAST_DIV_MIN) & (gates.abs() <= common.FAST_DIV_MAX)]
     assert gates.numel() > 17900  # 70 binades of 128 values, both signs
     for a in gates.tolist():
         _check_gate(a, 2)
@@ -102,9 +102,9 @@ def test_every_bfloat16_gate_in_range():
 
 def test_float32_gates_in_range():
     rng = random.Random(20261130)
-    lo, hi = math.log2(swiglu.FAST_DIV_MIN), math.log2(swiglu.FAST_DIV_MAX)
+    lo, hi = math.log2(common.FAST_DIV_MIN), math.log2(common.FAST_DIV_MAX)
     gates = [float(np.float32(rng.choice((-1, 1)) * 2.0 ** rng.uniform(lo, hi))) for _ in range(4000)]
-    gates += [swiglu.FAST_DIV_MIN, swiglu.FAST_DIV_MAX, -swiglu.FAST_DIV_MAX, float(np.float32(10.0)), float(np.float32(7.0))]
+    gates += [common.FAST_DIV_MIN, common.FAST_DIV_MAX, -common.FAST_DIV_MAX, float(np.float32(10.0)), float(np.float32(7.0))]
     for a in gates:
         _check_gate(a, 2)
 
@@ -121,7 +121,7 @@ def test_signed_zero():
             assert q == 0 and np.signbit(q) == np.signbit(a)
 
 
-# The backward (swiglu.build_backward) shares one reciprocal between the sigmoid 1 / b and the quotient a / b
+# The backward (kernel_src.quant.swiglu.backward) shares one reciprocal between the sigmoid 1 / b and the quotient a / b
 # (tk_rcp_rn_fast, tk_div_rn_fast_by: together the sequence above) and its range test also lets a = +-0 through:
 # the smallest |a| is taken over tk_abs_below_or_nan_at_zero(a) (|a| one ulp toward zero; NaN for +-0, which
 # fminf skips) against FAST_DIV_MIN_BELOW.
@@ -135,26 +135,26 @@ def _backward_range_test(gates: np.ndarray) -> bool:
     magnitudes = np.abs(gates.astype(np.float32))
     largest = np.float32(np.nan) if np.isnan(magnitudes).any() else magnitudes.max(initial=np.float32(0))  # max.NaN
     smallest = np.fmin.reduce(_abs_below_or_nan_at_zero(gates), initial=np.float32(np.inf))  # fminf skips NaN
-    return bool(largest <= np.float32(swiglu.FAST_DIV_MAX)) and bool(smallest >= np.float32(swiglu.FAST_DIV_MIN_BELOW))
+    return bool(largest <= np.float32(common.FAST_DIV_MAX)) and bool(smallest >= np.float32(common.FAST_DIV_MIN_BELOW))
 
 
 def _in_backward_range(a: np.ndarray) -> np.ndarray:
     m = np.abs(a.astype(np.float32))
-    return (m == 0) | ((m >= np.float32(swiglu.FAST_DIV_MIN)) & (m <= np.float32(swiglu.FAST_DIV_MAX)))
+    return (m == 0) | ((m >= np.float32(common.FAST_DIV_MIN)) & (m <= np.float32(common.FAST_DIV_MAX)))
 
 
 def test_backward_range_constants():
-    below = np.array([swiglu.FAST_DIV_MIN], dtype=np.float32).view(np.uint32) - np.uint32(1)
-    assert float(below.view(np.float32)[0]) == swiglu.FAST_DIV_MIN_BELOW
-    assert swiglu.FAST_DIV_MIN_BELOW.hex() + 'f' in swiglu._BACKWARD_DIV_PRELUDE
-    assert swiglu.FAST_DIV_MAX.hex() + 'f' in swiglu._BACKWARD_DIV_PRELUDE
+    below = np.array([common.FAST_DIV_MIN], dtype=np.float32).view(np.uint32) - np.uint32(1)
+    assert float(below.view(np.float32)[0]) == common.FAST_DIV_MIN_BELOW
+    assert common.FAST_DIV_MIN_BELOW.hex() + 'f' in expand_defines(BACKWARD_PRELUDE)
+    assert common.FAST_DIV_MAX.hex() + 'f' in expand_defines(BACKWARD_PRELUDE)
 
 
 def test_backward_range_test_takes_zeros_and_the_range_only():
     """Single gates: every 65537th float32 bit pattern (all signs and exponents) and the edges with their
     neighbours; then steps of 16 mixing zeros, in-range, tiny, huge, subnormal, inf and NaN gates."""
     bits = np.arange(0, 1 << 32, 65537, dtype=np.uint64).astype(np.uint32)
-    edges = np.array([0.0, swiglu.FAST_DIV_MIN, swiglu.FAST_DIV_MAX, 1e-45, 2.0**-126, 1.0, 88.0, 3e38, np.inf], dtype=np.float32)
+    edges = np.array([0.0, common.FAST_DIV_MIN, common.FAST_DIV_MAX, 1e-45, 2.0**-126, 1.0, 88.0, 3e38, np.inf], dtype=np.float32)
     edges = np.concatenate([edges, np.nextafter(edges, np.float32(0)), np.nextafter(edges, np.float32(np.inf))])
     singles = np.concatenate([bits.view(np.float32), edges, -edges, np.array([np.nan], dtype=np.float32)])
     expected = _in_backward_range(singles)
