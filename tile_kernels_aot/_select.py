@@ -88,7 +88,8 @@ def package_for_device(device_index: int) -> ArchPackage:
     packages = {p.target: p for p in installed_packages()}
     target, reasons = targets.choose_target(capability, list(packages))
     if target is None:
-        raise UnsupportedDeviceError(name, capability, [f'{t} ({p.origin})' for t, p in packages.items()], reasons, targets.install_advice(capability))
+        raise UnsupportedDeviceError(name, capability, [f'{t} ({p.origin})' for t, p in packages.items()], reasons,
+                                     targets.install_advice(capability, targets.find_checkout(Path(__file__).resolve().parent.parent)))
     return packages[target]
 
 

@@ -1,4 +1,5 @@
-"""Which binary target runs on which GPU. Pure functions of explicit facts, so they are tested on CPU.
+"""Which binary target runs on which GPU, and what to install when none does. Pure functions of explicit
+facts (plus `find_checkout`, which gathers the facts of a source tree), so they are tested on CPU.
 
 SASS compatibility rules (NVIDIA, CUDA 12.9+):
   sm_XYa   runs only on compute capability X.Y exactly ('a' = arch-specific features: wgmma, setmaxnreg,
@@ -11,7 +12,9 @@ then the newest. tile-kernels-aot builds sm_90a (H100/H200/GH200) and sm_100a (B
 
 from __future__ import annotations
 
+import dataclasses
 import re
+from pathlib import Path
 
 KNOWN_TARGETS = ('sm_90a', 'sm_100a')
 _TARGET_RE = re.compile(r'^sm_(\d+)([af]?)$')
@@ -62,10 +65,53 @@ def choose_target(capability: tuple[int, int], installed: list[str]) -> tuple[st
     return best, reasons
 
 
-def install_advice(capability: tuple[int, int]) -> str:
+def cli_arch(target: str) -> str:
+    """The name `python -m build_tools --arch` takes for a target: sm_90a -> sm90."""
+    major, minor, _ = parse_target(target)
+    return f'sm{major}{minor}'
+
+
+@dataclasses.dataclass(frozen=True)
+class Checkout:
+    """A source tree of tile-kernels-aot and the binaries it holds."""
+
+    root: Path
+    built: tuple[str, ...] = ()  # targets with build/<target>/manifest.json (a folder the loader can read)
+    wheels: tuple[str, ...] = ()  # targets with an arch wheel in dist/
+
+
+def find_checkout(root: Path) -> Checkout | None:
+    """The checkout at `root` (the folder above the package) if it is one: kernel_src/, build/ or dist/ is
+    there. An installed runtime's folder above is site-packages, which has none of them."""
+    root = Path(root)
+    if not any((root / name).is_dir() for name in ('kernel_src', 'build', 'dist')):
+        return None
+    built = tuple(t for t in KNOWN_TARGETS if (root / 'build' / t / 'manifest.json').is_file())
+    wheels = tuple(t for t in KNOWN_TARGETS if any((root / 'dist').glob(f'{package_for(t)}-*.whl')))
+    return Checkout(root, built, wheels)
+
+
+def install_advice(capability: tuple[int, int], checkout: Checkout | None = None) -> str:
+    """What to do when no installed binaries run on a GPU of `capability`. In a development checkout the local
+    build comes first: its build/<target> folder, its wheels in dist/, or the command that builds them."""
     for target in KNOWN_TARGETS:
         if runs_on(target, capability)[0]:
-            return f'Install the binaries for it: pip install {distribution_for(target)} (or pip install tile-kernels-aot for all arches).'
-    shipped = ', '.join(f'{t} (compute capability {".".join(map(str, parse_target(t)[:2]))})' for t in KNOWN_TARGETS)
-    return (f'tile-kernels-aot ships binaries for {shipped} only; this GPU needs a new target in '
-            'kernel_src/decl.py ARCHS and tile_kernels_aot/targets.py KNOWN_TARGETS, then a rebuild.')
+            break
+    else:
+        shipped = ', '.join(f'{t} (compute capability {".".join(map(str, parse_target(t)[:2]))})' for t in KNOWN_TARGETS)
+        return (f'tile-kernels-aot ships binaries for {shipped} only; this GPU needs a new target in '
+                'tile_kernels_aot/targets.py KNOWN_TARGETS (the build takes its arches from there), then a rebuild.')
+    pypi = f'pip install {distribution_for(target)} (or pip install tile-kernels-aot for all arches)'
+    if checkout is None:
+        return f'Install the binaries for it: {pypi}.'
+    folder = checkout.root / 'build' / target
+    lines = [f'In this development checkout ({checkout.root}):']
+    if target in checkout.built:
+        lines.append(f'  use its build: TILE_KERNELS_AOT_KERNEL_DIRS={folder} (python -m pytest in the checkout sets it itself)')
+    if target in checkout.wheels:
+        lines.append(f'  install its wheels: pip install --find-links {checkout.root / "dist"} tile-kernels-aot')
+    if len(lines) == 1:
+        lines.append(f'  build them: python -m build_tools --arch {cli_arch(target)}, then set '
+                     f'TILE_KERNELS_AOT_KERNEL_DIRS={folder} or pip install --find-links {checkout.root / "dist"} tile-kernels-aot')
+    lines.append(f'Released binaries: {pypi}.')
+    return '\n'.join(lines)
