@@ -13,8 +13,9 @@ import torch
 import tile_kernels_aot
 import tile_kernels_aot.quant.swiglu as swiglu_ops
 from tile_kernels_aot import config, reference
+from tile_kernels_aot._select import kernel_constant
 
-from .helpers import TOKEN_COUNTS, assert_bitwise_equal, copy_at, installed_specs, poison_allocator
+from .helpers import TOKEN_COUNTS, assert_bitwise_equal, copy_at, installed_specs, poison_allocator, sm_counts
 
 pytestmark = pytest.mark.gpu
 
@@ -25,24 +26,12 @@ MODEL_HIDDEN = (768, 1408, 1536, 2048, 14336, 16384)
 UPSTREAM_FWD_HIDDEN = (1024, 1280, 1536, 2048, 3072, 3584)
 # 4096 and 8192: the widest rows of the fp32 per-row kernels (256 and 512 threads).
 FWD_HIDDEN = tuple(sorted(set(MODEL_HIDDEN) | set(UPSTREAM_FWD_HIDDEN) | {4096, 8192}))
-FWD_ELEMENTS = 16  # elements of a row a thread of the per-row kernel takes
 # Per-channel (hidden % 64) and backward (hidden % num_per_channels): upstream's sizes (its %64 and %256
 # lists) and the model sizes, gpt-oss's 2880 included (a multiple of 64 and of 32, not of 128).
 CHANNEL_HIDDEN = tuple(sorted({576, 2048, 2560, 3072, 4096, 6144, 7168, 2880} | set(MODEL_HIDDEN)))
 BWD_HIDDEN = tuple(sorted({2048, 2560, 3072, 4096, 6144, 7168, 2880} | set(MODEL_HIDDEN)))
 CHANNEL_TOKENS = (0, 128, 4096, 8192)  # the nearest to TOKEN_COUNTS that the op allows (a multiple of 128)
 DTYPES = {'bfloat16': torch.bfloat16, 'float32': torch.float32}
-
-
-def sm_counts():
-    device_sms = config.get_device_num_sms(0)
-    return (1, device_sms - 20, device_sms)
-
-
-@pytest.fixture
-def restore_num_sms():
-    yield
-    config.set_num_sms(0)
 
 
 def fused_rows(num_tokens: int, num_topk: int = 6, num_experts: int = 8, alignment: int = 16):
@@ -106,7 +95,9 @@ def check_forward(x: torch.Tensor, npc: int, p2e, p2tt, weights, clamp, layout, 
 def row_width(spec: dict, preferred: int) -> int:
     """`preferred` where the op serves that width with `spec`, else the widest row spec's kernel takes: per_row specs
     differ by CTA size, and the op gives a row to the smallest CTA that holds it (tile_kernels_aot.quant.swiglu)."""
-    return preferred if serves(spec, preferred) else spec['row_threads'] * FWD_ELEMENTS
+    if serves(spec, preferred):
+        return preferred
+    return spec['row_threads'] * kernel_constant('quant.swiglu_forward_and_per_token_cast', 'thread_elements', 0)
 
 
 def serves(spec: dict, hidden: int) -> bool:
@@ -272,23 +263,20 @@ def compare_backward(x, grad_out, weights, p2tt, t2p, npc, round_sf, clamp, near
 
 @pytest.mark.parametrize('num_tokens', TOKEN_COUNTS)
 @pytest.mark.parametrize('npc', (32, 128))
-@pytest.mark.parametrize('spec', installed_specs('quant.swiglu_backward_and_per_token_cast'))
-def test_backward_per_token_cast(spec, npc, num_tokens):
+def test_backward_per_token_cast(npc, num_tokens):
     for round_sf in (False, True):
         for clamp in CLAMPS:
             check_backward(num_tokens, 2048, npc, round_sf, clamp)
 
 
 @pytest.mark.parametrize('hidden', BWD_HIDDEN)
-@pytest.mark.parametrize('spec', installed_specs('quant.swiglu_backward_and_per_token_cast'))
-def test_backward_per_token_cast_hidden_sizes(spec, hidden):
+def test_backward_per_token_cast_hidden_sizes(hidden):
     for npc in (32, 128):
         if hidden % npc == 0:
             check_backward(63, hidden, npc, True, 0.5)
 
 
-@pytest.mark.parametrize('spec', installed_specs('quant.swiglu_backward_and_per_token_cast'))
-def test_backward_division_special_gates(spec):
+def test_backward_division_special_gates():
     """The backward's branch-free divisions (one reciprocal for the sigmoid and the quotient; a thread's 16 gates
     redone with `/` unless every |clamped gate| is 0 or in [2^-64, 80]): every e4m3 gate code at scales that
     put whole steps in the range, with and without zeros, across its edges (2^-64, 80) and outside it (tiny,
@@ -425,21 +413,14 @@ def _check_division(x: torch.Tensor, kept: int) -> None:
     assert_bitwise_equal(sf, ref_sf)
 
 
-def _flat_specs(in_dtype: str) -> list:
-    return installed_specs('quant.swiglu_forward_and_per_token_cast',
-                           where=lambda s: not s['per_row'] and s['sf_format'] == 'f32' and s['in_dtype'] == in_dtype)
-
-
-@pytest.mark.parametrize('spec', _flat_specs('float32'))
-def test_forward_division_every_bfloat16_gate_at_rounding_midpoints(spec):
+def test_forward_division_every_bfloat16_gate_at_rounding_midpoints():
     gates = torch.arange(1 << 16, dtype=torch.int32, device='cuda').to(torch.int16).view(torch.bfloat16).float()
     x, kept = _division_rows(gates[torch.isfinite(gates)])
     assert kept > 45000  # the others' quotients are below 2^-118 (test_forward_division_special_gates has them)
     _check_division(x, kept)
 
 
-@pytest.mark.parametrize('spec', _flat_specs('float32'))
-def test_forward_division_float32_gates_at_rounding_midpoints(spec):
+def test_forward_division_float32_gates_at_rounding_midpoints():
     """Random bit patterns (log-uniform magnitudes: tiny, subnormal, huge), the range test's edges, and values
     next to them, so that both the branch-free steps and the steps redone with `/` are checked."""
     g = torch.Generator(device='cuda').manual_seed(20261130)
@@ -452,8 +433,7 @@ def test_forward_division_float32_gates_at_rounding_midpoints(spec):
     _check_division(x, kept)
 
 
-@pytest.mark.parametrize('spec', _flat_specs('bfloat16'))
-def test_forward_division_special_gates(spec):
+def test_forward_division_special_gates():
     """Every finite bf16 value as a gate (up 1), and zeros of both signs, subnormals and the largest floats
     among ordinary values (up tiny where the gate is huge, so that act stays finite), clamp or not."""
     gates = torch.arange(1 << 16, dtype=torch.int32, device='cuda').to(torch.int16).view(torch.bfloat16)

@@ -27,19 +27,15 @@ from typing import Optional
 import torch
 
 from tile_kernels_aot import _checks, config
-from tile_kernels_aot._select import find_kernel, package_for_device, prebuilt_specs
+from tile_kernels_aot._select import find_kernel, kernel_constant, package_for_device, prebuilt_specs
 from tile_kernels_aot.quant._common import (
-    IN_DTYPES, VECTOR_BYTES, QuantTensor, alloc_sf, check_bool, check_e4m3, check_sf_flags, dtype_name, magic, sf_format,
+    IN_DTYPES, MAX_GRID_Y, VECTOR_BYTES, QuantTensor, alloc_sf, check_bool, check_e4m3, check_sf_flags, dtype_name, magic, sf_format,
     unpack_quant, vector_bytes,
 )
 
 _E4M3_FLOOR = 1e-4  # amax floor of e4m3 scale factors (upstream's clamp_min)
 _FMT_WHY = ' (the only format upstream fuses with SwiGLU)'
 _FWD_KERNEL = 'quant.swiglu_forward_and_per_token_cast'
-_FWD_ELEMENTS = 16  # flat kernel: elements of each half per thread and step, in one 128-wide block
-_CH_TOKENS, _CH_CHANNELS = 128, 64
-_BWD_THREADS, _BWD_ELEMS = 64, 16
-_INDEX_LIMIT = 2**31
 _absent: dict = {}
 
 
@@ -84,11 +80,16 @@ def _per_row_sizes(in_dtype: str, device: int) -> list[int]:
     return sorted(s['row_threads'] for s in prebuilt_specs(_FWD_KERNEL, device) if s['per_row'] and s['in_dtype'] == in_dtype)
 
 
+def _widest_row(row_threads: int, device: int) -> int:
+    """The widest row a per-row forward kernel of `row_threads` threads holds: thread_elements a thread."""
+    return row_threads * kernel_constant(_FWD_KERNEL, 'thread_elements', device)
+
+
 def per_row_threads(in_dtype: str, hidden: int, device: int) -> int:
     """The CTA size of the per-row forward kernel that serves rows of `hidden` elements (0: none holds them). A row is
-    2^tpr_log2 threads of _FWD_ELEMENTS elements, and the smallest installed CTA that holds it wins (more warps an
-    SM); the GPU tests and benchmarks ask it which widths each per-row spec serves."""
-    return next((t for t in _per_row_sizes(in_dtype, device) if t * _FWD_ELEMENTS >= hidden), 0)
+    2^tpr_log2 threads of the kernel's thread_elements elements, and the smallest installed CTA that holds it wins (more
+    warps an SM); the GPU tests and benchmarks ask it which widths each per-row spec serves."""
+    return next((t for t in _per_row_sizes(in_dtype, device) if _widest_row(t, device) >= hidden), 0)
 
 
 def swiglu_forward_and_per_token_cast(
@@ -177,7 +178,8 @@ def swiglu_forward_and_per_token_cast(
     if per_row:
         spec['row_threads'] = per_row_threads(spec['in_dtype'], hidden, device)
         if not spec['row_threads']:
-            widest = max(_per_row_sizes(spec['in_dtype'], device), default=0) * _FWD_ELEMENTS
+            sizes = _per_row_sizes(spec['in_dtype'], device)
+            widest = _widest_row(sizes[-1], device) if sizes else 0
             raise ValueError(f'{op}: num_per_channels == hidden supports hidden up to {widest} for {dtype_name(x.dtype)} input, '
                              f'got {hidden}')
     if x.data_ptr() % 16:
@@ -191,24 +193,25 @@ def swiglu_forward_and_per_token_cast(
         tpr_log2 = 0
         threads = kernel.entry.launches[0].block
         threads = threads[0] * threads[1] * threads[2]
+        elements = kernel.entry.constants['thread_elements']  # of each half, a thread and step
         if per_row:
-            # The flat kernel's step with the row as its block: 2^tpr_log2 adjacent threads of _FWD_ELEMENTS
+            # The flat kernel's step with the row as its block: 2^tpr_log2 adjacent threads of `elements`
             # elements (the last ones partly past the row's end), threads >> tpr_log2 rows per CTA and step.
-            tpr_log2 = (-(-hidden // _FWD_ELEMENTS) - 1).bit_length()
+            tpr_log2 = (-(-hidden // elements) - 1).bit_length()
             rows_per_step = threads >> tpr_log2
             num_ctas = min(-(-num_rows // rows_per_step), num_sms * kernel.blocks_per_sm(device))
             num_iters = -(-num_rows // (num_ctas * rows_per_step))
         else:
-            # 128-wide blocks per CTA and step: a block is 128 / _FWD_ELEMENTS adjacent threads, and the CTA size is
-            # the kernel's own (the bf16 kernel's CTAs are larger, see kernel_src/quant/swiglu.py). The grid is as
+            # 128-wide blocks per CTA and step: a block is 128 / `elements` adjacent threads, and the CTA size is
+            # the kernel's own (the bf16 kernel's CTAs are larger, see kernel_src.quant.swiglu). The grid is as
             # many CTAs per SM as fit at once (the kernel's register and shared-memory budget sets it), so none
             # waits for a second wave.
-            blocks_per_step = threads * _FWD_ELEMENTS // 128
+            blocks_per_step = threads * elements // 128
             total = num_rows * blocks_per_row
             num_ctas = min(-(-total // blocks_per_step), num_sms * kernel.blocks_per_sm(device))
             num_iters = -(-total // (num_ctas * blocks_per_step))
-            if num_iters * num_ctas * blocks_per_step >= _INDEX_LIMIT:
-                raise ValueError(f'{op}: x is too large: {num_rows} rows of {blocks_per_row} blocks of 128 reach 2^31 blocks')
+            if num_iters * num_ctas * blocks_per_step >= kernel.entry.constants['index_limit']:
+                raise ValueError(f'{op}: x is too large: {num_rows} rows of {blocks_per_row} blocks of 128 reach the 32-bit index range')
     out = torch.empty((num_rows, hidden), dtype=torch.float8_e4m3fn, device=x.device)
     returned, sf_arg = alloc_sf(num_rows, num_blocks, col_major, packed, x.device)
     if num_rows:
@@ -271,21 +274,23 @@ def swiglu_forward_and_per_channel_cast_and_transpose(
         raise ValueError(f'{op}: num_per_tokens must be 32 or 128, got {num_per_tokens}')
     if num_tokens % 128 or width % 128:
         raise ValueError(f'{op}: x must have a multiple of 128 rows and of 128 columns, got shape {tuple(x.shape)}')
-    if num_tokens // _CH_TOKENS > 65535:
-        raise ValueError(f'{op}: x has too many rows for one launch: {num_tokens} > {65535 * _CH_TOKENS}')
     _contiguous(op, 'x', x)
     device = _checks.on_one_cuda_device(op, x=x)
     if x.data_ptr() % 16:
         raise ValueError(f'{op}: x.data_ptr() must be 16-byte aligned, got {x.data_ptr():#x}')
+    if num_tokens:
+        spec = swiglu_forward_and_per_channel_cast_spec(x, without_transpose, package_for_device(device).target)
+        kernel = find_kernel('quant.swiglu_forward_and_per_channel_cast_and_transpose', spec, device)
+        tile_tokens = kernel.entry.constants['tile_tokens']  # a CTA's; the grid's y counts the tiles
+        if num_tokens // tile_tokens > MAX_GRID_Y:
+            raise ValueError(f'{op}: x has too many rows for one launch: {num_tokens} > {MAX_GRID_Y * tile_tokens}')
     hidden = width // 2
     out = torch.empty((num_tokens, hidden) if without_transpose else (hidden, num_tokens), dtype=torch.float8_e4m3fn, device=x.device)
     out_sf = torch.empty((num_tokens // num_per_tokens, hidden), dtype=torch.float32, device=x.device)
     if num_tokens:
         scalars = dict(npt_log2=num_per_tokens.bit_length() - 1, round_sf=int(round_sf), use_clamp=int(clamp is not None),
                        clamp_value=0.0 if clamp is None else clamp)
-        find_kernel('quant.swiglu_forward_and_per_channel_cast_and_transpose',
-                    swiglu_forward_and_per_channel_cast_spec(x, without_transpose, package_for_device(device).target), device)(
-            device, {'x': x, 'out': out, 'out_sf': out_sf}, scalars)
+        kernel(device, {'x': x, 'out': out, 'out_sf': out_sf}, scalars)
     return out, out_sf
 
 
@@ -369,7 +374,10 @@ def swiglu_backward_and_per_token_cast(
         tensors = {'x': data, 'x_sf': sf, 'grad_out': grad_out, 'weight': weight.view(-1), 'pos_to_token_topk': pos_to_token_topk,
                    'token_topk_to_pos': token_topk_to_pos.view(-1), 'out': out, 'x_grad_fp8': x_grad_fp8, 'x_grad_sf': x_grad_sf,
                    'x_grad': x_grad, 'weight_grad': weight_grad.view(-1)}
-        scalars = dict(num_ctas=num_ctas, num_iters=-(-hidden // (_BWD_THREADS * _BWD_ELEMS)), npc_log2=num_per_channels.bit_length() - 1,
+        kernel = find_kernel('quant.swiglu_backward_and_per_token_cast', dict(grad_dtype='bfloat16'), device)
+        # A CTA steps over a row, block[0] threads of thread_elements each a step.
+        row_step = kernel.entry.launches[0].block[0] * kernel.entry.constants['thread_elements']
+        scalars = dict(num_ctas=num_ctas, num_iters=-(-hidden // row_step), npc_log2=num_per_channels.bit_length() - 1,
                        round_sf=int(round_sf), use_clamp=int(clamp is not None), clamp_value=0.0 if clamp is None else clamp)
-        find_kernel('quant.swiglu_backward_and_per_token_cast', dict(grad_dtype='bfloat16'), device)(device, tensors, scalars)
+        kernel(device, tensors, scalars)
     return out, (x_grad_fp8, x_grad_sf), x_grad, weight_grad

@@ -253,4 +253,5 @@ BACKWARD = KernelDecl(
     prebuilt=prebuilt_backward,
     check=check_backward,
     pass_configs=PASS_CONFIGS,
+    constants={'thread_elements': BWD_ELEMS},  # a thread's a step: the op's num_iters covers a row in such steps
 )

@@ -295,4 +295,5 @@ CHANNEL = KernelDecl(
     prebuilt=prebuilt_channel,
     check=check_channel,
     pass_configs=CHANNEL_PASS_CONFIGS,
+    constants={'tile_tokens': CH_TOKENS},  # a CTA's tokens: the grid's y is num_tokens / tile_tokens
 )

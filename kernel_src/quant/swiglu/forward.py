@@ -35,6 +35,7 @@ from kernel_src.quant.swiglu.forward_steps import (
 )
 from kernel_src.quant.swiglu.layout import (
     BLOCK,
+    FWD_ELEMENTS,
     FWD_MIN_BLOCKS,
     FWD_MIN_BLOCKS_BY_TARGET,
     FWD_THREADS,
@@ -261,4 +262,8 @@ FORWARD = KernelDecl(
     prebuilt=prebuilt_forward,
     check=check_forward,
     pass_configs=PASS_CONFIGS,
+    # thread_elements: the elements of each half a thread takes a step, which the op derives the steps and a per-row
+    # spec's widest row (row_threads of them) from; index_limit: the flat kernel's block indices, over every step of
+    # every CTA, are int32.
+    constants={'thread_elements': FWD_ELEMENTS, 'index_limit': 2**31},
 )
