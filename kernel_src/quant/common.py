@@ -9,6 +9,8 @@ import math
 from tilelang import language as T
 from tvm import tirx  # after tilelang, which puts its bundled tvm on the path
 
+from kernel_src.cuda import prelude
+
 IN_DTYPES = {'bfloat16': 2, 'float32': 4}  # input dtypes of the casts: bytes per element
 FORMATS = {'e4m3': (448.0, 1e-4), 'e2m1': (6.0, 6.0 * 2.0**-126)}  # (max, amax floor)
 SF_FORMATS = ('f32', 'ue8m0')  # float32 scale factors (row- or column-major), or packed UE8M0 bytes
@@ -83,13 +85,7 @@ def e2m1_top_nibble(v, clamp=True):
 E2M1_SIGNED_MULTIPLIER = (1 << 28) + (1 << 6) + 1
 E2M1_SIGNED_OFFSET = 0xE0800000
 FLOAT32_SIGN_AND_EXPONENT = FLOAT32_SIGN_BIT | FLOAT32_EXPONENT_MASK
-E2M1_SIGNED_PRELUDE = """
-__device__ __forceinline__ float tk_max_xorsign_abs(float a, float b) {
-  float r;
-  asm("max.xorsign.abs.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-  return r;
-}
-"""
+E2M1_SIGNED_PRELUDE = prelude('e2m1_signed.cuh')  # tk_max_xorsign_abs
 
 
 def e2m1_finite_top_nibble(v):
@@ -194,16 +190,7 @@ def inverse_pow2(exponent):
 # reciprocal, quotients and residuals stay far from overflow and both results are normal floats (near e2m1's floor
 # 6 * 2^-126 the residual of clamped / 6 is subnormal, but a multiple of 2^-148, so still exact); a larger or
 # infinite clamped takes IEEE `/`.
-RCP_DIV_PRELUDE = """
-__device__ __forceinline__ float tk_rcp_rn_fast(float b) {
-  float y; asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(b));
-  return __fmaf_rn(y, __fmaf_rn(-b, y, 1.0f), y);
-}
-__device__ __forceinline__ float tk_div_rn_fast_by(float a, float b, float y) {
-  const float q = __fmul_rn(a, y);
-  return __fmaf_rn(-y, __fmaf_rn(b, q, -a), q);
-}
-"""
+RCP_DIV_PRELUDE = prelude('rcp_div.cuh')  # tk_rcp_rn_fast, tk_div_rn_fast_by
 SCALE_DIVISION_MAX = 2.0**100
 # The float32 nearest 1 / fmax, as its bits (a literal in the CUDA source could be printed short).
 SCALE_RECIPROCALS = {448.0: 0x3B124925, 6.0: 0x3E2AAAAB}

@@ -16,6 +16,7 @@ Its own module (not common.py), so that a change here re-lowers only its users.
 
 from tilelang import language as T
 
+from kernel_src.cuda import prelude
 from kernel_src.quant.common import let
 
 CODE_MAGNITUDES = 0x77777777  # the magnitude bits of eight nibbles
@@ -30,17 +31,11 @@ def byte_perm(low, high, selector):
     return T.call_extern('uint32', '__byte_perm', low, high, selector)
 
 
-# PTX prmt.b32 as it is: __byte_perm clears bit 3 of each selector nibble first (PRMT's sign-replicating bit), one
-# LOP3 a lookup whose selector nvcc cannot prove clean, i.e. every selector shifted out of a code word. With the
-# magnitudes masked once per word (word & CODE_MAGNITUDES, whose nibbles and their shifts have bit 3 clear), the
-# lookups below take no mask of their own. A kernel using prmt() puts PRMT_PRELUDE in its prelude.
-PRMT_PRELUDE = """
-__device__ __forceinline__ unsigned tk_prmt(unsigned low, unsigned high, unsigned selector) {
-  unsigned r;
-  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(low), "r"(high), "r"(selector));
-  return r;
-}
-"""
+# PTX prmt.b32 as it is (kernel_src/cuda/prmt.cuh): __byte_perm clears bit 3 of each selector nibble first, one LOP3
+# a lookup whose selector nvcc cannot prove clean, i.e. every selector shifted out of a code word. With the magnitudes
+# masked once per word (word & CODE_MAGNITUDES, whose nibbles and their shifts have bit 3 clear), the lookups below take
+# no mask of their own. A kernel using prmt() puts PRMT_PRELUDE in its prelude.
+PRMT_PRELUDE = prelude('prmt.cuh')  # tk_prmt
 
 
 def prmt(low, high, selector):

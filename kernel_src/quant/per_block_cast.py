@@ -28,6 +28,7 @@ import dataclasses
 import tilelang  # noqa: F401  (tilelang before tvm)
 from tilelang import language as T
 
+from kernel_src.cuda import prelude
 from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
 from kernel_src.quant.addressing import unsigned_wide_mad
 from kernel_src.quant.common import (
@@ -98,21 +99,11 @@ class TileShape:
         return shape
 
 
-# Lane-wise max / min of two bf16 pairs held in uint32 words (__hmax2 / __hmin2, which nvcc fuses into one
-# three-input VHMNMX.BF16_V2 per two new words; like fmaxf, both return the other operand for a NaN), as device
-# functions in the kernel's prelude: the words are also read as uint32 for the widening, and tilelang's storage
-# rewrite rejects a local buffer viewed both as uint32 and as bfloat16x2.
-_BF16X2_PRELUDE = """
-#include <cuda_bf16.h>
-__device__ __forceinline__ unsigned tk_bf16x2_max(unsigned a, unsigned b) {
-  __nv_bfloat162 r = __hmax2(*reinterpret_cast<__nv_bfloat162 *>(&a), *reinterpret_cast<__nv_bfloat162 *>(&b));
-  return *reinterpret_cast<unsigned *>(&r);
-}
-__device__ __forceinline__ unsigned tk_bf16x2_min(unsigned a, unsigned b) {
-  __nv_bfloat162 r = __hmin2(*reinterpret_cast<__nv_bfloat162 *>(&a), *reinterpret_cast<__nv_bfloat162 *>(&b));
-  return *reinterpret_cast<unsigned *>(&r);
-}
-"""
+# Lane-wise max / min of two bf16 pairs held in uint32 words (tk_bf16x2_max / tk_bf16x2_min: __hmax2 / __hmin2, which
+# nvcc fuses into one three-input VHMNMX.BF16_V2 per two new words; like fmaxf, both return the other operand for a
+# NaN), as device functions in the kernel's prelude: the words are also read as uint32 for the widening, and tilelang's
+# storage rewrite rejects a local buffer viewed both as uint32 and as bfloat16x2.
+_BF16X2_PRELUDE = prelude('bf16x2_minmax.cuh')
 
 
 def bf16x2_max(a, b):

@@ -34,6 +34,7 @@ import tilelang  # noqa: F401  (before tvm: it sets up the tvm that tilelang shi
 from tilelang import language as T
 from tvm import tirx
 
+from kernel_src.cuda import prelude
 from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
 from kernel_src.quant.common import block_scale
 
@@ -69,15 +70,10 @@ ROW_LINES_LAYOUT = Layout(rows=8, lanes_k=16, warps_k=1, vec_bytes=16)
 LAYOUT = {'bfloat16': ROW_LINES_LAYOUT, 'float32': ROW_LINES_LAYOUT, 'float8_e4m3fn': ROW_LINES_LAYOUT}
 
 # The e4m3 input is converted to float32 twice, for the amax and again for the cast. For sm_100a nvcc keeps the
-# first conversions (128 halves a thread) live until the cast instead, and spilled 400-550 bytes a thread at
-# 80 registers (and 136-176 at 128); sm_90a recomputes them. An empty asm that claims to change a row's vector
-# before its cast makes the first conversions unusable there, at no instruction.
-_OPAQUE_VECTOR_PRELUDE = '''
-__device__ __forceinline__ void tk_opaque_vector(void* vector) {
-  unsigned* w = (unsigned*)vector;
-  asm volatile("" : "+r"(w[0]), "+r"(w[1]), "+r"(w[2]), "+r"(w[3]));
-}
-'''
+# first conversions (128 halves a thread) live until the cast instead, and spills 400-550 bytes a thread at
+# 80 registers (and 136-176 at 128); sm_90a recomputes them. tk_opaque_vector, an empty asm that claims to change a
+# row's vector before its cast, makes the first conversions unusable there, at no instruction.
+_OPAQUE_VECTOR_PRELUDE = prelude('opaque_vector.cuh')
 
 
 def check(in_dtype: str, gather: bool, transpose: bool, num_per_tokens: int) -> None:
