@@ -98,7 +98,7 @@ __device__ __forceinline__ unsigned tk_e2m1_word_of_sums(const unsigned* s, unsi
 // 7-9, an even number of units) shifts the sum by whole units of its last place without changing its binade, the
 // rounding or the parity a tie goes by (k + that mantissa < 2^10), so the steps k are the low byte's bits 0-2 (bit 7
 // takes the mantissa's lowest bit, masked off) and the high byte's exponent bits are as before (its two low bits take
-// the mantissa's top two, which the code never reads). One mask a word of four codes, where each pair took one.
+// the mantissa's top two, which the code never reads). One mask a word of four codes, not one a pair.
 __device__ __forceinline__ unsigned tk_e2m1_word_of_f16x8(unsigned h0, unsigned h1, unsigned h2, unsigned h3, unsigned t, unsigned x1_half, unsigned sixteen) {
   const unsigned h[4] = {h0, h1, h2, h3};
   unsigned s[4];

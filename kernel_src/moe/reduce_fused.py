@@ -21,9 +21,9 @@ from tilelang import language as T
 
 from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
 
-# From the H200 sweep of benchmarks/tuning.py (2026-11-30, bf16, H 7168, K 8): 64 threads x 2 vectors
-# (1024 bf16 columns a block, so the common hidden sizes split into whole slices) with 4 slots in flight
-# took 251.6 us; 128 x 2 took 265.0 us, 128 x 7 with 2 slots 262.5 us, 256 x 1 with 8 slots 411.1 us.
+# Chosen by the sweep of benchmarks/tuning.py (bf16, H 7168, K 8): 64 threads x 2 vectors (1024 bf16 columns a
+# block, so the common hidden sizes split into whole slices) with 4 slots in flight is faster than 128 x 2,
+# 128 x 7 with 2 slots and 256 x 1 with 8 slots.
 THREADS = 64
 VECTORS = 2  # 16-byte vectors of a row per thread
 TOPK_IN_FLIGHT = 4  # top-k slots whose rows are loaded together: 8 loads (128 bytes) in flight per thread

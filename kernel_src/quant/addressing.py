@@ -37,5 +37,5 @@ def magic_quotient(n, magic, shift):
 
 def unsigned_index(index):
     """An int32 element index of a flat view, widened as unsigned 32-bit (one IMAD.WIDE.U32 from the base where a
-    signed 64-bit row * stride + column * stride took about 15 instructions), for indices the ops keep below 2^31."""
+    signed 64-bit row * stride + column * stride takes about 15 instructions), for indices the ops keep below 2^31."""
     return T.Cast('int64', T.Cast('uint32', index))

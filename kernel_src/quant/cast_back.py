@@ -22,12 +22,12 @@ from kernel_src.quant.nibbles import byte_perm
 
 NUM_THREADS = 128
 NUM_UNITS = 8  # 16-byte output vectors a thread
-# CTAs per SM the register allocation must allow. bf16 output took 80 registers unbounded (6 CTAs, 48 KB of
-# loads in flight per SM, 72% of DRAM bandwidth); 64 give 8 CTAs. fp32 output takes 52 unbounded.
+# CTAs per SM the register allocation must allow. bf16 output takes 80 registers unbounded (6 CTAs, 48 KB of
+# loads in flight per SM); 64 give 8 CTAs. fp32 output takes 52 unbounded.
 MIN_BLOCKS = {'bfloat16': 8, 'float32': 8}
-# (units a thread, CTAs per SM) where the tuning sweep (benchmarks/tuning.py, GPU run 3 of
-# docs/gpu-runs/2026-11-30-h200-e.md) found better than the defaults: e4m3 to bf16 with packed UE8M0, 16 units at
-# 80 registers, 6 CTAs (96 KB of loads in flight per SM, against 64 KB): 45.6 against 46.4 us.
+# (units a thread, CTAs per SM) where the tuning sweep (benchmarks/tuning.py) finds a faster choice than the
+# defaults: e4m3 to bf16 with packed UE8M0, 16 units at 80 registers, 6 CTAs (96 KB of loads in flight per SM,
+# against 64 KB).
 TUNED = {('e4m3', 'bfloat16'): (16, 6)}
 VECTOR_ELEMS = 16  # the host's vectors_per_row counts vectors of 16 logical elements
 FORMATS = {'e4m3': 1, 'e2m1': 2}  # logical elements per byte
@@ -105,14 +105,13 @@ def build(arch: Arch, fmt: str, out_dtype: str, sf_format: str, num_threads: int
     else:
         sf_type = T.StridedTensor[(num_sf_rows, num_sf_blocks), (sf_stride_t, sf_stride_k), T.float32]
 
-    # Unit i of thread t of CTA b is flat unit u = b * slots + i * 128 + t of the sequence of all rows' 16-byte
-    # output vectors, so the 32 lanes of a warp store 32 adjacent units: one contiguous 512 bytes a store
-    # instruction, every sector written whole. (A lane that owned 16 elements stored 32 or 64 bytes, so each
-    # warp store touched twice the sectors it filled and the L2 was the limit, at 87% of its throughput with
-    # DRAM at 36-62%.) Per unit, once, in int32 registers (the op keeps num_tokens * hidden + 2^16 below
-    # 2^31): the row, by an unsigned 32 x 32 -> 64-bit multiply-shift of the unit's 16-element vector index
-    # (the host's magic numbers, exact below 2^31); the column in units; the scale-factor block of the
-    # column's vector. Units past the last row get a row of num_tokens or more, which the masks skip.
+    # Unit i of thread t of CTA b is flat unit u = b * slots + i * 128 + t of the sequence of all rows' 16-byte output
+    # vectors, so the 32 lanes of a warp store 32 adjacent units: one contiguous 512 bytes a store instruction, every
+    # sector written whole. (A lane that owned 16 elements would store 32 or 64 bytes, so that each warp store touches
+    # twice the sectors it fills and the L2 becomes the limit.) Per unit, once, in int32 registers (the op keeps
+    # num_tokens * hidden + 2^16 below 2^31): the row, by an unsigned 32 x 32 -> 64-bit multiply-shift of the unit's
+    # 16-element vector index (the host's magic numbers, exact below 2^31); the column in units; the scale-factor block
+    # of the column's vector. Units past the last row get a row of num_tokens or more, which the masks skip.
     @T.macro
     def number_units(pid, tid, units):
         for i in T.unroll(num_units):
@@ -200,8 +199,8 @@ def build(arch: Arch, fmt: str, out_dtype: str, sf_format: str, num_threads: int
             # Every CTA but the last has all its units inside the tensor: it runs the same code with no masks,
             # so neither its loads nor its stores sit behind per-unit branches. It issues its data loads
             # first, from the unit numbers alone, and only then works out rows and blocks (two multiply-shifts
-            # a unit) while they are in flight: with the rows first, each warp issued some 80 instructions
-            # before its first data load, a stretch in which the CTA's slot on the SM had nothing in flight
+            # a unit) while they are in flight: with the rows first, each warp would issue some 80 instructions
+            # before its first data load, a stretch in which the CTA's slot on the SM has nothing in flight
             # (upstream's kernel, one row per CTA, issues its loads after a few instructions).
             if (pid + 1) * slots <= num_tokens * vectors_per_row * units_per_vector:
                 load_data(x_flat, units, rows, data, num_tokens, False)

@@ -162,7 +162,7 @@ def pow2_scale_exponent(clamped, fmax: float):
     than half an ulp. M > F is one add: clamped's bits plus 2^23 - 1 - (F's mantissa bits) carry into the
     exponent field exactly then. A quotient below the normal range (clamped < fmax * 2^-126) has exponent 1,
     as rounding the subnormal quotient up gives (the casts' floors keep the quotient normal; a
-    quotient that underflowed to zero gave no power of two at all); an infinite clamped keeps 255, as inf / fmax.
+    quotient that underflowed to zero would give no power of two at all); an infinite clamped keeps 255, as inf / fmax.
     tests/cpu/test_pow2_scale.py checks it against the division over every mantissa."""
     carry, f = pow2_scale_carry(fmax)
     bits = T.reinterpret(clamped, T.int32)

@@ -14,7 +14,7 @@ time) sf rounded up to a power of two and the multiplier its exact inverse; the 
 A CTA of 128 threads owns a row; thread t holds groups t, t + 128, ... of 8 channels (8 codes, 3 output
 words) in registers, so a row is read once: at most 8 groups a thread (8192 channels). Adjacent lanes hold
 adjacent groups, so each warp load (one or two 16-byte vectors a lane) is one contiguous span (lanes owning
-32-channel chunks made every instruction touch about twice the sectors); the packed words go through
+32-channel chunks would make every instruction touch about twice the sectors); the packed words go through
 shared memory and leave as 16-byte vectors (aligned) or words, adjacent across lanes. bf16 rows take
 their amax on bf16 pairs, so the row stays packed (64 registers, 8 rows an SM). Wider rows (a run-time
 branch) are read twice, once for the amax and once to encode, a group a thread and step.
@@ -28,7 +28,7 @@ sequence of 32-channel chunks of all rows (the row of a chunk found by a host-co
 quant.per_token_cast does), a lane decoding one 16-byte output vector (a group of 8 channels from its 3
 words for bfloat16; half a group from 2 of its words for float32) and the 32 lanes of a warp 32 adjacent
 vectors, so that every load and store instruction of a warp covers one contiguous span (lanes that each
-owned a 32-channel chunk made each instruction touch twice the sectors it filled).
+owned a 32-channel chunk would make each instruction touch twice the sectors it filled).
 
 `aligned` variants need a 16-byte aligned input pointer and row stride and hidden % 32 == 0. The cast's
 moves 16 bytes per access; the other loads element by element and masks each group of 8 channels, so any
@@ -218,7 +218,7 @@ def build_cast(arch: Arch, in_dtype: str, sf_format: str, aligned: bool) -> Kern
 
                 # The words go through shared memory, so that the row is stored in 16-byte vectors (aligned:
                 # a row is a multiple of 12 words) or words, adjacent across lanes: writing a group's 3 words
-                # straight from its lane made each store instruction touch 3 times the sectors it filled.
+                # straight from its lane would make each store instruction touch 3 times the sectors it filled.
                 for i in T.unroll(groups):
                     group = i * NUM_THREADS + tid
                     if group * 8 < hidden:

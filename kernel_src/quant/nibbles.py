@@ -68,9 +68,9 @@ def e2m1_word_through_table(word, magnitudes, codes_low, codes_high):
     Two lookups give the codes of nibbles 0-3 and 4-7 as bytes, c0 + c1 2^8 + c2 2^16 + c3 2^24; that plus itself
     shifted down four bits (one LEA.HI) has c0 + 16 c1 in byte 0 and c2 + 16 c3 in byte 2, no byte carrying, and one
     permute gathers those four bytes: six integer-pipe instructions for eight codes with the magnitudes' shift, which
-    largest_magnitude shares, where four lookups (nibbles 0-3, 1-4, 4-7, 5-7) paired by multiply-adds took the integer
+    largest_magnitude shares, where four lookups (nibbles 0-3, 1-4, 4-7, 5-7) paired by multiply-adds take the integer
     pipe nine and the FMA pipe two. The same pairing as a multiply-high-add by a 2^28 ptxas cannot fold (IMAD.HI, on
-    the FMA pipe) measured 2-4% slower than by LEA.HI (GPU run 1 of docs/gpu-runs/2026-12-02-h200-g.md)."""
+    the FMA pipe) is slower than by LEA.HI."""
     pairs = [let('code_bytes', 'uint32', prmt(codes_low, codes_high, magnitudes >> T.uint32(16 * half)), lambda b: b + (b >> T.uint32(4)))
              for half in range(2)]
     return byte_perm(pairs[0], pairs[1], T.uint32(0x6420)) ^ (word & T.uint32(CODE_SIGNS))

@@ -44,14 +44,13 @@ VEC_BYTES = (16, 32)
 BLOCK_SIZES = (32, 128)
 PREBUILT_BLOCKS = ((128, 128), (32, 32))  # the block shapes upstream tests; the other two build on request
 # CTAs per SM the register allocation must allow for e4m3 with 128-row blocks (256 threads: at most 80 registers):
-# 3 CTAs, 96 KB of loads in flight per SM. Without the cap, the unmasked path of interior CTAs took 83-86
+# 3 CTAs, 96 KB of loads in flight per SM. Without the cap, the unmasked path of interior CTAs takes 83-86
 # registers, 2 CTAs per SM.
 E4M3_MIN_BLOCKS = {128: 3}
 # CTAs per SM for e2m1, by input dtype and block_m (256 threads: 2 CTAs at most 128 registers, 4 at most 64, 6
 # at most 40): with its loads and stores free of branches, nvcc otherwise encodes every vector at once for
-# ILP (167 registers for bf16 128-row blocks, one CTA per SM; float32 32-row blocks 47, 5 CTAs where the
-# masked loads had 6). float32 128-row blocks hold twice the loaded bytes: capped at 64 registers they
-# measured 86.5 us against 83.1 us at 2 CTAs (GPU runs 2 and 3, docs/gpu-runs/2026-11-30-h200-e.md).
+# ILP (167 registers for bf16 128-row blocks, one CTA per SM; float32 32-row blocks 47, 5 CTAs). float32
+# 128-row blocks hold twice the loaded bytes: capped at 64 registers they are slower than at 2 CTAs.
 E2M1_MIN_BLOCKS = {('bfloat16', 128): 4, ('bfloat16', 32): 6, ('float32', 128): 2, ('float32', 32): 6}
 
 

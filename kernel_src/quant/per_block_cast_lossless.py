@@ -38,7 +38,7 @@ MAX_SPAN = 5  # e_in + 5 >= out_exp: e2m1's smallest value 2^-1 to e4m3's smalle
 # mantissa bit), K for m = 1 (0.5 * 2^d: exponent d + 6, mantissa 0) and 0 for m = 0; every byte is at most
 # 124 (384, e4m3's 0x7C), so bit 7 is free for the sign. Those eight bytes are the table of
 # kernel_src.quant.nibbles: eight elements take twelve integer instructions, where decoding each to float32,
-# scaling and converting took about twelve each.
+# scaling and converting takes about twelve each.
 E4M3_TABLE_LOW = table_word((0, 0, 8, 12))  # the bytes less K for m = 0..3 (m = 0 and m = 1 fixed up)
 E4M3_TABLE_HIGH = table_word((16, 20, 24, 28))  # m = 4..7
 
@@ -100,8 +100,8 @@ def build(arch: Arch, block_m: int, block_k: int, in_sf_format: str, sf_format: 
                     for e in T.vectorized(VECTOR_ELEMS // 2):
                         data[j, e] = x[row, col // 2 + e]
             # The scale factors: each load unconditional, at its index clamped into the buffer, and its value
-            # dropped (e_in = 0) where the vector or its scale factor is outside. A load under the mask became a
-            # branch whose conversion nvcc sank in with it, so each load waited for the one before (four or
+            # dropped (e_in = 0) where the vector or its scale factor is outside. A load under the mask becomes a
+            # branch whose conversion nvcc sinks in with it, so that each load waits for the one before (four or
             # eight round trips in series, the data loads issued after them).
             if x_sf.shape[0] > 0 and x_sf.shape[1] > 0:
                 for j in T.unroll(tile.vectors):

@@ -12,17 +12,16 @@ kernel writes out[h, t] (bf16 input, no gather), with 32 or 128 tokens per block
 
 Layout (Layout below): a CTA owns 128 tokens. In the fused kernel each thread loads a column of 8 tokens x one
 16-byte vector and keeps it in registers; a warp is 16 lanes along the channels by 2 along the tokens, and the
-CTA's 8 warps lie along the tokens (128 bf16, 64 fp32 or 256 e4m3 channels a CTA). So each load instruction
-reads 256 contiguous bytes of each of 2 rows and each store instruction writes whole 128-byte lines (bf16) of
-2 rows: against 4 lanes along the channels (64 bytes of 8 rows a load, one 32-byte sector of 8 rows a bf16
-store) this measured 42.0 against 44.8 us for bf16 and 36.2 against 38.4 us for e4m3 with a gather (tuning
-sweep, docs/benchmarks.md). The transposed kernel keeps 8 lanes along the tokens by 4 along the channels:
-its stores (8 tokens of e4m3 per lane and channel) then cover 64 contiguous bytes of each of 8 output rows,
-with no shared-memory transpose. The column amax is a thread's 8 tokens (for bf16 in bf16 pairs, converted
-once), then a butterfly over the lanes along the tokens; those partial amaxes go to shared memory, where one
-thread per (block, column) of the CTA joins them, computes the scale factor and multiplier (the only
-divisions), stores the scale factor and shares the multiplier with the threads that hold the column. The
-e4m3 casts convert pairs of values (one instruction per pair).
+CTA's 8 warps lie along the tokens (128 bf16, 64 fp32 or 256 e4m3 channels a CTA). So each load instruction reads
+256 contiguous bytes of each of 2 rows and each store instruction writes whole 128-byte lines (bf16) of 2 rows:
+against 4 lanes along the channels (64 bytes of 8 rows a load, one 32-byte sector of 8 rows a bf16 store) this is
+faster for bf16, and for e4m3 with a gather (the sweep of benchmarks/tuning.py). The transposed kernel keeps 8
+lanes along the tokens by 4 along the channels: its stores (8 tokens of e4m3 per lane and channel) then cover 64
+contiguous bytes of each of 8 output rows, with no shared-memory transpose. The column amax is a thread's 8 tokens
+(for bf16 in bf16 pairs, converted once), then a butterfly over the lanes along the tokens; those partial amaxes go
+to shared memory, where one thread per (block, column) of the CTA joins them, computes the scale factor and
+multiplier (the only divisions), stores the scale factor and shares the multiplier with the threads that hold the
+column. The e4m3 casts convert pairs of values (one instruction per pair).
 
 Token count, hidden size and every stride are run-time values; all accesses are masked against the
 buffer dims (a whole 16-byte vector at a time: the op guarantees hidden is a multiple of the vector).
@@ -70,7 +69,7 @@ ROW_LINES_LAYOUT = Layout(rows=8, lanes_k=16, warps_k=1, vec_bytes=16)
 LAYOUT = {'bfloat16': ROW_LINES_LAYOUT, 'float32': ROW_LINES_LAYOUT, 'float8_e4m3fn': ROW_LINES_LAYOUT}
 
 # The e4m3 input is converted to float32 twice, for the amax and again for the cast. For sm_100a nvcc keeps the
-# first conversions (128 halves a thread) live until the cast instead, and spills 400-550 bytes a thread at
+# first conversions (128 halves a thread) live until the cast instead, and would spill 400-550 bytes a thread at
 # 80 registers (and 136-176 at 128); sm_90a recomputes them. tk_opaque_vector, an empty asm that claims to change a
 # row's vector before its cast, makes the first conversions unusable there, at no instruction.
 _OPAQUE_VECTOR_PRELUDE = prelude('opaque_vector.cuh')

@@ -88,7 +88,7 @@ def test_per_token_cast_bitwise(spec, num_tokens, hidden):
 @pytest.mark.parametrize('spec', installed_specs('quant.per_token_cast', where=lambda s: s['per_row'] and s['in_dtype'] == 'bfloat16'))
 def test_per_token_cast_per_row_wider_than_registers(spec, hidden):
     """bf16 rows over 8192 channels (up to the op's 16384) are read twice, in chunks of 8192
-    (kernel_src/quant/per_token_cast.py build_per_row); rows' largest elements sit in either chunk."""
+    (kernel_src/quant/per_token_cast/per_row.py); rows' largest elements sit in either chunk."""
     fmt = spec['fmt']
     x = input_for(spec, 63, hidden)
     x[::2, -1] = 40.0  # last chunk
