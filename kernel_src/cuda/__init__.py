@@ -21,7 +21,7 @@ HERE = Path(__file__).resolve().parent
 @functools.cache
 def _text(name: str) -> str:
     path = HERE / name
-    if path.suffix != '.cuh' or path.parent != HERE:
+    if path.suffix != '.cuh' or path.parent != HERE or not path.is_file():
         raise ValueError(f'{name!r} is not a header of kernel_src/cuda')
     return path.read_text()
 
