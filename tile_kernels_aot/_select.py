@@ -162,7 +162,12 @@ def kernel_constant(kernel: str, name: str, device_index: int) -> int:
         package, info = _kernel_info(kernel, device_index)
         values = {e.constants.get(name) for e in info.entries.values()} if info is not None else set()
         if len(values) != 1 or None in values:
-            found = 'no binaries of it' if not values else f'{name} = {sorted(values, key=str)} in its binaries'
+            if not values:
+                found = 'no binaries of it'
+            elif None in values:
+                found = f'binaries that do not declare {name}'
+            else:
+                found = f'binaries that declare {name} differently ({sorted(values)})'
             raise TileKernelsAOTError(f'{kernel}: the {package.target} arch package ({package.origin}) has {found}; '
                                       f'the op needs one {name} for every spec')
         value = _constants[memo_key] = values.pop()

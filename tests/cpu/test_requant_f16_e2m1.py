@@ -20,8 +20,6 @@ import torch
 
 from tile_kernels_aot.reference.cast import e2m1_codes
 
-pytest.importorskip('kernel_src.quant.per_token_requant')  # the prelude is build-time code
-
 MASK32 = 0xFFFFFFFF
 
 
@@ -225,10 +223,3 @@ def test_ratio_path_needs_its_nudges_and_its_mask():
     the rounding sum's last bit, and with it which way a tie goes."""
     assert ratio_mismatches(1, nudge=0.0)
     assert ratio_mismatches(1, binade_mask=MASK32)
-
-
-def test_op_divides_by_the_kernels_tile():
-    """The op passes the division of a CTA's index by the tiles a row; the kernel's tile width must be the op's."""
-    from kernel_src.quant.per_token_requant import TILE_CHUNKS
-    from tile_kernels_aot.quant.per_token import _REQUANT_TILE_CHUNKS
-    assert TILE_CHUNKS == _REQUANT_TILE_CHUNKS

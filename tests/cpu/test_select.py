@@ -4,7 +4,9 @@ import pytest
 import torch
 
 from tile_kernels_aot import targets, _select
-from tile_kernels_aot.errors import SpecNotPrebuiltError, UnsupportedDeviceError
+from tile_kernels_aot.errors import SpecNotPrebuiltError, TileKernelsAOTError, UnsupportedDeviceError
+
+from .conftest import SUBSET
 
 
 @pytest.mark.parametrize('target, capability, ok', [
@@ -101,6 +103,19 @@ def test_tampered_cubin_is_refused(fake_device, tmp_path):
     entry = next(iter(tampered.manifest.kernels['moe.topk_gate'].entries.values()))
     with pytest.raises(KernelIntegrityError, match='sha256 does not match'):
         tampered.kernel(entry).image()
+
+
+def test_constants_come_from_the_entries(fake_device):
+    from kernel_src.quant.addressing import INDEX_LIMIT
+
+    fake_device[0] = ('NVIDIA Fake', (9, 0))
+    params = next(item['params'] for item in SUBSET if item['kernel'] == 'quant.per_token_cast')
+    assert _select.find_kernel('quant.per_token_cast', params, 0).entry.constants['index_limit'] == INDEX_LIMIT
+    assert _select.kernel_constant('quant.per_token_cast', 'index_limit', 0) == INDEX_LIMIT
+    with pytest.raises(TileKernelsAOTError, match=r'quant.cast_back: the sm_90a arch package \(.*\) has no binaries of it'):
+        _select.kernel_constant('quant.cast_back', 'index_limit', 0)
+    with pytest.raises(TileKernelsAOTError, match='moe.topk_gate: .* has binaries that do not declare index_limit'):
+        _select.kernel_constant('moe.topk_gate', 'index_limit', 0)
 
 
 def test_ops_validate_before_touching_a_device():

@@ -23,7 +23,6 @@ MAX_GRID_Y = MAX_GRID[1]
 # The `mode` scalar of the casts that share one kernel between the plain cast, its sf-only variant and its
 # precomputed-sf variant.
 MODE_CAST, MODE_SF_ONLY, MODE_PRECOMPUTED = 0, 1, 2
-INDEX_LIMIT = 2**31 - 2**16  # flat element indices (plus a CTA's overrun) stay int32 in the kernels
 
 
 def not_built(op: str, what: str) -> NotImplementedError:

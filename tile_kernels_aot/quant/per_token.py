@@ -3,7 +3,8 @@
 
 The kernels take the hidden size, the block width, ``round_sf``, the scale-factor strides and the mode
 as run-time arguments; a row of a flat vector index comes from a multiply-shift by a magic number
-(``_common.magic``), exact for indices below 2^31; tensors of up to 2^31 - 2^16 elements.
+(``_common.magic``), exact for indices below 2^31; tensors of up to the kernels' ``index_limit`` constant (2^31 - 2^16)
+elements.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import torch
 from tile_kernels_aot import _checks
 from tile_kernels_aot._select import find_kernel
 from tile_kernels_aot.quant._common import (
-    FORMATS, IN_DTYPES, INDEX_LIMIT, MODE_CAST, MODE_PRECOMPUTED, MODE_SF_ONLY, VECTOR_BYTES, QuantTensor, align, alloc_quant_out, alloc_sf,
+    FORMATS, IN_DTYPES, MODE_CAST, MODE_PRECOMPUTED, MODE_SF_ONLY, VECTOR_BYTES, QuantTensor, align, alloc_quant_out, alloc_sf,
     check_cast_back_args, check_input_sf, check_int_pair, check_out_fmt, check_packed_ue8m0, check_sf_flags, dtype_name, is_pow2, magic,
     not_built, packed_sf_bytes, row_aligned, sf_format, unpack_quant, vector_bytes,
 )
@@ -24,7 +25,6 @@ from tile_kernels_aot.quant.e5m6 import cast_back_from_e5m6, per_token_cast_to_e
 _BLOCK_WIDTHS = (16, 32, 64, 128)
 _ROW_MAX_VECTORS = 128 * 16  # per-row kernel: rows of up to 2048 16-byte vectors (bf16 rows over 1024 are read twice)
 _REQUANT_BLOCK_WIDTHS = (32, 64, 128)  # a quantised input is read in chunks of 32 elements
-_REQUANT_TILE_CHUNKS = 16  # chunks of a row a tiled CTA of per_token_requant takes (TILE_CHUNKS there)
 
 
 def _check_fmt(op: str, fmt: object) -> str:
@@ -85,16 +85,18 @@ def _per_token_cast(
         device = _checks.on_one_cuda_device(op, x=x)
         returned, sf_arg = alloc_sf(num_tokens, num_blocks, col_major, packed, x.device)
     padded_elements = hidden if per_row else num_blocks * num_per_channels  # a whole number of 32-byte vectors
-    if num_tokens * padded_elements > INDEX_LIMIT:
-        raise ValueError(f'{op}: x is too large: {num_tokens} x {hidden} elements reach the 32-bit index range')
-    out = alloc_quant_out(num_tokens, hidden, fmt, x.device)
     if num_tokens:
         spec = per_token_cast_spec(x, fmt, num_per_channels, packed)
+        kernel = find_kernel('quant.per_token_cast', spec, device)
+        if num_tokens * padded_elements > kernel.entry.constants['index_limit']:
+            raise ValueError(f'{op}: x is too large: {num_tokens} x {hidden} elements reach the 32-bit index range')
+    out = alloc_quant_out(num_tokens, hidden, fmt, x.device)
+    if num_tokens:
         padded_vectors = padded_elements * x.element_size() // spec['vec_bytes']
         row_magic, row_shift = magic(padded_vectors)
         scalars = dict(vectors_per_row=padded_vectors, row_magic=row_magic, row_shift=row_shift, npc_log2=num_per_channels.bit_length() - 1,
                        round_sf=int(round_sf), mode=mode)
-        find_kernel('quant.per_token_cast', spec, device)(device, {'x': x, 'out': out, 'out_sf': sf_arg}, scalars)
+        kernel(device, {'x': x, 'out': out, 'out_sf': sf_arg}, scalars)
     return out, returned
 
 
@@ -128,23 +130,25 @@ def _requantize(op: str, x: object, fmt: str, num_per_channels: int, x_block_siz
                                f'{num_tokens} tokens of {hidden} channels in blocks of {(in_block_m, in_block_k)}')
     device = _checks.on_one_cuda_device(op, data=data, sf=in_sf)
     num_blocks = -(-hidden // num_per_channels)
-    # Packed: whole words of 4 blocks a row, whose chunks past the data store the zero bytes of a row's last word.
-    chunks_per_row = (align(num_blocks, 4) if packed else num_blocks) * num_per_channels // 32
-    if num_tokens * chunks_per_row * 32 > INDEX_LIMIT:
-        raise ValueError(f'{op}: data is too large: {num_tokens} x {hidden} elements reach the 32-bit index range')
+    if num_tokens:
+        kernel = find_kernel('quant.per_token_requant', per_token_requant_spec(data, fmt, in_packed, packed), device)
+        chunk = kernel.entry.constants['chunk']  # elements; a block is a whole number of chunks
+        # Packed: whole words of 4 blocks a row, whose chunks past the data store the zero bytes of a row's last word.
+        chunks_per_row = (align(num_blocks, 4) if packed else num_blocks) * num_per_channels // chunk
+        if num_tokens * chunks_per_row * chunk > kernel.entry.constants['index_limit']:
+            raise ValueError(f'{op}: data is too large: {num_tokens} x {hidden} elements reach the 32-bit index range')
     returned, sf_arg = alloc_sf(num_tokens, num_blocks, col_major, packed, data.device)
     out = alloc_quant_out(num_tokens, hidden, fmt, data.device)
     if num_tokens:
         # Both layouts' divisions (kernel_src.quant.per_token_requant: a chunk's index by the chunks a row, or a tiled
-        # CTA's by the tiles a row); each binary reads the pair it needs.
+        # CTA's by the tiles of tile_chunks chunks a row); each binary reads the pair it needs.
         row_magic, row_shift = magic(chunks_per_row)
-        tile_magic, tile_shift = magic(-(-chunks_per_row // _REQUANT_TILE_CHUNKS))
-        spec = per_token_requant_spec(data, fmt, in_packed, packed)
+        tile_magic, tile_shift = magic(-(-chunks_per_row // kernel.entry.constants['tile_chunks']))
         scalars = dict(chunks_per_row=chunks_per_row, row_magic=row_magic, row_shift=row_shift, tile_magic=tile_magic, tile_shift=tile_shift,
                        npc_log2=num_per_channels.bit_length() - 1,
                        in_block_m_log2=in_block_m.bit_length() - 1, in_block_k_log2=in_block_k.bit_length() - 1, round_sf=int(round_sf))
         tensors = {'x': data, 'x_sf': packed_sf_bytes(in_sf) if in_packed else in_sf, 'out': out, 'out_sf': sf_arg}
-        find_kernel('quant.per_token_requant', spec, device)(device, tensors, scalars)
+        kernel(device, tensors, scalars)
     return out, returned
 
 

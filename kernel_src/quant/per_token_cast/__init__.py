@@ -28,6 +28,7 @@ can make it write out of bounds.
 """
 
 from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
+from kernel_src.quant.addressing import INDEX_LIMIT
 from kernel_src.quant.common import FORMATS, IN_DTYPES, SF_FORMATS
 from kernel_src.quant.per_token_cast.flat import NUM_THREADS, NUM_VECTORS, VEC_BYTES, build_flat
 from kernel_src.quant.per_token_cast.per_row import ROW_VECTORS, build_per_row
@@ -82,4 +83,5 @@ DECL = KernelDecl(
     # Every access is masked explicitly (against the buffer dims); tilelang's own per-element guards would
     # stop the 16-byte vectorisation, since it cannot prove that a vector never straddles the run-time hidden.
     pass_configs={'tl.disable_warp_specialized': True, 'tl.enable_lower_ldgstg': True, 'tl.disable_safe_memory_legalize': True},
+    constants={'index_limit': INDEX_LIMIT},  # bounds the elements of x, rows padded to whole blocks: flat indices stay int32
 )

@@ -4,7 +4,7 @@ path (e2m1_input, f16_lanes, or float32), and store them."""
 from tilelang import language as T
 
 from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
-from kernel_src.quant.addressing import magic_quotient
+from kernel_src.quant.addressing import INDEX_LIMIT, magic_quotient
 from kernel_src.quant.common import E2M1_SIGNED_PRELUDE, FORMATS, RCP_DIV_PRELUDE, SF_FORMATS
 from kernel_src.quant.nibbles import PRMT_PRELUDE
 from kernel_src.quant.per_token_requant.e2m1_input import requant_e2m1_chunk
@@ -177,4 +177,7 @@ DECL = KernelDecl(
     prebuilt=prebuilt,
     check=check,
     pass_configs={'tl.disable_warp_specialized': True, 'tl.enable_lower_ldgstg': True, 'tl.disable_safe_memory_legalize': True},
+    # The op's run-time arguments count chunks of `chunk` elements a row (chunks_per_row) and a tiled CTA's tiles of
+    # tile_chunks chunks a row (its magic divisor); index_limit bounds the elements.
+    constants={'chunk': CHUNK, 'tile_chunks': TILE_CHUNKS, 'index_limit': INDEX_LIMIT},
 )
