@@ -12,8 +12,11 @@ from tile_kernels_aot._launch import LoadedKernel
 from tile_kernels_aot._select import find_kernel, kernel_constant
 from tile_kernels_aot.config import get_device_num_sms, get_num_sms
 
+# Argument domains the ops check before they look at a device (the kernels' check() refuses specs beyond them at build
+# time). Limits that only a kernel knows come from its manifest entries (kernel_constant), like everything the ops
+# compute a launch with.
 MAX_TOPK = 32  # topk_gate: one warp per token; lane k writes the k-th winner
-MAX_UNIQUE_GROUPS = 1024  # inplace_unique_group_indices keeps 16 64-bit masks per token
+MAX_UNIQUE_GROUPS = 1024  # inplace_unique_group_indices: the op's bound (the kernel compares the indices themselves)
 MAX_GATE_GROUPS = 32  # topk_sum_and_topk_group_idx: one lane per group
 INDEX_DTYPES = {torch.int64: 'int64', torch.int32: 'int32'}
 

@@ -14,10 +14,9 @@ import torch
 
 from kernel_src.quant import nibbles
 from kernel_src.quant import per_block_cast_lossless as lossless
+from kernel_src.quant import per_token_requant as requant
 from tests.cpu.cuda_intrinsics import byte_perm
 from tile_kernels_aot.reference.cast import E2M1_VALUES, e2m1_codes
-
-requant = pytest.importorskip('kernel_src.quant.per_token_requant')
 
 SIGNED_VALUES = torch.tensor(E2M1_VALUES + tuple(-v for v in E2M1_VALUES), dtype=torch.float32)  # by code 0..15
 
