@@ -2,7 +2,7 @@
 
     python -m benchmarks.record OUT_DIR [--commit SHA] [--gpu h200] [--out docs/measurements/]
 
-OUT_DIR is what .ci/gpu-session.sh leaves: environment.txt, and where their steps ran bench.jsonl,
+OUT_DIR is what .ci/gpu-run.sh leaves: environment.txt, and where their steps ran bench.jsonl,
 upstream.jsonl, junit.xml or pytest.log, cold_start.log and sanitize.log. --out is a folder (the file is named
 DATE-GPU.jsonl, with -2, -3, ... when that name is taken) or a .jsonl path. The commit comes from --commit, else
 from environment.txt's `commit` line.
@@ -49,7 +49,7 @@ def _lines(path: Path) -> list[dict]:
 
 
 def environment(text: str) -> dict:
-    """The facts of environment.txt: the lines .ci/gpu-session.sh writes (a date, nvidia-smi's CSV line, the Python /
+    """The facts of environment.txt: the lines .ci/gpu-run.sh writes (a date, nvidia-smi's CSV line, the Python /
     torch / CUDA line, the wheels' file names, and `key value` lines such as `commit abc1234`)."""
     env: dict = {}
     for line in (raw.strip() for raw in text.splitlines()):
@@ -191,7 +191,7 @@ def dumps(lines: list[dict]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('out_dir', type=Path, help="the run's raw output folder ($OUT of .ci/gpu-session.sh)")
+    parser.add_argument('out_dir', type=Path, help="the run's raw output folder ($OUT of .ci/gpu-run.sh)")
     parser.add_argument('--commit', help="the commit the wheels were built from (default: environment.txt's)")
     parser.add_argument('--gpu', help="the GPU's short name in the file name (default: from the GPU's name, e.g. h200)")
     parser.add_argument('--out', type=Path, default=Path('docs/measurements'), help='a folder, or a .jsonl file (default: docs/measurements)')

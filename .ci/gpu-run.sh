@@ -3,7 +3,7 @@
 # the GPU tests and the benchmarks from a copy of the checkout outside it (so that imports resolve to
 # the installed wheels, not to the source tree), leave every log under $OUT, and end by condensing them
 # into the run's record, $OUT/DATE-GPU.jsonl (benchmarks/record.py; copy it to docs/measurements/).
-#   COMMIT=SHA bash .ci/gpu-session.sh [tests] [bench] [tune] [cold] [pip] [host] [upstream] [profile] [ncu] [sanitize]
+#   COMMIT=SHA bash .ci/gpu-run.sh [tests] [bench] [tune] [cold] [pip] [host] [upstream] [profile] [ncu] [sanitize]
 # (default steps: tests bench tune cold). COMMIT names the commit the wheels were built from; without it the
 # script reads $DIST/COMMIT, and without that the record is left to `python -m benchmarks.record $OUT --commit SHA`.
 set -uo pipefail
@@ -12,7 +12,7 @@ SITE=/tmp/tk-site
 WORK=/tmp/tk-work
 steps=${*:-tests bench tune cold}
 DIST=${DIST:-dist}          # the wheels to install
-TESTS=${TESTS:-tests/gpu}   # pytest selection
+TESTS=${TESTS:-tests/gpu tests/test_readme.py}   # pytest selection (the README blocks run on the GPU too)
 KERNELS=${KERNELS:-*}       # benchmark selection (a glob over kernel names)
 COMMIT=${COMMIT:-$(cat "$DIST/COMMIT" 2>/dev/null || echo unknown)}
 # A warm machine keeps /tmp between calls, and pip --target skips packages already there: start clean.
@@ -23,7 +23,7 @@ export PYTHONPATH=$SITE PYTHONUNBUFFERED=1
 [ -d build-launch/sm_90a ] && export TILE_KERNELS_AOT_LAUNCH_TEST_DIR=$PWD/build-launch/sm_90a
 
 python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" $DIST/*.whl $(ls .whl/*.whl 2>/dev/null) || exit 1
-cp -r tests benchmarks pyproject.toml "$WORK"/
+cp -r tests benchmarks pyproject.toml README.md "$WORK"/
 {
   date -u +%Y-%m-%dT%H:%M:%SZ
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader
