@@ -67,7 +67,7 @@ __device__ __forceinline__ float tk_f16x2_absmax_nan(const unsigned* h, int n) {
 // steps k (0..4) of p / 2 above the binade's first code. Its exponent's two low bits plus x1_half's (x1_half = ((x + 1) & 3)
 // * 0x02020202 where the sums are those of tk_e2m1_word_of_f16x8, whose exponent is x + 1 short; 0 where it is not), twice,
 // are the binade's index. step_mask keeps k's three bits of the low byte (see tk_e2m1_word_of_f16x8). Element i in nibble i.
-// sixteen is 16 from a register the compiler cannot fold (see the kernel).
+// sixteen is 16 from a register the compiler cannot fold (sixteen_in_a_register in f16_lanes.py).
 __device__ __forceinline__ unsigned tk_e2m1_word_of_sums(const unsigned* s, unsigned step_mask, unsigned x1_half, unsigned sixteen) {
   // Element 2i is the low lane of s[i]: bytes of elements 0-3 and 4-7, low (the steps k) and high (sign, exponent).
   const unsigned k[2] = {__byte_perm(s[0], s[1], 0x6420) & step_mask, __byte_perm(s[2], s[3], 0x6420) & step_mask};

@@ -1,5 +1,5 @@
-"""per_token_requant's kernel: load a thread's chunks, then per chunk its amax, scale factor and codes, by the spec's
-path (e2m1_input, f16_lanes, or float32), and store them."""
+"""per_token_requant's kernel: load all of a thread's chunks, then take each through its spec's path (e2m1_input,
+f16_lanes, or scale's float32), which computes its amax, scale factor and codes and stores them."""
 
 from tilelang import language as T
 
