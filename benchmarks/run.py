@@ -369,7 +369,7 @@ def swiglu_forward_case(spec, tokens):
 
 def swiglu_channel_case(spec, tokens):
     """On a pointer for which the op takes the spec on this GPU: 32-byte aligned, else 16 bytes past such a boundary.
-    A spec the op takes for neither (the 32-byte kernel, sm_100a's choice, on an sm_90a GPU) is forced onto the
+    A spec the op takes for neither (the 32-byte kernel, SM100's choice, on an sm_90a GPU) is forced onto the
     aligned pointer, 'forced' in the label."""
     import tile_kernels_aot.quant.swiglu as ops
     tokens = max(tokens // 128 * 128, 128)

@@ -1,7 +1,7 @@
 """What ptxas recorded about a cubin's kernels: the per-thread local memory (stack frame) of each function.
 
 A nonzero frame means register spills or a local array that lives in memory: for these kernels, which keep
-their working set in registers by design, it is a regression the build should stop on (sm_100a's ptxas can spill
+their working set in registers by design, it is a regression the build should stop on (SM100's ptxas can spill
 code that sm_90a's keeps in registers). nvcc's -w would hide its spill warnings, and cuobjdump is
 not installed with nvcc on the build machine, so the numbers are read from the ELF: section `.nv.info` holds
 EIATTR_FRAME_SIZE records (attribute 0x11, format 4: a symbol index and a byte count).

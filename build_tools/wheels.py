@@ -3,7 +3,7 @@
   tile-kernels-aot          meta: depends on the runtime and on every arch wheel of this build
   tile-kernels-aot-runtime  the `tile_kernels_aot` package (pure Python; pyproject.toml at the repo root)
   tile-kernels-aot-sm90a    `tile_kernels_aot_sm90a`: manifest.json, cubins/, sources/ (needs the runtime)
-  tile-kernels-aot-sm100a   likewise for sm_100a
+  tile-kernels-aot-sm100f   likewise for sm_100f
 
 Names are plain PEP 440 versions with no local label, so PyPI accepts them; all are py3-none-any since
 a cubin does not depend on the host CPU. Each wheel is built by setuptools' PEP 517 backend from a staged

@@ -18,15 +18,21 @@ import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from tile_kernels_aot.targets import KNOWN_TARGETS
+from tile_kernels_aot.targets import KNOWN_TARGETS, family
 from tile_kernels_aot.manifest import ParamSchema, ParamValue, spec_file_stem, spec_key
 
 
 @dataclasses.dataclass(frozen=True)
 class Arch:
-    """An exact build target. ``sm_90a`` runs on compute capability 9.0 only, ``sm_100a`` on 10.0 only."""
+    """A build target: ``sm_90a`` runs on compute capability 9.0 only, ``sm_100f`` on the SM100 family (10.0
+    and 10.3). Per-arch tuning (register caps, vector widths) is keyed by ``family`` so that every target of
+    a family gets the same choices."""
 
-    target: str  # 'sm_90a', 'sm_100a'
+    target: str  # 'sm_90a', 'sm_100f'
+
+    @property
+    def family(self) -> str:
+        return family(self.target)
 
     @property
     def sm(self) -> int:

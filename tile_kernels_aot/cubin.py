@@ -25,5 +25,5 @@ def cubin_sm(data: bytes) -> int:
 
 
 def target_sm(target: str) -> int:
-    """'sm_90a' -> 90, 'sm_100a' -> 100."""
+    """'sm_90a' -> 90, 'sm_100f' -> 100."""
     return int(target[3:].rstrip('af'))

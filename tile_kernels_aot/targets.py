@@ -7,7 +7,9 @@ SASS compatibility rules (NVIDIA, CUDA 12.9+):
   sm_XYf   runs on the family: major X, minor >= Y (sm_100f on 10.0 and 10.3).
   sm_XY    runs on major X, minor >= Y.
 Among the installed targets that run on a device we prefer an exact 'a' target, then 'f', then plain,
-then the newest. tile-kernels-aot builds sm_90a (H100/H200/GH200) and sm_100a (B200/GB200).
+then the newest. tile-kernels-aot builds sm_90a (H100/H200/GH200, whose kernels may use Hopper-only
+instructions) and sm_100f (the Blackwell datacenter family: B200/GB200 at 10.0, B300/GB300 at 10.3). No
+kernel needs an instruction specific to 10.0: the sm_100f cubins have the SASS of sm_100a ones.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ import dataclasses
 import re
 from pathlib import Path
 
-KNOWN_TARGETS = ('sm_90a', 'sm_100a')
+KNOWN_TARGETS = ('sm_90a', 'sm_100f')
+# The GPUs each target serves, for the README and for UnsupportedDeviceError.
+SERVED_GPUS = {'sm_90a': 'H100, H200, GH200', 'sm_100f': 'B200, GB200, B300, GB300'}
 _TARGET_RE = re.compile(r'^sm_(\d+)([af]?)$')
 _PREFERENCE = {'a': 0, 'f': 1, '': 2}
 
@@ -27,6 +31,14 @@ def parse_target(target: str) -> tuple[int, int, str]:
         raise ValueError(f'bad target {target!r}: expected sm_<digits>[a|f], e.g. sm_90a')
     sm = int(match.group(1))
     return sm // 10, sm % 10, match.group(2)
+
+
+def family(target: str) -> str:
+    """The family a target belongs to, the key of per-arch tuning: sm_90a -> sm_90, sm_100a and sm_100f ->
+    sm_100 (the SASS of a family target and of its 'a' target agree wherever no arch-specific instruction is
+    used, and so do their register and vector trade-offs)."""
+    major, _, _ = parse_target(target)
+    return f'sm_{major}0'
 
 
 def package_for(target: str) -> str:
@@ -65,6 +77,11 @@ def choose_target(capability: tuple[int, int], installed: list[str]) -> tuple[st
     return best, reasons
 
 
+def _capabilities(target: str) -> str:
+    major, minor, suffix = parse_target(target)
+    return f'compute capability {major}.{minor}' if suffix == 'a' else f'compute capability {major}.{minor} to {major}.9'
+
+
 def cli_arch(target: str) -> str:
     """The name `python -m build_tools --arch` takes for a target: sm_90a -> sm90."""
     major, minor, _ = parse_target(target)
@@ -98,8 +115,8 @@ def install_advice(capability: tuple[int, int], checkout: Checkout | None = None
         if runs_on(target, capability)[0]:
             break
     else:
-        shipped = ', '.join(f'{t} (compute capability {".".join(map(str, parse_target(t)[:2]))})' for t in KNOWN_TARGETS)
-        return (f'tile-kernels-aot ships binaries for {shipped} only; this GPU needs a new target in '
+        shipped = '; '.join(f'{t} ({_capabilities(t)}: {SERVED_GPUS[t]})' for t in KNOWN_TARGETS)
+        return (f'tile-kernels-aot serves {shipped} only; this GPU needs a new target in '
                 'tile_kernels_aot/targets.py KNOWN_TARGETS (the build takes its arches from there), then a rebuild.')
     pypi = f'pip install {distribution_for(target)} (or pip install tile-kernels-aot for all arches)'
     if checkout is None:

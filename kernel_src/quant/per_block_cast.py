@@ -37,7 +37,7 @@ from kernel_src.quant.common import (
 
 NUM_THREADS = 256
 NUM_WARPS = NUM_THREADS // 32
-# Bytes a vector: 32 where the input's pointer and row stride allow (one 256-bit access on sm_100a, as upstream's
+# Bytes a vector: 32 where the input's pointer and row stride allow (one 256-bit access on SM100, as upstream's
 # casts use there; two 16-byte ones on sm_90a), else 16. A CTA row covers the same bytes either way, in half as many
 # lanes, so a warp covers twice the rows and a thread holds half as many vectors.
 VEC_BYTES = (16, 32)

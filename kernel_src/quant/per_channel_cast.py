@@ -68,7 +68,7 @@ MIN_BLOCKS = {'bfloat16': 4, 'float32': 4, 'float8_e4m3fn': 3}
 ROW_LINES_LAYOUT = Layout(rows=8, lanes_k=16, warps_k=1, vec_bytes=16)
 LAYOUT = {'bfloat16': ROW_LINES_LAYOUT, 'float32': ROW_LINES_LAYOUT, 'float8_e4m3fn': ROW_LINES_LAYOUT}
 
-# The e4m3 input is converted to float32 twice, for the amax and again for the cast. For sm_100a nvcc keeps the
+# The e4m3 input is converted to float32 twice, for the amax and again for the cast. For SM100 nvcc keeps the
 # first conversions (128 halves a thread) live until the cast instead, and would spill 400-550 bytes a thread at
 # 80 registers (and 136-176 at 128); sm_90a recomputes them. tk_opaque_vector, an empty asm that claims to change a
 # row's vector before its cast, makes the first conversions unusable there, at no instruction.

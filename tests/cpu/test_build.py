@@ -21,7 +21,7 @@ from tile_kernels_aot.manifest import manifest_from_json
 from .conftest import SUBSET, build_subset
 
 pytestmark = pytest.mark.build
-TARGETS = {'sm_90a': 90, 'sm_100a': 100}
+TARGETS = {'sm_90a': 90, 'sm_100f': 100}
 
 
 def wheel_metadata(path: Path) -> email.message.Message:
@@ -72,7 +72,7 @@ def test_wheels_contents_and_metadata(built):
     assert names == [
         'tile_kernels_aot-0.1.0-py3-none-any.whl',
         'tile_kernels_aot_runtime-0.1.0-py3-none-any.whl',
-        'tile_kernels_aot_sm100a-0.1.0-py3-none-any.whl',
+        'tile_kernels_aot_sm100f-0.1.0-py3-none-any.whl',
         'tile_kernels_aot_sm90a-0.1.0-py3-none-any.whl',
     ]
     for wheel in wheels:
@@ -82,13 +82,13 @@ def test_wheels_contents_and_metadata(built):
         assert meta['License-Expression'] == 'MIT'
     meta = wheel_metadata(wheels[0])
     assert sorted(meta.get_all('Requires-Dist')) == [
-        'tile-kernels-aot-runtime==0.1.0', 'tile-kernels-aot-sm100a==0.1.0', 'tile-kernels-aot-sm90a==0.1.0']
+        'tile-kernels-aot-runtime==0.1.0', 'tile-kernels-aot-sm100f==0.1.0', 'tile-kernels-aot-sm90a==0.1.0']
     runtime = wheel_metadata(wheels[1])
     assert any(r.startswith('torch') for r in runtime.get_all('Requires-Dist'))
     with zipfile.ZipFile(wheels[1]) as z:
         files = z.namelist()
         assert 'tile_kernels_aot/_launch.py' in files and not any('kernel_src' in f or 'build_tools' in f for f in files)
-    for wheel, target in ((wheels[3], 'sm90a'), (wheels[2], 'sm100a')):
+    for wheel, target in ((wheels[3], 'sm90a'), (wheels[2], 'sm100f')):
         assert wheel_metadata(wheel).get_all('Requires-Dist') == ['tile-kernels-aot-runtime==0.1.0']
         with zipfile.ZipFile(wheel) as z:
             files = set(z.namelist())

@@ -38,18 +38,18 @@ def test_full_flags_still_parse():
 
 @pytest.mark.parametrize('name, targets', [
     ('sm90', ['sm_90a']), ('sm90a', ['sm_90a']), ('sm_90a', ['sm_90a']), ('SM90A', ['sm_90a']), ('Sm_90A', ['sm_90a']),
-    ('sm100', ['sm_100a']), ('sm100a', ['sm_100a']), ('sm_100a', ['sm_100a']), ('SM_100A', ['sm_100a']),
-    ('all', ['sm_90a', 'sm_100a']), ('ALL', ['sm_90a', 'sm_100a']),
-    ('sm_100a,sm90', ['sm_100a', 'sm_90a']), ('sm90, sm90a', ['sm_90a']),
+    ('sm100', ['sm_100f']), ('sm100f', ['sm_100f']), ('sm_100f', ['sm_100f']), ('SM_100F', ['sm_100f']),
+    ('all', ['sm_90a', 'sm_100f']), ('ALL', ['sm_90a', 'sm_100f']),
+    ('sm_100f,sm90', ['sm_100f', 'sm_90a']), ('sm90, sm90a', ['sm_90a']),
 ])
 def test_every_spelling_of_an_arch_is_accepted(name, targets):
     assert [a.target for a in cli.parse_args(['--arch', name, '--no-wheels']).archs] == targets
 
 
-@pytest.mark.parametrize('name', ['sm80', 'sm_90', 'sm100f', 'hopper', ','])
+@pytest.mark.parametrize('name', ['sm80', 'sm_90', 'sm100a', 'hopper', ','])
 def test_unknown_arch_lists_the_accepted_names(capsys, name):
     err = usage_error(capsys, ['--arch', name])
-    assert 'accepted (case-insensitive, comma-separated): sm90, sm90a, sm_90a, sm100, sm100a, sm_100a, all' in err
+    assert 'accepted (case-insensitive, comma-separated): sm90, sm90a, sm_90a, sm100, sm100f, sm_100f, all' in err
 
 
 def test_progress_reports_elapsed_time_and_an_estimate():
@@ -91,7 +91,7 @@ def test_nvcc_phase_prints_a_heading_progress_and_the_time_per_cubin(tmp_path, c
 
 
 def test_no_wheels_says_where_the_binaries_are(tmp_path, monkeypatch, capsys):
-    manifests = {t: tmp_path / 'build' / t / 'manifest.json' for t in ('sm_90a', 'sm_100a')}
+    manifests = {t: tmp_path / 'build' / t / 'manifest.json' for t in ('sm_90a', 'sm_100f')}
     monkeypatch.setattr(build_module, 'plan', lambda args: [])
     monkeypatch.setattr(build_module, 'toolchain', lambda: {'tilelang': '0.1.15', 'nvcc': '13.0.88'})
     monkeypatch.setattr(build_module, '_lower_stale', lambda *a: None)
@@ -101,9 +101,9 @@ def test_no_wheels_says_where_the_binaries_are(tmp_path, monkeypatch, capsys):
     args = cli.parse_args(['--arch', 'all', '--no-wheels', '--build-dir', str(tmp_path / 'build')])
     assert build_module.build(args) == []
     out = capsys.readouterr().out
-    folders = f"{tmp_path / 'build' / 'sm_100a'}:{tmp_path / 'build' / 'sm_90a'}"
+    folders = f"{tmp_path / 'build' / 'sm_100f'}:{tmp_path / 'build' / 'sm_90a'}"
     assert (f"no wheels (--no-wheels); manifest.json, cubins/ and sources/ of each target are in:\n"
-            f"  {tmp_path / 'build' / 'sm_100a'}\n  {tmp_path / 'build' / 'sm_90a'}\n"
+            f"  {tmp_path / 'build' / 'sm_100f'}\n  {tmp_path / 'build' / 'sm_90a'}\n"
             f"to load them: export TILE_KERNELS_AOT_KERNEL_DIRS={folders}\n") in out
 
 

@@ -32,14 +32,14 @@ def make_checkout(root: Path, built=(), wheels=(), half_built=()) -> Path:
 
 def test_a_checkout_is_found_with_what_it_holds(tmp_path):
     assert targets.find_checkout(tmp_path) is None  # e.g. site-packages
-    root = make_checkout(tmp_path / 'repo', built=['sm_90a'], wheels=['sm_100a'], half_built=['sm_100a'])
-    assert targets.find_checkout(root) == targets.Checkout(root, built=('sm_90a',), wheels=('sm_100a',))
+    root = make_checkout(tmp_path / 'repo', built=['sm_90a'], wheels=['sm_100f'], half_built=['sm_100f'])
+    assert targets.find_checkout(root) == targets.Checkout(root, built=('sm_90a',), wheels=('sm_100f',))
     assert targets.find_checkout(REPO_ROOT) is not None
 
 
 def test_tests_load_the_checkouts_build_when_the_environment_names_nothing(tmp_path):
-    root = make_checkout(tmp_path, built=['sm_90a', 'sm_100a'])
-    assert local_kernel_dirs(root, {}) == [root / 'build' / 'sm_90a', root / 'build' / 'sm_100a']
+    root = make_checkout(tmp_path, built=['sm_90a', 'sm_100f'])
+    assert local_kernel_dirs(root, {}) == [root / 'build' / 'sm_90a', root / 'build' / 'sm_100f']
     assert local_kernel_dirs(root, {KERNEL_DIRS_ENV: '/elsewhere/sm_90a'}) == []
     assert local_kernel_dirs(root, {KERNEL_DIRS_ENV: ''}) == []  # set but empty: the installed packages only
 
@@ -51,11 +51,11 @@ def test_tests_use_installed_packages_without_a_build(tmp_path):
 
 def test_header_names_the_binaries(tmp_path, monkeypatch):
     root = make_checkout(tmp_path / 'repo', built=['sm_90a'])
-    site = make_checkout(tmp_path / 'site', built=['sm_100a']) / 'build'  # an installed package holds a manifest alike
-    monkeypatch.setattr(_select, 'find_arch_package', lambda target: site / target if target == 'sm_100a' else None)
+    site = make_checkout(tmp_path / 'site', built=['sm_100f']) / 'build'  # an installed package holds a manifest alike
+    monkeypatch.setattr(_select, 'find_arch_package', lambda target: site / target if target == 'sm_100f' else None)
     monkeypatch.setenv(KERNEL_DIRS_ENV, str(root / 'build' / 'sm_90a'))
     assert binaries_line() == (f"binaries: sm_90a {root / 'build' / 'sm_90a'}, 0 spec(s) of 0 kernel(s); "
-                               f"sm_100a {site / 'sm_100a'} (tile-kernels-aot-sm100a), 0 spec(s) of 0 kernel(s)")
+                               f"sm_100f {site / 'sm_100f'} (tile-kernels-aot-sm100f), 0 spec(s) of 0 kernel(s)")
     monkeypatch.setattr(_select, 'find_arch_package', lambda target: None)
     monkeypatch.setenv(KERNEL_DIRS_ENV, '')
     assert binaries_line() == 'binaries: none (python -m build_tools --arch all builds them into build/, which the tests then load)'
@@ -78,19 +78,20 @@ def test_advice_in_a_fresh_checkout_is_the_build_command(tmp_path):
 
 
 def test_advice_in_a_built_checkout_names_build_and_dist(tmp_path):
-    checkout = targets.Checkout(tmp_path, built=('sm_100a',), wheels=('sm_100a',))
+    checkout = targets.Checkout(tmp_path, built=('sm_100f',), wheels=('sm_100f',))
     assert targets.install_advice((10, 0), checkout) == (
         f'In this development checkout ({tmp_path}):\n'
-        f'  use its build: TILE_KERNELS_AOT_KERNEL_DIRS={tmp_path / "build" / "sm_100a"} (python -m pytest in the checkout sets it itself)\n'
+        f'  use its build: TILE_KERNELS_AOT_KERNEL_DIRS={tmp_path / "build" / "sm_100f"} (python -m pytest in the checkout sets it itself)\n'
         f'  install its wheels: pip install --find-links {tmp_path / "dist"} tile-kernels-aot\n'
-        'Released binaries: pip install tile-kernels-aot-sm100a (or pip install tile-kernels-aot for all arches).')
+        'Released binaries: pip install tile-kernels-aot-sm100f (or pip install tile-kernels-aot for all arches).')
     # The other arch's build does not serve this GPU: build it.
     assert '--arch sm90,' in targets.install_advice((9, 0), checkout)
 
 
 def test_advice_for_a_gpu_no_target_serves():
     assert targets.install_advice((8, 0), targets.Checkout(Path('/repo'))) == (
-        'tile-kernels-aot ships binaries for sm_90a (compute capability 9.0), sm_100a (compute capability 10.0) only; '
+        'tile-kernels-aot serves sm_90a (compute capability 9.0: H100, H200, GH200); '
+        'sm_100f (compute capability 10.0 to 10.9: B200, GB200, B300, GB300) only; '
         'this GPU needs a new target in tile_kernels_aot/targets.py KNOWN_TARGETS (the build takes its arches from there), '
         'then a rebuild.')
 

@@ -32,7 +32,7 @@ def test_choice_prefers_exact_then_family_then_plain():
 @pytest.fixture
 def fake_device(built, monkeypatch):
     """Installs the subset build through the environment and fakes device 0's name and capability."""
-    dirs = f"{built / 'build' / 'sm_90a'}:{built / 'build' / 'sm_100a'}"
+    dirs = f"{built / 'build' / 'sm_90a'}:{built / 'build' / 'sm_100f'}"
     monkeypatch.setenv(_select.KERNEL_DIRS_ENV, dirs)
     facts = {}
     monkeypatch.setattr(_select, 'device_facts', lambda index: facts[index])
@@ -41,7 +41,7 @@ def fake_device(built, monkeypatch):
     _select.reset()
 
 
-@pytest.mark.parametrize('capability, target', [((9, 0), 'sm_90a'), ((10, 0), 'sm_100a')])
+@pytest.mark.parametrize('capability, target', [((9, 0), 'sm_90a'), ((10, 0), 'sm_100f'), ((10, 3), 'sm_100f')])
 def test_selects_by_compute_capability(fake_device, capability, target):
     fake_device[0] = ('NVIDIA Fake', capability)
     package = _select.package_for_device(0)
@@ -58,8 +58,37 @@ def test_unsupported_device_error_names_everything(fake_device):
         _select.package_for_device(0)
     message = str(info.value)
     assert 'NVIDIA A100-SXM4-80GB (compute capability 8.0)' in message
-    assert 'sm_90a' in message and 'sm_100a' in message
-    assert 'ships binaries for sm_90a (compute capability 9.0), sm_100a (compute capability 10.0) only' in message
+    assert 'sm_90a: rejected (sm_90a runs only on compute capability 9.0)' in message
+    assert 'sm_100f: rejected (sm_100f runs on compute capability 10.0 to 10.9)' in message
+    assert ('serves sm_90a (compute capability 9.0: H100, H200, GH200); '
+            'sm_100f (compute capability 10.0 to 10.9: B200, GB200, B300, GB300) only') in message
+
+
+# The release's targets against every compute capability a current NVIDIA datacenter or workstation part has, with
+# the reason the loader gives: Hopper 9.0, Blackwell datacenter 10.0 (B200, GB200) and 10.3 (B300, GB300) are served;
+# Thor 11.0, RTX 50-series / RTX PRO 12.0, DGX Spark 12.1 and A100 8.0 are not.
+@pytest.mark.parametrize('capability, served_by', [
+    ((9, 0), 'sm_90a'), ((10, 0), 'sm_100f'), ((10, 3), 'sm_100f'), ((11, 0), None), ((12, 0), None), ((12, 1), None),
+    ((8, 0), None),
+])
+def test_release_targets_by_compute_capability(capability, served_by):
+    target, reasons = targets.choose_target(capability, list(targets.KNOWN_TARGETS))
+    assert target == served_by
+    cc = f'{capability[0]}.{capability[1]}'
+    assert reasons == [
+        f'sm_90a: {"accepted" if capability == (9, 0) else "rejected"} (sm_90a runs only on compute capability 9.0)',
+        f'sm_100f: {"accepted" if capability[0] == 10 else "rejected"} (sm_100f runs on compute capability 10.0 to 10.9)',
+    ], cc
+    advice = targets.install_advice(capability)
+    if served_by:
+        assert f'pip install {targets.distribution_for(served_by)}' in advice
+    else:
+        assert 'H100, H200, GH200' in advice and 'B200, GB200, B300, GB300' in advice
+
+
+def test_tuning_family():
+    assert [targets.family(t) for t in ('sm_90a', 'sm_100a', 'sm_100f', 'sm_103a', 'sm_120f')] == [
+        'sm_90', 'sm_100', 'sm_100', 'sm_100', 'sm_120']
 
 
 def test_missing_arch_package_names_the_package_to_install(built, monkeypatch):
@@ -68,7 +97,7 @@ def test_missing_arch_package_names_the_package_to_install(built, monkeypatch):
     monkeypatch.setattr(_select, 'find_arch_package', lambda target: None)  # ignore arch wheels installed here
     _select.reset()
     try:
-        with pytest.raises(UnsupportedDeviceError, match='pip install tile-kernels-aot-sm100a'):
+        with pytest.raises(UnsupportedDeviceError, match='pip install tile-kernels-aot-sm100f'):
             _select.package_for_device(0)
     finally:
         _select.reset()
@@ -149,7 +178,8 @@ def test_ops_validate_before_touching_a_device():
 
 
 @pytest.mark.parametrize('capability, offset, vec_bytes', [
-    ((10, 0), 0, 32),  # sm_100a: one 256-bit load a vector
+    ((10, 0), 0, 32),  # SM100: one 256-bit load a vector
+    ((10, 3), 0, 32),
     ((10, 0), 8, 16),  # the pointer 16 bytes past a 32-byte boundary
     ((9, 0), 0, 16),  # sm_90a: a 32-byte vector is two 16-byte loads there, no faster than the 16-byte kernel
     ((9, 0), 8, 16),
@@ -168,7 +198,7 @@ def test_per_channel_swiglu_vector_width_by_device_and_pointer(fake_device, capa
 
 
 @pytest.mark.parametrize('dtype, offset, rows, width, vec_bytes', [
-    (torch.float8_e4m3fn, 0, 8, 7168, 32),  # a whole e4m3 chunk a load (one 256-bit load on sm_100a)
+    (torch.float8_e4m3fn, 0, 8, 7168, 32),  # a whole e4m3 chunk a load (one 256-bit load on SM100)
     (torch.float8_e4m3fn, 16, 8, 7168, 16),  # the pointer 16 bytes past a 32-byte boundary
     (torch.float8_e4m3fn, 0, 8, 7168 + 16, 16),  # rows of 16-byte multiples
     (torch.float8_e4m3fn, 16, 1, 7168, 16),  # one row: only the pointer counts

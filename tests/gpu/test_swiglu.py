@@ -55,7 +55,7 @@ def swiglu_input(num_rows: int, hidden: int, dtype: torch.dtype) -> torch.Tensor
 def channel_input(spec: dict, x: torch.Tensor, monkeypatch) -> torch.Tensor:
     """A contiguous copy of x from a pointer 32-byte aligned (the per-channel cast's 32-byte vectors) or 16 bytes past
     such a boundary (its 16-byte vectors), with the op made to take the spec whatever this GPU's choice (an H200 runs
-    the 32-byte kernel, sm_100a's choice, only so)."""
+    the 32-byte kernel, SM100's choice, only so)."""
     monkeypatch.setattr(swiglu_ops, 'swiglu_forward_and_per_channel_cast_spec', lambda *args: dict(spec))
     return copy_at(x, 0 if spec['vec_bytes'] == 32 else 16 // x.element_size())
 

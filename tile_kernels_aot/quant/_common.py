@@ -16,7 +16,7 @@ IN_DTYPES = {torch.bfloat16: 'bfloat16', torch.float32: 'float32'}  # high-preci
 OUT_DTYPES = {'bf16': torch.bfloat16, 'fp32': torch.float32}  # cast_back's fmt -> output dtype
 FORMATS = ('e4m3', 'e2m1')
 VECTOR_BYTES = 16
-# per_token_cast's flat kernel, per_block_cast and (on sm_100a) the per-channel SwiGLU cast, where the input's
+# per_token_cast's flat kernel, per_block_cast and (on SM100) the per-channel SwiGLU cast, where the input's
 # alignment allows (their VEC_BYTES, CH_VEC_BYTES)
 WIDE_VECTOR_BYTES = 32
 MAX_GRID_Y = MAX_GRID[1]

@@ -154,7 +154,7 @@ def _requantize(op: str, x: object, fmt: str, num_per_channels: int, x_block_siz
 
 def per_token_requant_spec(data: torch.Tensor, fmt: str, in_packed: bool, packed: bool) -> dict:
     """The spec of per_token_requant that serves the (checked) quantised ``data``: e4m3 data takes 32-byte vectors (a
-    whole chunk a load: one 256-bit load on sm_100a, two 16-byte ones on sm_90a, the 16-byte kernel's own code there)
+    whole chunk a load: one 256-bit load on SM100, two 16-byte ones on sm_90a, the 16-byte kernel's own code there)
     where its pointer and row stride are 32-byte aligned, else 16-byte ones; e2m1 data, 16-byte chunks, the latter."""
     in_fmt = 'e2m1' if data.dtype == torch.int8 else 'e4m3'
     return dict(in_fmt=in_fmt, fmt=fmt, in_sf_format=sf_format(in_packed), sf_format=sf_format(packed),

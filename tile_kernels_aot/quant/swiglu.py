@@ -26,7 +26,7 @@ from typing import Optional
 
 import torch
 
-from tile_kernels_aot import _checks, config
+from tile_kernels_aot import _checks, config, targets
 from tile_kernels_aot._select import find_kernel, kernel_constant, package_for_device, prebuilt_specs
 from tile_kernels_aot.quant._common import (
     IN_DTYPES, MAX_GRID_Y, VECTOR_BYTES, QuantTensor, alloc_sf, check_bool, check_e4m3, check_sf_flags, dtype_name, magic, sf_format,
@@ -225,17 +225,17 @@ def swiglu_forward_and_per_token_cast(
     return out, returned
 
 
-# Targets whose per-channel SwiGLU cast takes 32-byte vectors where x allows: one 256-bit load each on sm_100a
-# (upstream's choice on SM100). On sm_90a a 32-byte vector is two 16-byte loads, and the 32-byte kernel is no faster
+# Families whose per-channel SwiGLU cast takes 32-byte vectors where x allows: one 256-bit load each on SM100
+# (upstream's choice there). On sm_90a a 32-byte vector is two 16-byte loads, and the 32-byte kernel is no faster
 # there than the 16-byte one on the same input (slower untransposed), so sm_90a keeps 16-byte vectors.
-_CHANNEL_WIDE_TARGETS = ('sm_100a',)
+_CHANNEL_WIDE_FAMILIES = ('sm_100',)
 
 
 def swiglu_forward_and_per_channel_cast_spec(x: torch.Tensor, without_transpose: bool, target: str) -> dict:
     """The prebuilt spec of the per-channel SwiGLU cast that serves the (checked) ``x`` on a GPU that runs the
     ``target`` binaries: 32-byte vectors on the targets that gain from them where x's pointer is 32-byte aligned (its
     rows always are), else 16-byte ones."""
-    wide = target in _CHANNEL_WIDE_TARGETS
+    wide = targets.family(target) in _CHANNEL_WIDE_FAMILIES
     return dict(transpose=not without_transpose, vec_bytes=vector_bytes(x) if wide else VECTOR_BYTES)
 
 

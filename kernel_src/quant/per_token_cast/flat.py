@@ -15,7 +15,7 @@ from kernel_src.quant.token_sf import bf16_amax_into, sf_flat_view, store_token_
 NUM_THREADS = 128
 NUM_VECTORS = 4  # 16-byte vectors per thread: 64 bytes of loads in flight
 # Bytes a vector: 32 where the input's pointer and row stride allow, else 16. tilelang lowers a thread's 32 aligned
-# bytes to one LDG / STG.E.ENL2.256 on sm_100a (upstream's casts use 256-bit accesses there) and to two 16-byte ones
+# bytes to one LDG / STG.E.ENL2.256 on SM100 (upstream's casts use 256-bit accesses there) and to two 16-byte ones
 # on sm_90a, where the 32-byte kernels are still faster: two vectors a thread instead of four, so half the per-vector
 # work (indices, masks, butterflies, scale factors) per byte.
 VEC_BYTES = (16, 32)
@@ -25,8 +25,8 @@ VEC_BYTES = (16, 32)
 # does not touch them; at 64 the unaligned bf16 e4m3 one spills 16 bytes. Every e2m1 kernel fits 64 registers (8 CTAs)
 # without a spill, its encoding unclamped (E2M1_UNCLAMPED_BOUND); at 56 registers (9 CTAs) the bf16 ones spill.
 FLAT_MIN_BLOCKS, E2M1_MIN_BLOCKS = 6, 8
-# sm_100a's ptxas spills the bf16 e2m1 kernels with float32 scale factors at 64 registers (8 and 24 bytes a thread).
-E2M1_MIN_BLOCKS_BY_TARGET = {('sm_100a', 'bfloat16', 'f32'): 7}
+# SM100's ptxas spills the bf16 e2m1 kernels with float32 scale factors at 64 registers (8 and 24 bytes a thread).
+E2M1_MIN_BLOCKS_BY_FAMILY = {('sm_100', 'bfloat16', 'f32'): 7}
 # The unaligned bf16 kernel's loads: a vector's eight elements as the five aligned words that cover them, funnelled
 # into place by byte permutes (kernel_src/cuda/unaligned_bf16.cuh). Eight 2-byte loads a vector, each instruction of a
 # warp touching the same 512 bytes, leave the kernel far below copy bandwidth; its integer pipe is its bound, which the
@@ -279,7 +279,7 @@ def build_flat(arch: Arch, in_dtype: str, fmt: str, sf_format: str, aligned: boo
     fp4 = fmt == 'e2m1'
     packed = sf_format == 'ue8m0'
     num_vectors = num_vectors or NUM_VECTORS * 16 // vec_bytes
-    min_blocks = E2M1_MIN_BLOCKS_BY_TARGET.get((arch.target, in_dtype, sf_format), E2M1_MIN_BLOCKS) if fp4 else FLAT_MIN_BLOCKS
+    min_blocks = E2M1_MIN_BLOCKS_BY_FAMILY.get((arch.family, in_dtype, sf_format), E2M1_MIN_BLOCKS) if fp4 else FLAT_MIN_BLOCKS
     num_tokens, hidden, row_stride, num_sf_blocks, num_sf_words, out_type, out_dtype, sf_type = buffer_types(fp4, packed)
     f = Flat(in_dtype, fp4, packed, aligned, epv, num_threads, num_vectors, num_tokens, hidden, row_stride, num_sf_blocks, num_sf_words)
 

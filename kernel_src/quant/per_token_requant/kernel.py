@@ -10,7 +10,7 @@ from kernel_src.quant.nibbles import PRMT_PRELUDE
 from kernel_src.quant.per_token_requant.e2m1_input import requant_e2m1_chunk
 from kernel_src.quant.per_token_requant.f16_lanes import E4M3_TO_E2M1_F16_PRELUDE, requant_f16_chunk
 from kernel_src.quant.per_token_requant.layout import (
-    CHUNK, MIN_BLOCKS, MIN_BLOCKS_BY_TARGET, NUM_THREADS, TILE_CHUNKS, TILE_ROWS, VEC_BYTES, ChunkSite, Dims, Paths, load_chunk,
+    CHUNK, MIN_BLOCKS, MIN_BLOCKS_BY_FAMILY, NUM_THREADS, TILE_CHUNKS, TILE_ROWS, VEC_BYTES, ChunkSite, Dims, Paths, load_chunk,
 )
 from kernel_src.quant.per_token_requant.scale import requant_f32_chunk
 from kernel_src.quant.token_sf import sf_flat_view
@@ -63,7 +63,7 @@ def build(arch: Arch, in_fmt: str, fmt: str, in_sf_format: str, sf_format: str, 
             if tiled and packed:
                 T.assume(sf_word_stride % 4 == 0)  # bytes of int32 words: a word is one 32-bit store
             if spec in MIN_BLOCKS:
-                T.annotate_min_blocks_per_sm(MIN_BLOCKS_BY_TARGET.get((arch.target, *spec, vec_bytes), MIN_BLOCKS[spec]))
+                T.annotate_min_blocks_per_sm(MIN_BLOCKS_BY_FAMILY.get((arch.family, *spec, vec_bytes), MIN_BLOCKS[spec]))
             tid = T.get_thread_binding()
             # Load: where the thread's chunks lie, and all of their bytes and input scale factors.
             all_data = T.alloc_local((per_thread * in_bytes,), in_dtype)

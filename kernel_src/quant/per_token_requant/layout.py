@@ -31,7 +31,7 @@ CHUNKS_PER_THREAD = {('e4m3', 'e2m1', sf): 2 for sf in SF_FORMATS}
 # more).
 STRIDED_BUFFERS = {('e4m3', 'e4m3')}
 # Bytes of x a vector load takes (compile time, vec_bytes): 32, a whole chunk of e4m3 input, is one 256-bit load on
-# sm_100a, a whole 32-byte sector, for an x whose pointer and row stride are 32-byte aligned; 16 takes any 16-byte
+# SM100, a whole 32-byte sector, for an x whose pointer and row stride are 32-byte aligned; 16 takes any 16-byte
 # aligned x (the op's choice: tile_kernels_aot.quant.per_token.per_token_requant_spec). On sm_90a a 32-byte vector is
 # two 16-byte loads, and ptxas gives both widths the same SASS. An e2m1 chunk is 16 bytes: 16 only.
 VEC_BYTES = (16, 32)
@@ -46,12 +46,12 @@ MIN_BLOCKS = {
     **{('e4m3', 'e2m1', sf): 10 for sf in SF_FORMATS},
     **{('e2m1', fmt, sf): 16 for fmt in FORMATS for sf in SF_FORMATS},
 }
-# sm_100a's ptxas spills e4m3 -> e2m1 at 48 registers (8 bytes a thread) with float32 scale factors, and with packed
-# UE8M0 ones from 32-byte vectors; by (target, in_fmt, fmt, in_sf_format, vec_bytes).
-MIN_BLOCKS_BY_TARGET = {
-    ('sm_100a', 'e4m3', 'e2m1', 'f32', 16): 9,
-    ('sm_100a', 'e4m3', 'e2m1', 'f32', 32): 8,
-    ('sm_100a', 'e4m3', 'e2m1', 'ue8m0', 32): 9,
+# SM100's ptxas spills e4m3 -> e2m1 at 48 registers (8 bytes a thread) with float32 scale factors, and with packed
+# UE8M0 ones from 32-byte vectors; by (family, in_fmt, fmt, in_sf_format, vec_bytes).
+MIN_BLOCKS_BY_FAMILY = {
+    ('sm_100', 'e4m3', 'e2m1', 'f32', 16): 9,
+    ('sm_100', 'e4m3', 'e2m1', 'f32', 32): 8,
+    ('sm_100', 'e4m3', 'e2m1', 'ue8m0', 32): 9,
 }
 
 

@@ -34,7 +34,7 @@ CH_NUM_SEGMENTS = CH_TOKENS // CH_SEGMENT
 # vector's 8 elements, which needs more registers than one element's chain at a time (at 48 nvcc spills), and a warp
 # with 8 independent chains needs fewer warps to hide the latency.
 CH_MIN_BLOCKS = 4
-# Bytes of x a vector of the load phase. The op takes 32 on sm_100a, where x's rows (4 * hidden bytes, hidden a
+# Bytes of x a vector of the load phase. The op takes 32 on SM100, where x's rows (4 * hidden bytes, hidden a
 # multiple of 64) are 32-byte aligned: one 256-bit load, as upstream's per-channel SwiGLU on SM100. Elsewhere 16
 # (tile_kernels_aot.quant.swiglu); the GPU tests run both.
 CH_VEC_BYTES = (16, 32)

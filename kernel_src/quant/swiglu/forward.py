@@ -37,7 +37,7 @@ from kernel_src.quant.swiglu.layout import (
     BLOCK,
     FWD_ELEMENTS,
     FWD_MIN_BLOCKS,
-    FWD_MIN_BLOCKS_BY_TARGET,
+    FWD_MIN_BLOCKS_BY_FAMILY,
     FWD_THREADS,
     LANES,
     ROW_THREADS,
@@ -83,7 +83,7 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool, row_
     # The bf16 flat kernel runs one CTA of TABLE_THREADS an SM (the table is built once a CTA), with the same
     # 64-register budget and 8 warps a scheduler as 4 CTAs of 256.
     threads = row_threads if per_row else TABLE_THREADS if words else FWD_THREADS
-    min_blocks = max(1, FWD_MIN_BLOCKS_BY_TARGET.get((arch.target, in_dtype), FWD_MIN_BLOCKS[in_dtype]) * FWD_THREADS // threads)
+    min_blocks = max(1, FWD_MIN_BLOCKS_BY_FAMILY.get((arch.family, in_dtype), FWD_MIN_BLOCKS[in_dtype]) * FWD_THREADS // threads)
     num_rows = T.dynamic('num_rows')
     width = T.dynamic('width')
     hidden = T.dynamic('hidden')

@@ -26,9 +26,9 @@ LANES_LOG2 = LANES.bit_length() - 1
 DEAL_WARPS = 4
 # CTAs per SM the flat kernels' register allocation must allow (the op asks the driver how many fit and makes its
 # persistent grid that many per SM): bf16 fits 64 registers; fp32 holds twice the loaded bytes and needs 80, at which
-# sm_100a's ptxas spills, so it gets 2 CTAs of 256 there.
+# SM100's ptxas spills, so it gets 2 CTAs of 256 there.
 FWD_MIN_BLOCKS = {'bfloat16': 4, 'float32': 3}
-FWD_MIN_BLOCKS_BY_TARGET = {('sm_100a', 'float32'): 2}
+FWD_MIN_BLOCKS_BY_FAMILY = {('sm_100', 'float32'): 2}
 # per_row CTA sizes, rows of up to 16 * row_threads. bf16 runs the silu-table kernel (1024 threads, 64 registers).
 # fp32 ships 256 threads at the flat fp32 kernel's 80 registers, and 512, which needs about 120 registers, so one CTA
 # an SM; 1024 threads would have to fit 64 registers and spill.
