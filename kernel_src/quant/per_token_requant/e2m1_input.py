@@ -15,7 +15,7 @@ from kernel_src.quant.nibbles import (
     CODE_MAGNITUDES, byte_perm, e2m1_word_through_table, halving_steps_of_largest, largest_magnitude, table_bytes_of_codes, table_word,
 )
 from kernel_src.quant.per_token_requant.layout import ChunkSite, Dims, Paths, store_chunk_sf, store_codes
-from kernel_src.quant.per_token_requant.scale import biased_exponent, chunk_scale, encode_word, input_scale, power_of_two_between
+from kernel_src.quant.per_token_requant.scale import biased_exponent, encode_word, power_of_two_between, site_chunk_scale, site_chunk_scale_byte
 
 # e2m1 input decoded through halves: every e2m1 magnitude (0, 0.5, 1, 1.5, 2, 3, 4, 6) is a half whose low byte is
 # zero, so four codes' high bytes come from one byte-table lookup (kernel_src.quant.nibbles), two permutes interleave
@@ -175,10 +175,9 @@ def requant_e2m1_chunk(p: Paths, d: Dims, site: ChunkSite, data, values, amax, s
         else:
             largest = largest_magnitude([magnitudes[w] for w in range(p.in_bytes // 4)])
             amax[0] = e2m1_value(largest)
-            chunk_scale(p, amax, input_scale(p, site.scales[site.k]), sf, multiplier, factor, site.npc_log2, site.round_sf)
-            sf_exponent = T.Cast('int32', sf[0])
+            site_chunk_scale_byte(p, site, amax, sf, multiplier, factor, sf_exponent)
     else:
-        chunk_scale(p, amax, input_scale(p, site.scales[site.k]), sf, multiplier, factor, site.npc_log2, site.round_sf)
+        site_chunk_scale(p, site, amax, sf, multiplier, factor)
     store_chunk_sf(p, d, site, sf_exponent if p.integer_sf else sf[0])
 
     codes = T.alloc_local((p.out_bytes // 4,), T.uint32)

@@ -10,7 +10,7 @@ from tilelang import language as T
 from kernel_src.cuda import prelude
 from kernel_src.quant.common import FORMATS, e2m1_word, let, pow2_scale_carry, products_bounded
 from kernel_src.quant.per_token_requant.layout import CHUNK, ChunkSite, Dims, Paths, store_chunk_sf, store_codes
-from kernel_src.quant.per_token_requant.scale import biased_exponent, chunk_scale, input_scale, power_of_two_between
+from kernel_src.quant.per_token_requant.scale import biased_exponent, power_of_two_between, site_chunk_scale, site_chunk_scale_byte
 
 # UE8M0 in and out and a block of one chunk: with the chunk's amax = M 2^a (M in [1, 2), three mantissa bits, a in
 # [-9, 8]) and the input's byte b (scale 2^(b - 127)), block_scale's byte is pow2_scale_exponent's
@@ -165,10 +165,9 @@ def requant_f16_chunk(p: Paths, d: Dims, site: ChunkSite, data, values, amax, sf
         if warp_exponents:
             factor = T.reinterpret(T.Cast('uint32', 127 - amax_shift) << T.uint32(23), T.float32)
         else:
-            chunk_scale(p, amax, input_scale(p, site.scales[site.k]), sf, multiplier, factor, site.npc_log2, site.round_sf)
-            sf_exponent = T.Cast('int32', sf[0])
+            site_chunk_scale_byte(p, site, amax, sf, multiplier, factor, sf_exponent)
     else:
-        chunk_scale(p, amax, input_scale(p, site.scales[site.k]), sf, multiplier, factor, site.npc_log2, site.round_sf)
+        site_chunk_scale(p, site, amax, sf, multiplier, factor)
     store_chunk_sf(p, d, site, sf_exponent if p.integer_sf else sf[0])
 
     codes = T.alloc_local((p.out_bytes // 4,), T.uint32)

@@ -43,6 +43,19 @@ def chunk_scale(p: Paths, amax, scale, sf, multiplier, factor: T.Ref, npc_log2, 
 
 
 @T.macro
+def site_chunk_scale(p: Paths, site: ChunkSite, amax, sf, multiplier, factor: T.Ref):
+    """chunk_scale with the input scale, block width and round_sf of the chunk at `site`."""
+    chunk_scale(p, amax, input_scale(p, site.scales[site.k]), sf, multiplier, factor, site.npc_log2, site.round_sf)
+
+
+@T.macro
+def site_chunk_scale_byte(p: Paths, site: ChunkSite, amax, sf, multiplier, factor: T.Ref, sf_exponent: T.Ref):
+    """site_chunk_scale, and the scale factor's byte in sf_exponent: an integer_sf chunk off its exponent path."""
+    site_chunk_scale(p, site, amax, sf, multiplier, factor)
+    sf_exponent = T.Cast('int32', sf[0])  # noqa: F841  (a store to the caller's variable, through the T.Ref)
+
+
+@T.macro
 def amax_of_values(data, values, amax):
     """values = the float32 of the e4m3 chunk, amax[0] = their largest magnitude (NaNs skipped)."""
     for e in T.vectorized(CHUNK):
@@ -79,7 +92,7 @@ def requant_f32_chunk(p: Paths, d: Dims, site: ChunkSite, data, values, amax, sf
     element, and the stores."""
     amax_of_values(data, values, amax)
     factor = T.alloc_var(T.float32)
-    chunk_scale(p, amax, input_scale(p, site.scales[site.k]), sf, multiplier, factor, site.npc_log2, site.round_sf)
+    site_chunk_scale(p, site, amax, sf, multiplier, factor)
     store_chunk_sf(p, d, site, sf[0])
 
     codes = T.alloc_local((p.out_bytes // 4,), T.uint32)
