@@ -64,18 +64,26 @@ def _contiguous_strides(shape: list[Any]) -> list[Any]:
     return list(reversed(strides))
 
 
+def buffer_name(param: tirx.Var) -> str:
+    """A buffer's name in the manifest: its parameter's name in the program's signature (tilelang names the handle
+    `<name>_handle`). The buffer object may carry another name: a body that binds a parameter to a new name
+    (`x_in = x if strided else T.Tensor(...)`) renames the buffer itself, and the op passes tensors by the
+    signature's names."""
+    return param.name.removesuffix('_handle')
+
+
 def _buffers(func: tirx.PrimFunc, alignment: dict[str, int]) -> list[dict]:
     out = []
     for p in func.params:
         if p not in func.buffer_map:
             continue
-        buf = func.buffer_map[p]
+        buf, name = func.buffer_map[p], buffer_name(p)
         shape = [to_expr(d) for d in buf.shape]
         strides = [to_expr(s) for s in buf.strides] if len(buf.strides) else _contiguous_strides(shape)
         dtype = _DTYPE_NAMES.get(str(buf.dtype))
         if dtype is None:
-            raise LoweringError(f'buffer {buf.name}: dtype {buf.dtype} has no manifest name')
-        out.append(dict(name=buf.name, dtype=dtype, shape=shape, strides=strides, alignment=int(alignment.get(buf.name, 16))))
+            raise LoweringError(f'buffer {name}: dtype {buf.dtype} has no manifest name')
+        out.append(dict(name=name, dtype=dtype, shape=shape, strides=strides, alignment=int(alignment.get(name, 16))))
     return out
 
 
@@ -165,7 +173,7 @@ def lower(decl: KernelDecl, params: dict, arch: Arch) -> Lowered:
     with target, tvm.transform.PassContext(opt_level=3, config=dict(decl.pass_configs)):
         art = tilelang.lower(func, target=target)
     buffers = _buffers(func, dict(program.alignment))
-    data_to_buffer = {func.buffer_map[p].data.name: func.buffer_map[p].name for p in func.params if p in func.buffer_map}
+    data_to_buffer = {func.buffer_map[p].data.name: buffer_name(p) for p in func.params if p in func.buffer_map}
     scalars = [dict(name=p.name, kind=str(p.dtype)) for p in func.params if p not in func.buffer_map]
     launch = dict(buffers=buffers, scalars=scalars, launches=_launches(art, data_to_buffer))
     _check_solvable(launch)
@@ -230,7 +238,7 @@ def _check_stores_kept(func, art) -> None:
     branch of stores (a condition on the thread index against a constant shifted by a kernel scalar); the kernel then
     builds, launches and leaves that output unwritten. A stored-to buffer the device code still touches in some other
     way is not caught; one it no longer touches at all is."""
-    param_data = {func.buffer_map[p].data: func.buffer_map[p].name for p in func.params if p in func.buffer_map}
+    param_data = {func.buffer_map[p].data: buffer_name(p) for p in func.params if p in func.buffer_map}
     stored = {}  # data variable's name -> buffer name
 
     def visit_program(node):

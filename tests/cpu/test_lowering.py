@@ -158,3 +158,17 @@ def test_the_per_channel_swiglu_with_tilelangs_barriers_is_refused():
     configs = {k: v for k, v in CHANNEL.pass_configs.items() if k != 'tl.disable_thread_storage_sync'}
     with pytest.raises(LoweringError, match='tk_clamps_are_identity|tk_gate_bits_in_div_range'):
         lower(dataclasses.replace(CHANNEL, pass_configs=configs), {'transpose': True, 'vec_bytes': 32}, Arch('sm_90a'))
+
+
+def test_buffers_are_named_by_the_signature():
+    """per_token_requant's e4m3 -> e4m3 body binds x to a new name (x_in), which renames the buffer itself; the manifest
+    still names it x, as the op passes it, with the alignment the program declares for x (32 for 32-byte vectors)."""
+    from build_tools.lower import _buffers
+    from kernel_src.registry import DECLS
+
+    spec = dict(in_fmt='e4m3', fmt='e4m3', in_sf_format='f32', sf_format='f32', vec_bytes=32)
+    program = DECLS['quant.per_token_requant'].factory(Arch('sm_90a'), **spec)
+    assert {program.func.buffer_map[p].name for p in program.func.params if p in program.func.buffer_map} >= {'x_in'}
+    buffers = {b['name']: b['alignment'] for b in _buffers(program.func, dict(program.alignment))}
+    assert list(buffers) == ['x', 'x_sf', 'out', 'out_sf']
+    assert buffers['x'] == program.alignment['x'] == 32
