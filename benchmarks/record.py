@@ -1,6 +1,6 @@
 """Condense the raw output of one GPU run into a small record: docs/measurements/DATE-GPU[-N].jsonl.
 
-    python -m benchmarks.record OUT_DIR [--commit SHA] [--gpu h200] [--out docs/measurements/]
+    python -m benchmarks.record OUT_DIR [--commit SHA] [--gpu h200] [--out docs/measurements/] [--note TEXT ...]
 
 OUT_DIR is what .ci/gpu-run.sh leaves: environment.txt, and where their steps ran bench.jsonl,
 upstream.jsonl, junit.xml or pytest.log, cold_start.log and sanitize.log. --out is a folder (the file is named
@@ -21,6 +21,8 @@ The record is one JSON object a line, each with a "type":
   cold_start   the processes of benchmarks/cold_start.py, ms
   tests        passed, failed, skipped and errors of the GPU tests (junit.xml, else pytest's last line)
   sanitizer    per compute-sanitizer tool: the kernel selection where logged, specs and cases run, errors, exit status
+  note         a sentence given with --note: what the run's output cannot say (why tests failed, what a later commit
+               fixed); docs/benchmarks.md lists the notes under the records
 
 Only what the raw files hold is written: a missing file leaves its lines out, a missing field is null. Pure Python
 (no torch), so that it runs where the raw files are.
@@ -196,8 +198,10 @@ def main() -> int:
     parser.add_argument('--gpu', help="the GPU's short name in the file name (default: from the GPU's name, e.g. h200)")
     parser.add_argument('--out', type=Path, default=Path('docs/measurements'), help='a folder, or a .jsonl file (default: docs/measurements)')
     parser.add_argument('--tokens', type=int, default=8192, help='the token count of bench.jsonl rows that do not name theirs (default 8192)')
+    parser.add_argument('--note', action='append', default=[],
+                        help='a sentence on the run that its output cannot say (why tests failed, what was fixed after it); repeatable')
     args = parser.parse_args()
-    lines = condense(args.out_dir, args.commit, args.tokens)
+    lines = condense(args.out_dir, args.commit, args.tokens) + [{'type': 'note', 'text': text} for text in args.note]
     path = record_path(args.out, lines[0], args.gpu)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(dumps(lines))

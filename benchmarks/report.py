@@ -194,7 +194,8 @@ def sanitizer_text(lines: list[dict]) -> str:
     """'memcheck, racecheck: 12 specs, 0 errors': tools with the same outcome together."""
     groups: dict[str, list[str]] = {}
     for s in lines:
-        outcome = f'{s["specs"]} specs, {s["errors"]} errors' + ('' if s['exit'] == 0 else f', exit {s["exit"]}')
+        ran = f'{s["specs"]} specs' if s['specs'] is not None else 'stopped before its summary'
+        outcome = f'{ran}, {s["errors"]} errors' + ('' if s['exit'] == 0 else f', exit {s["exit"]}')
         if s.get('kernels'):
             outcome += f' ({s["kernels"]})'
         groups.setdefault(outcome, []).append(s['tool'])
@@ -212,7 +213,9 @@ def records_table(sources: Sources) -> list[str]:
             f'{e["copy_gbs"]:.0f}' if e.get('copy_gbs') else '—',
             f'{tests["passed"]} passed, {tests["failed"]} failed, {tests["skipped"]} skipped' if tests else '—',
             sanitizer_text(r.of_type('sanitizer')), use or '—'])
-    return table(['record', 'date (UTC)', 'GPU', 'driver', 'torch', 'commit', 'copy (GB/s)', 'GPU tests', 'compute-sanitizer', 'used for'], rows)
+    notes = [f'- {r.link}: {n["text"]}' for r in sources.used() for n in r.of_type('note')]
+    return table(['record', 'date (UTC)', 'GPU', 'driver', 'torch', 'commit', 'copy (GB/s)', 'GPU tests', 'compute-sanitizer', 'used for'],
+                 rows) + ([''] + notes if notes else [])
 
 
 def upstream_table(sources: Sources) -> list[str]:
