@@ -18,7 +18,7 @@ import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from tile_kernels_aot.targets import KNOWN_TARGETS, family
+from tile_kernels_aot.targets import KNOWN_TARGETS, cli_arch, family
 from tile_kernels_aot.manifest import ParamSchema, ParamValue, spec_file_stem, spec_key
 
 
@@ -40,18 +40,11 @@ class Arch:
 
     @property
     def cli_name(self) -> str:
-        return f'sm{self.sm}'
+        return cli_arch(self.target)
 
     @property
     def compute(self) -> str:
         return 'compute_' + self.target[3:]
-
-    @staticmethod
-    def parse(name: str) -> Arch:
-        for arch in ARCHS:
-            if name in (arch.target, arch.cli_name):
-                return arch
-        raise ValueError(f'unknown arch {name!r}; known: {", ".join(a.cli_name for a in ARCHS)}')
 
 
 ARCHS = tuple(Arch(t) for t in KNOWN_TARGETS)  # the runtime's list of targets is the build's too

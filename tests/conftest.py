@@ -12,8 +12,7 @@ import pytest
 import torch
 
 from tile_kernels_aot import targets
-
-KERNEL_DIRS_ENV = 'TILE_KERNELS_AOT_KERNEL_DIRS'
+from tile_kernels_aot._select import KERNEL_DIRS_ENV
 CHECKOUT = Path(__file__).resolve().parent.parent
 _set_by_conftest = pytest.StashKey[bool]()
 

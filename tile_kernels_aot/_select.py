@@ -107,8 +107,7 @@ def _not_prebuilt(package: ArchPackage, kernel: str, params: dict[str, ParamValu
         ranked = sorted(info.entries.values(), key=lambda e: (_distance(params, e.params), e.key))
         nearest = [e.key for e in ranked[:3]]
     spec_json = json.dumps([{'kernel': kernel, 'params': params}])
-    major, minor, _ = targets.parse_target(package.target)
-    command = f'python -m build_tools --arch sm{major}{minor} --specs my_specs.json'
+    command = f'python -m build_tools --arch {targets.cli_arch(package.target)} --specs my_specs.json'
     return SpecNotPrebuiltError(kernel, package.target, params, nearest, command, spec_json)
 
 

@@ -25,6 +25,13 @@ MAX_GRID_Y = MAX_GRID[1]
 MODE_CAST, MODE_SF_ONLY, MODE_PRECOMPUTED = 0, 1, 2
 
 
+def check_grid_y(op: str, count: int, per_cta: int, what: str) -> None:
+    """A grid whose y counts CTAs of `per_cta` tokens or columns each (a constant of the kernel's manifest entry)
+    holds at most MAX_GRID_Y of them: `count` past that is refused before anything is allocated."""
+    if -(-count // per_cta) > MAX_GRID_Y:
+        raise ValueError(f'{op}: {what} at most {MAX_GRID_Y * per_cta}, got {count}')
+
+
 def not_built(op: str, what: str) -> NotImplementedError:
     return NotImplementedError(f'{op}: {what} is not built in this release of tile-kernels-aot')
 

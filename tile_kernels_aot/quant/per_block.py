@@ -17,11 +17,10 @@ from typing import Optional
 import torch
 
 from tile_kernels_aot import _checks
-from tile_kernels_aot._launch import LoadedKernel
 from tile_kernels_aot._select import find_kernel
 from tile_kernels_aot.quant._common import (
-    FORMATS, IN_DTYPES, MAX_GRID_Y, MODE_CAST, MODE_PRECOMPUTED, MODE_SF_ONLY, VECTOR_BYTES, QuantTensor, alloc_quant_out, alloc_sf,
-    check_bool, check_e4m3, check_input_sf, check_int_pair, check_packed_ue8m0, check_sf_flags, is_pow2, packed_sf_bytes, row_aligned, sf_format,
+    FORMATS, IN_DTYPES, MODE_CAST, MODE_PRECOMPUTED, MODE_SF_ONLY, VECTOR_BYTES, QuantTensor, alloc_quant_out, alloc_sf,
+    check_bool, check_e4m3, check_grid_y, check_input_sf, check_int_pair, check_packed_ue8m0, check_sf_flags, is_pow2, packed_sf_bytes, row_aligned, sf_format,
     unpack_quant, vector_bytes,
 )
 
@@ -61,19 +60,12 @@ def _per_block_cast(op: str, x, fmt, block_size, use_tma_aligned_col_major_sf, r
         device = _checks.on_one_cuda_device(op, x=x)
     if num_tokens:
         kernel = find_kernel('quant.per_block_cast', per_block_cast_spec(x, fmt, (block_m, block_k), packed), device)
-        _check_columns(op, 'x must have hidden', hidden, kernel)
+        check_grid_y(op, hidden, kernel.entry.constants['cta_columns'], 'x must have hidden')
     returned, sf_arg = (sf, sf) if mode == MODE_PRECOMPUTED else alloc_sf(num_rows, num_blocks, col_major, packed, x.device)
     out = alloc_quant_out(num_tokens, hidden, fmt, x.device)
     if num_tokens:
         kernel(device, {'x': x, 'out': out, 'out_sf': sf_arg}, {'round_sf': int(round_sf), 'mode': mode})
     return out, returned
-
-
-def _check_columns(op: str, what: str, hidden: int, kernel: LoadedKernel) -> None:
-    """A CTA covers cta_columns of the hidden, and the grid's y counts the CTAs."""
-    columns = kernel.entry.constants['cta_columns']
-    if -(-hidden // columns) > MAX_GRID_Y:
-        raise ValueError(f'{op}: {what} at most {MAX_GRID_Y * columns}, got {hidden}')
 
 
 def per_block_cast_spec(x: torch.Tensor, fmt: str, block_size: tuple[int, int], use_packed_ue8m0: bool) -> dict:
@@ -214,7 +206,7 @@ def per_block_cast_lossless(
     if num_tokens:
         spec = dict(block_m=block_m, block_k=block_k, in_sf_format=sf_format(in_packed), sf_format=sf_format(packed))
         kernel = find_kernel('quant.per_block_cast_lossless', spec, device)
-        _check_columns(op, 'data must have a logical hidden', hidden, kernel)
+        check_grid_y(op, hidden, kernel.entry.constants['cta_columns'], 'data must have a logical hidden')
     num_rows, num_blocks = -(-num_tokens // block_m), -(-hidden // block_k)
     returned, sf_arg = alloc_sf(num_rows, num_blocks, col_major, packed, data.device)
     out = torch.empty((num_tokens, hidden), dtype=torch.float8_e4m3fn, device=data.device)

@@ -17,9 +17,8 @@ from typing import Optional, Union
 import torch
 
 from tile_kernels_aot import _checks
-from tile_kernels_aot._launch import LoadedKernel
 from tile_kernels_aot._select import find_kernel
-from tile_kernels_aot.quant._common import IN_DTYPES, MAX_GRID_Y, VECTOR_BYTES, QuantTensor, check_bool, check_e4m3, row_aligned
+from tile_kernels_aot.quant._common import IN_DTYPES, VECTOR_BYTES, QuantTensor, check_bool, check_e4m3, check_grid_y, row_aligned
 
 _IN_SF_BLOCK = 128  # channels per input scale factor of an e4m3 input
 
@@ -30,13 +29,6 @@ def _check_vectors(op: str, name: str, t: torch.Tensor) -> None:
     if not row_aligned(t, VECTOR_BYTES):
         raise ValueError(f'{op}: {name} must have a 16-byte aligned data pointer and row stride, got pointer '
                          f'{t.data_ptr():#x} and row stride {t.stride(0)} elements')
-
-
-def _check_grid(op: str, num_tokens: int, kernel: LoadedKernel) -> None:
-    """A CTA takes tile_m tokens, and the grid's y counts the CTAs."""
-    tile_m = kernel.entry.constants['tile_m']
-    if -(-num_tokens // tile_m) > MAX_GRID_Y:
-        raise ValueError(f'{op}: at most {MAX_GRID_Y * tile_m} tokens, got {num_tokens}')
 
 
 def per_channel_cast_fused(
@@ -127,7 +119,7 @@ def _per_channel_cast(op, x, fmt, num_per_tokens, round_sf, num_per_channels, po
     if num_tokens_out:
         spec = dict(in_dtype=in_dtype, gather=gather, transpose=False, num_per_tokens=num_per_tokens)
         kernel = find_kernel('quant.per_channel_cast_fused', spec, device)
-        _check_grid(op, num_tokens_out, kernel)
+        check_grid_y(op, num_tokens_out, kernel.entry.constants['tile_m'], 'the token count must be')
     out = torch.empty((num_tokens_out, hidden), dtype=torch.float8_e4m3fn, device=data.device)
     out_sf = torch.empty((-(-num_tokens_out // num_per_tokens), hidden), dtype=torch.float32, device=data.device)
     if num_tokens_out:
@@ -185,7 +177,7 @@ def per_channel_cast_and_transpose(x: torch.Tensor, fmt: str, num_per_tokens: in
     if num_tokens:
         spec = dict(in_dtype='bfloat16', gather=False, transpose=True, num_per_tokens=num_per_tokens)
         kernel = find_kernel('quant.per_channel_cast_and_transpose', spec, device)
-        _check_grid(op, num_tokens, kernel)
+        check_grid_y(op, num_tokens, kernel.entry.constants['tile_m'], 'the token count must be')
     out = torch.empty((hidden, num_tokens), dtype=torch.float8_e4m3fn, device=x.device)
     out_sf = torch.empty((num_tokens // num_per_tokens, hidden), dtype=torch.float32, device=x.device)
     if num_tokens:
