@@ -38,6 +38,24 @@ MODELS: tuple[MoEModel, ...] = (
     MoEModel('gpt-oss-20b', 2880, 32, 4, 2880),
     MoEModel('GLM-4.5', 5120, 160, 8, 1536, 1, 1, 'sigmoid', 1, 2.5),
     MoEModel('GLM-4.5-Air', 4096, 128, 8, 1408, 1, 1, 'sigmoid', 1, 1.0),
+    MoEModel('DeepSeek-V4-Flash', 4096, 256, 6, 2048, 0, 0, 'sqrtsoftplus', 1, 1.5),  # noaux_tc, no groups
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class MHCModel:
+    """A model whose residual stream is a manifold hyper-connection (mHC) of `mhc` streams."""
+
+    name: str
+    hidden: int  # hidden_size
+    mhc: int  # hc_mult: residual streams
+    num_layers: int  # num_hidden_layers (each has an attention and an FFN sublayer, so 2x mHC pre/post)
+    sinkhorn_iters: int  # hc_sinkhorn_iters: a run-time argument of every kernel, recorded for the tests
+    eps: float  # hc_eps (Sinkhorn and pre-mix eps); also a run-time argument
+
+
+MHC_MODELS: tuple[MHCModel, ...] = (
+    MHCModel('DeepSeek-V4-Flash', 4096, 4, 43, 20, 1e-6),
 )
 
 # Shapes upstream TileKernels v1 tests with (tile_kernels/testing/generator.py and the test files).
@@ -52,6 +70,23 @@ UPSTREAM_TOPK_GATE: tuple[tuple[int, int], ...] = (
 UPSTREAM_GROUP_GATE: tuple[tuple[int, int, int, int], ...] = tuple(
     (g, e // g, s, k) for e in (72, 256) for g in (4, 8, 12, 16) if e % g == 0 for s in (1, 2) for k in (2, 4)
 )
+
+
+# mHC sizes in upstream's tests (tests/mhc/*): hidden sizes of every kernel, the extra one of pre_apply_mix, and the
+# stream counts of expand_to_mhc (the other kernels are tested, and built, at mhc = 4).
+UPSTREAM_MHC_HIDDEN_SIZES: tuple[int, ...] = (1280, 2560, 4096, 7168, 8192)
+UPSTREAM_MHC_APPLY_MIX_HIDDEN_SIZES: tuple[int, ...] = (7680,)
+UPSTREAM_MHC_EXPAND_MULTS: tuple[int, ...] = (2, 4, 8)
+
+
+def mhc_shapes() -> list[tuple[int, int]]:
+    """(mhc, hidden) of every mHC model, plus upstream's test sizes at mhc = 4."""
+    return sorted({(m.mhc, m.hidden) for m in MHC_MODELS} | {(4, h) for h in UPSTREAM_MHC_HIDDEN_SIZES})
+
+
+def mhc_mults() -> list[int]:
+    """Stream counts of every mHC model (the kernels without a hidden size are specialised on it alone)."""
+    return sorted({m.mhc for m in MHC_MODELS} | {4})
 
 
 def hidden_sizes() -> list[int]:
