@@ -51,7 +51,14 @@ for step in $steps; do
            if [ $rc -eq 124 ]; then echo "## tests timed out: a kernel has likely hung (pytest's faulthandler dump above names the test); stopping the run" | tee -a "$OUT/pytest.log"; break; fi ;;
     bench) timeout 400 python3 -m benchmarks.run --decode --kernels "$KERNELS" --out "$OUT/bench.jsonl" 2>&1 | tee "$OUT/bench.log" | tail -n 40 || status=1 ;;
     tune)  [ -d "$OLDPWD/build-tune/sm_90a" ] && timeout 90 python3 -m benchmarks.tune "$OLDPWD/build-tune/sm_90a" --out "$OUT/tune.jsonl" 2>&1 | tee "$OUT/tune.log" | tail -n 60 ;;
-    cold)  for i in 1 2 3; do python3 benchmarks/cold_start.py; done 2>&1 | tee "$OUT/cold_start.log" ;;
+    cold)  # Ours, then upstream's mHC compile from an empty TileLang cache in each process (when its pack is here).
+           for i in 1 2 3; do python3 benchmarks/cold_start.py ops; python3 benchmarks/cold_start.py mhc; done 2>&1 | tee "$OUT/cold_start.log"
+           if [ -f "$OLDPWD/.upstream/tk-upstream.tar.xz" ]; then
+             mkdir -p /tmp/tk-up && [ -d /tmp/tk-up/tile_kernels ] || tar -xJf "$OLDPWD/.upstream/tk-upstream.tar.xz" -C /tmp/tk-up
+             for i in 1 2; do rm -rf /tmp/tlcache-cold; PYTHONPATH=$SITE:/tmp/tk-up CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} \
+               TILELANG_CACHE_DIR=/tmp/tlcache-cold TILELANG_PRINT_ON_COMPILATION=0 timeout 600 python3 benchmarks/cold_start.py mhc-upstream \
+               2>/dev/null | grep '^{' | tee -a "$OUT/cold_start.log"; done
+           fi ;;
     pip)   # The user's path, into the machine's own Python (the machine is thrown away after the run): pip
            # resolves the meta package, the runtime and the arch wheels from dist/ and torch from what is installed.
            (env -u PYTHONPATH python3 -m pip install --no-index --find-links "$OLDPWD/$DIST" tile-kernels-aot && cd / \

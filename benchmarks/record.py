@@ -164,9 +164,10 @@ def condense(out_dir: Path, commit: str | None = None, default_tokens: int = 819
         if row['kernel'] != 'copy':
             lines.append({'type': 'error', 'kernel': row['kernel'], 'error': row['error']} if 'error' in row else case_line(row, default_tokens))
     lines += [upstream_line(r) for r in upstream if r['kernel'] != 'copy']
-    cold = [{k: _round(v, 2) for k, v in r.items()} for r in _lines(out_dir / 'cold_start.log')]
-    if cold:
-        lines.append({'type': 'cold_start', 'runs': cold})
+    cold: dict[str, list[dict]] = {}  # the processes of each case of benchmarks/cold_start.py
+    for r in _lines(out_dir / 'cold_start.log'):
+        cold.setdefault(r.get('what', 'ops'), []).append({k: _round(v, 2) for k, v in r.items() if k != 'what'})
+    lines += [{'type': 'cold_start', 'what': what, 'runs': runs} for what, runs in cold.items()]
     tests = test_counts(out_dir)
     if tests:
         lines.append(tests)

@@ -45,7 +45,8 @@ def parse_args(argv: list[str] | None = None) -> BuildArgs:
     parser.add_argument('--arch', required=True,
                         help=f'{", ".join(ARCH_NAMES)} or all (case-insensitive; a comma-separated list allowed)')
     parser.add_argument('--kernels', default='*', help='glob(s) over kernel names, comma-separated, e.g. "moe.*,transpose.*"')
-    parser.add_argument('--specs', type=Path, default=None, help='JSON file of extra specs: [{"kernel": ..., "params": {...}}]')
+    parser.add_argument('--specs', type=Path, default=None, help='file of extra specs: a JSON list [{"kernel": ..., "params": {...}}] or JSON Lines, '
+                        'one such object a line (what TILE_KERNELS_AOT_RECORD_MISSES writes)')
     parser.add_argument('--only-specs', action='store_true', help='build only the specs of --specs, not the prebuilt list')
     parser.add_argument('--jobs', type=int, default=os.cpu_count() or 1, help='parallel lowering processes and nvcc jobs')
     parser.add_argument('--out', type=Path, default=REPO_ROOT / 'dist', help='where the wheels go (default: dist/)')

@@ -36,7 +36,7 @@ KERNEL_SRC = REPO_ROOT / 'kernel_src'
 class BuildArgs:
     archs: tuple[Arch, ...]
     kernels: tuple[str, ...] = ('*',)  # fnmatch patterns over kernel names
-    specs_file: Path | None = None  # extra specs, JSON: [{"kernel": ..., "params": {...}}, ...]
+    specs_file: Path | None = None  # extra specs: a JSON list of {"kernel": ..., "params": {...}}, or JSON Lines
     jobs: int = max(os.cpu_count() or 1, 1)
     out: Path = REPO_ROOT / 'dist'
     build_dir: Path = REPO_ROOT / 'build'
@@ -92,23 +92,55 @@ def select_decls(patterns: tuple[str, ...], decls: dict[str, KernelDecl]) -> lis
 
 
 def read_specs_file(path: Path, decls: dict[str, KernelDecl]) -> dict[str, list[dict]]:
-    """Extra specs from a JSON file: a list of {"kernel": name, "params": {...}}."""
+    """Extra specs from a file of {"kernel": name, "params": {...}} objects: a JSON list of them, or JSON Lines (one
+    object a line, blank lines allowed), the form TILE_KERNELS_AOT_RECORD_MISSES writes."""
     try:
-        items = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+        text = Path(path).read_text()
+    except OSError as exc:
         raise BuildError(f'--specs {path}: {exc}') from exc
-    if not isinstance(items, list):
-        raise BuildError(f'--specs {path}: expected a JSON list of {{"kernel": ..., "params": {{...}}}}')
+    items = _spec_items(path, text)
     extra: dict[str, list[dict]] = {}
-    for i, item in enumerate(items):
+    for where, item in items:
         name = item.get('kernel') if isinstance(item, dict) else None
         if name not in decls:
-            raise BuildError(f'--specs {path}: item {i}: unknown kernel {name!r}; kernels: {", ".join(sorted(decls))}')
+            raise BuildError(f'--specs {path}: {where}: unknown kernel {name!r}; kernels: {", ".join(sorted(decls))}')
+        params = item.get('params', {})
+        if not isinstance(params, dict):
+            raise BuildError(f'--specs {path}: {where} ({name}): "params" must be an object, got {params!r}')
         try:
-            extra.setdefault(name, []).append(decls[name].normalize(item.get('params', {})))
+            extra.setdefault(name, []).append(decls[name].normalize(params))
         except (TypeError, ValueError) as exc:
-            raise BuildError(f'--specs {path}: item {i} ({name}): {exc}') from exc
+            raise BuildError(f'--specs {path}: {where} ({name}): {exc}') from exc
     return extra
+
+
+def _spec_items(path: Path, text: str) -> list[tuple[str, object]]:
+    """(where, item) of each spec in a specs file's text: 'item N' of a JSON list, 'line N' of JSON Lines."""
+    expected = 'expected a JSON list of {"kernel": ..., "params": {...}} or one such object a line'
+    if not text.strip():
+        return []
+    try:
+        whole = json.loads(text)
+    except json.JSONDecodeError:
+        whole = None  # JSON Lines with more than one line, or malformed: read line by line
+    if isinstance(whole, list):
+        return [(f'item {i}', item) for i, item in enumerate(whole)]
+    if isinstance(whole, dict) and len([line for line in text.splitlines() if line.strip()]) > 1:
+        return [('item 0', whole)]  # one object over several lines
+    if whole is not None and not isinstance(whole, dict):
+        raise BuildError(f'--specs {path}: {expected}')
+    items = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise BuildError(f'--specs {path}: line {number}: {exc}; {expected}') from exc
+        if not isinstance(item, dict):
+            raise BuildError(f'--specs {path}: line {number}: {expected}')
+        items.append((f'line {number}', item))
+    return items
 
 
 def plan(args: BuildArgs) -> list[Job]:

@@ -15,7 +15,7 @@ import os
 import threading
 from pathlib import Path
 
-from tile_kernels_aot import targets
+from tile_kernels_aot import _misses, targets
 from tile_kernels_aot._launch import LoadedKernel
 from tile_kernels_aot.manifest import Entry, Manifest, ParamValue, manifest_from_json, spec_key
 from tile_kernels_aot.errors import SpecNotPrebuiltError, TileKernelsAOTError, UnsupportedDeviceError
@@ -108,6 +108,7 @@ def _not_prebuilt(package: ArchPackage, kernel: str, params: dict[str, ParamValu
         nearest = [e.key for e in ranked[:3]]
     spec_json = json.dumps([{'kernel': kernel, 'params': params}])
     command = f'python -m build_tools --arch {targets.cli_arch(package.target)} --specs my_specs.json'
+    _misses.record_miss(kernel, params)  # TILE_KERNELS_AOT_RECORD_MISSES
     return SpecNotPrebuiltError(kernel, package.target, params, nearest, command, spec_json)
 
 

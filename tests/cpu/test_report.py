@@ -103,7 +103,7 @@ def test_record_condenses_a_run_folder(tmp_path):
     assert by_type['error'][0]['kernel'] == 'quant.new_kernel'
     assert [u.get('same_result') for u in by_type['upstream']] == [True, None]
     assert 'error' in by_type['upstream'][1]
-    assert by_type['cold_start'] == [{'type': 'cold_start', 'runs': [{'import_ms': 47.12, 'total_ms': 64.0}, {'import_ms': 46.0, 'total_ms': 63.0}]}]
+    assert by_type['cold_start'] == [{'type': 'cold_start', 'what': 'ops', 'runs': [{'import_ms': 47.12, 'total_ms': 64.0}, {'import_ms': 46.0, 'total_ms': 63.0}]}]
     assert by_type['tests'] == [{'type': 'tests', 'passed': 7, 'failed': 2, 'skipped': 1, 'errors': 0, 'seconds': 50.2}]
     assert by_type['sanitizer'] == [
         {'type': 'sanitizer', 'tool': 'memcheck', 'kernels': 'quant.*', 'specs': 3, 'cases': 4, 'errors': 0, 'exit': 0},
