@@ -20,7 +20,7 @@ import torch
 from tile_kernels_aot import _driver
 from tile_kernels_aot.cubin import cubin_sm, target_sm
 from tile_kernels_aot.manifest import Entry, Launch, compile_expr, format_expr
-from tile_kernels_aot.errors import KernelIntegrityError, TileKernelsAOTError
+from tile_kernels_aot.errors import CubinArchError, CubinChecksumError, CubinLoadError, CubinMissingError, CudaDriverError, TileKernelsAOTError
 
 TORCH_DTYPES = {
     'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16,
@@ -33,6 +33,12 @@ _STATIC_SMEM_LIMIT = 48 * 1024
 _SCALAR_CTYPES = {'int32': ctypes.c_int32, 'int64': ctypes.c_int64, 'float32': ctypes.c_float}
 
 _thread_state = threading.local()
+
+# The driver's answers to cuModuleLoadData / cuModuleGetFunction that blame the image itself.
+_IMAGE_FAULTS = frozenset({
+    'CUDA_ERROR_INVALID_IMAGE', 'CUDA_ERROR_NO_BINARY_FOR_GPU', 'CUDA_ERROR_INVALID_PTX', 'CUDA_ERROR_UNSUPPORTED_PTX_VERSION',
+    'CUDA_ERROR_INVALID_SOURCE', 'CUDA_ERROR_NOT_FOUND', 'CUDA_ERROR_SHARED_OBJECT_SYMBOL_NOT_FOUND', 'CUDA_ERROR_SHARED_OBJECT_INIT_FAILED',
+})
 
 
 class _BindingPlan:
@@ -139,9 +145,10 @@ class _TmaSlot:
 class LoadedKernel:
     """One manifest entry: its cubin, loaded lazily into each device's primary context."""
 
-    def __init__(self, entry: Entry, root: Path, verify_sha256: bool = True) -> None:
+    def __init__(self, entry: Entry, root: Path, verify_sha256: bool = True, package: str | None = None) -> None:
         self.entry = entry
         self.path = root / entry.cubin
+        self.package = package  # where the arch package was found, for the errors
         self._verify = verify_sha256
         self._image: bytes | None = None
         self._functions: dict[int, list] = {}
@@ -155,30 +162,44 @@ class LoadedKernel:
 
     # -- loading -------------------------------------------------------------------------------
 
+    def _fields(self, found_sha256: str | None = None) -> dict:
+        """What every KernelIntegrityError of this binary carries."""
+        return dict(kernel=f'{self.entry.kernel}[{self.entry.key}]', package=self.package, file=str(self.path), target=self.entry.target,
+                    expected_sha256=self.entry.sha256, found_sha256=found_sha256)
+
     def image(self) -> bytes:
+        """The cubin's bytes, read once: its sha256 (unless verification is off) and its ELF arch checked."""
         if self._image is None:
             try:
                 data = self.path.read_bytes()
             except OSError as exc:
-                raise KernelIntegrityError(f'{self.entry.kernel}[{self.entry.key}]: cannot read {self.path}: {exc}') from exc
-            if self._verify and hashlib.sha256(data).hexdigest() != self.entry.sha256:
-                raise KernelIntegrityError(f'{self.path}: sha256 does not match the manifest; reinstall the arch package')
+                raise CubinMissingError(exc.strerror or str(exc), **self._fields()) from exc
+            found = hashlib.sha256(data).hexdigest() if self._verify else None
+            if found is not None and found != self.entry.sha256:
+                raise CubinChecksumError(len(data), **self._fields(found))
             try:
                 sm = cubin_sm(data)
             except ValueError as exc:
-                raise KernelIntegrityError(f'{self.path}: {exc}') from exc
+                raise CubinArchError(None, f'{exc}, not a cubin', **self._fields(found)) from exc
             if sm != target_sm(self.entry.target):
-                raise KernelIntegrityError(f'{self.path}: ELF is for sm_{sm}, manifest says {self.entry.target}')
+                raise CubinArchError(sm, f'ELF is for sm_{sm}, the manifest says {self.entry.target}', **self._fields(found))
             self._image = data
         return self._image
 
     def _load(self, device: int) -> list:
         drv = self._driver = _driver.driver()
         _ensure_context(device)
-        module = drv.load_module(self.image())
+        image = self.image()
+        try:  # with sha256 verification off, a damaged cubin shows here first: name the file
+            module = drv.load_module(image)
+            symbols = [drv.get_function(module, launch.symbol) for launch in self.entry.launches]
+        except CudaDriverError as exc:
+            if exc.name in _IMAGE_FAULTS:
+                raise CubinLoadError(exc, **self._fields()) from exc
+            # Not the image's fault (out of memory, a context lost earlier): the driver's error, naming the file.
+            raise CudaDriverError(exc.function, exc.code, exc.name, f'{exc.text} (loading {self.path})') from exc
         functions = []
-        for launch in self.entry.launches:
-            fn = drv.get_function(module, launch.symbol)
+        for launch, fn in zip(self.entry.launches, symbols):
             if launch.dynamic_smem > _STATIC_SMEM_LIMIT:
                 optin = drv.device_attribute(_driver.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, device)
                 if launch.dynamic_smem > optin:

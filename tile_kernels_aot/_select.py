@@ -17,8 +17,10 @@ from pathlib import Path
 
 from tile_kernels_aot import _misses, targets
 from tile_kernels_aot._launch import LoadedKernel
-from tile_kernels_aot.manifest import Entry, Manifest, ParamValue, manifest_from_json, spec_key
-from tile_kernels_aot.errors import SpecNotPrebuiltError, TileKernelsAOTError, UnsupportedDeviceError
+from tile_kernels_aot.manifest import Entry, Manifest, ParamValue, read_manifest, spec_key
+from tile_kernels_aot.errors import (
+    ArchPackageMissingError, KernelDirError, ManifestError, SpecNotPrebuiltError, TileKernelsAOTError, UnsupportedDeviceError,
+)
 
 KERNEL_DIRS_ENV = 'TILE_KERNELS_AOT_KERNEL_DIRS'
 VERIFY_ENV = 'TILE_KERNELS_AOT_VERIFY_SHA256'
@@ -37,29 +39,33 @@ class ArchPackage:
     @property
     def manifest(self) -> Manifest:
         if self._manifest is None:
-            self._manifest = manifest_from_json((self.root / 'manifest.json').read_text())
-            if self._manifest.target != self.target:
-                raise ValueError(f'{self.root}/manifest.json is for {self._manifest.target}, not {self.target}')
+            path = self.root / 'manifest.json'
+            manifest = read_manifest(path, package=self.origin)
+            if manifest.target != self.target:
+                raise ManifestError('malformed', f'the manifest is for {manifest.target}, not {self.target}', package=self.origin, file=str(path))
+            self._manifest = manifest
         return self._manifest
 
     def kernel(self, entry: Entry) -> LoadedKernel:
         loaded = self._kernels.get((entry.kernel, entry.key))
         if loaded is None:
             verify = os.environ.get(VERIFY_ENV, '1') != '0'
-            loaded = self._kernels[(entry.kernel, entry.key)] = LoadedKernel(entry, self.root, verify_sha256=verify)
+            loaded = self._kernels[(entry.kernel, entry.key)] = LoadedKernel(entry, self.root, verify_sha256=verify, package=self.origin)
         return loaded
 
 
 @functools.cache
 def installed_packages() -> tuple[ArchPackage, ...]:
-    """Every arch package visible to this process; directories from the environment come first."""
+    """Every arch package visible to this process; directories from the environment come first. A folder of the
+    environment that does not exist raises KernelDirError; one without a readable manifest, ManifestError."""
     found: dict[str, ArchPackage] = {}
     for entry in filter(None, os.environ.get(KERNEL_DIRS_ENV, '').split(os.pathsep)):
         root = Path(entry)
-        if not (root / 'manifest.json').is_file():
-            raise FileNotFoundError(f'{KERNEL_DIRS_ENV} names {root}, which has no manifest.json')
-        manifest = manifest_from_json((root / 'manifest.json').read_text())  # its target says which arch it serves
-        found.setdefault(manifest.target, ArchPackage(manifest.target, root, f'{KERNEL_DIRS_ENV} ({root})', manifest))
+        if not root.is_dir():
+            raise KernelDirError(KERNEL_DIRS_ENV, str(root))
+        origin = f'{KERNEL_DIRS_ENV} ({root})'
+        manifest = read_manifest(root / 'manifest.json', package=origin)  # its target says which arch it serves
+        found.setdefault(manifest.target, ArchPackage(manifest.target, root, origin, manifest))
     for target in targets.KNOWN_TARGETS:
         root = find_arch_package(target)
         if target not in found and root is not None:
@@ -88,8 +94,12 @@ def package_for_device(device_index: int) -> ArchPackage:
     packages = {p.target: p for p in installed_packages()}
     target, reasons = targets.choose_target(capability, list(packages))
     if target is None:
-        raise UnsupportedDeviceError(name, capability, [f'{t} ({p.origin})' for t, p in packages.items()], reasons,
-                                     targets.install_advice(capability, targets.find_checkout(Path(__file__).resolve().parent.parent)))
+        installed = [f'{t} ({p.origin})' for t, p in packages.items()]
+        advice = targets.install_advice(capability, targets.find_checkout(Path(__file__).resolve().parent.parent))
+        served_by, _ = targets.choose_target(capability, list(targets.KNOWN_TARGETS))
+        if served_by is not None:  # a release target runs here: its arch package is what is missing
+            raise ArchPackageMissingError(served_by, targets.distribution_for(served_by), name, capability, installed, reasons, advice)
+        raise UnsupportedDeviceError(name, capability, installed, reasons, advice)
     return packages[target]
 
 

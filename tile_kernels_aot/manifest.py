@@ -19,7 +19,10 @@ import dataclasses
 import json
 import operator
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any, Union
+
+from tile_kernels_aot.errors import ManifestError, ManifestSchemaError
 
 SCHEMA_VERSION = 2  # 2: Entry.constants
 
@@ -274,15 +277,49 @@ def _constants(d: Any) -> dict[str, int]:
     return dict(d)
 
 
-def manifest_from_json(text: str) -> Manifest:
-    d = json.loads(text)
+def manifest_from_json(text: str, *, package: str | None = None, file: str | None = None) -> Manifest:
+    """Parse a manifest. Every fault raises ManifestError (or ManifestSchemaError) naming `file` and `package`
+    where given: 'truncated' when the JSON ends early, 'malformed' for any other bad JSON or a missing or
+    ill-typed field (with where it is), 'schema' for another schema version."""
+    try:
+        d = json.loads(text)
+    except json.JSONDecodeError as exc:
+        truncated = exc.pos >= len(text.rstrip())
+        reason = 'truncated' if truncated else 'malformed'
+        what = 'the JSON ends early' if truncated else 'bad JSON'
+        raise ManifestError(reason, f'{reason} manifest: {what} ({exc.msg} at line {exc.lineno} column {exc.colno})',
+                            package=package, file=file) from None
+    if not isinstance(d, dict):
+        raise ManifestError('malformed', f'malformed manifest: a JSON {type(d).__name__}, not an object', package=package, file=file)
     if d.get('schema') != SCHEMA_VERSION:
-        raise ValueError(f'manifest schema {d.get("schema")!r} is not the supported schema {SCHEMA_VERSION}')
-    kernels = {}
-    for name, k in d['kernels'].items():
-        schema = tuple(ParamSchema(**p) for p in k['params'])
-        kernels[name] = KernelInfo(name, schema, {key: entry_from_plain(e) for key, e in k['entries'].items()})
-    return Manifest(d['target'], d['package'], d['version'], d['provenance'], kernels)
+        raise ManifestSchemaError(SCHEMA_VERSION, d.get('schema'), package=package, file=file)
+    where = 'the top level'
+    try:
+        kernels = {}
+        for name, k in d['kernels'].items():
+            where = f'kernels[{name!r}]'
+            schema = tuple(ParamSchema(**p) for p in k['params'])
+            entries = {}
+            for key, e in k['entries'].items():
+                where = f'kernels[{name!r}].entries[{key!r}]'
+                entries[key] = entry_from_plain(e)
+            kernels[name] = KernelInfo(name, schema, entries)
+        where = 'the top level'
+        return Manifest(d['target'], d['package'], d['version'], d['provenance'], kernels)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        problem = f'no field {exc}' if isinstance(exc, KeyError) else f'{type(exc).__name__}: {exc}'
+        raise ManifestError('malformed', f'malformed manifest at {where}: {problem}', package=package, file=file) from exc
+
+
+def read_manifest(path: Path | str, *, package: str | None = None) -> Manifest:
+    """Read and parse ``path``; a missing or unreadable file is a ManifestError too (reason 'missing')."""
+    try:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = 'missing' if isinstance(exc, FileNotFoundError) else 'malformed'
+        detail = 'no manifest.json there' if reason == 'missing' else f'cannot read it: {exc}'
+        raise ManifestError(reason, detail, package=package, file=str(path)) from exc
+    return manifest_from_json(text, package=package, file=str(path))
 
 
 def manifest_to_json(manifest: Manifest) -> str:

@@ -60,7 +60,8 @@ def test_header_names_the_binaries(tmp_path, monkeypatch):
     monkeypatch.setenv(KERNEL_DIRS_ENV, '')
     assert binaries_line() == 'binaries: none (python -m build_tools --arch all builds them into build/, which the tests then load)'
     monkeypatch.setenv(KERNEL_DIRS_ENV, str(tmp_path / 'nothing'))
-    assert binaries_line() == f'binaries: cannot read them: {KERNEL_DIRS_ENV} names {tmp_path / "nothing"}, which has no manifest.json'
+    assert binaries_line() == (f'binaries: cannot read them: {KERNEL_DIRS_ENV} names {tmp_path / "nothing"}, which is not a folder; '
+                               f'fix or unset {KERNEL_DIRS_ENV}')
 
 
 def test_advice_outside_a_checkout_is_the_release():
