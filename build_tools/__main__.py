@@ -8,15 +8,13 @@ import os
 import sys
 from pathlib import Path
 
-from build_tools.build import REPO_ROOT, BuildArgs, build
+from build_tools.build import INSTALL_BUILD_TOOLS, REPO_ROOT, BuildArgs, build, tilelang_version
 from build_tools.util import BuildError
 from kernel_src.decl import ARCHS, Arch
 
 DESCRIPTION = """Build tile-kernels-aot wheels: lower every kernel spec with tilelang for the chosen GPU
 architectures, compile the CUDA sources to cubins with nvcc (through ninja), write the manifest and
 package per-arch wheels, the runtime wheel and the meta package. Needs nvcc, no GPU."""
-
-INSTALL_BUILD_TOOLS = "pip install -e '.[build]'"
 
 
 def arch_names(arch: Arch) -> tuple[str, ...]:
@@ -75,14 +73,15 @@ BUILD_MODULES = {'tilelang': 'it lowers the kernels', 'ninja': 'it drives nvcc',
 
 
 def missing_tools(wheels: bool) -> str | None:
-    """One line naming what the build lacks and how to get it, or None when everything is there."""
+    """One line naming what the build lacks or has at the wrong version and how to fix it, or None when everything is there."""
     from build_tools import ninja
 
     for module, purpose in BUILD_MODULES.items():
         if (wheels or module != 'setuptools') and importlib.util.find_spec(module) is None:
             return f"the Python package '{module}' is missing ({purpose}): {INSTALL_BUILD_TOOLS}"
     try:
-        ninja.nvcc_path()
+        tilelang_version()  # the pinned one
+        ninja.nvcc_version()  # found, runs, and new enough
     except BuildError as exc:
         return str(exc)
     return None

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from build_tools import ninja, wheels
+from build_tools.lock import BuildLock
 from build_tools.cubin_info import frame_bytes
 from build_tools.util import BuildError, Progress, duration, plural, sha256_bytes, stable_json, write_if_different
 from kernel_src.decl import Arch, KernelDecl
@@ -225,10 +226,34 @@ def _kernel_src_closure(module: str) -> set[Path]:
     return seen
 
 
-def toolchain() -> dict:
-    import tilelang
+INSTALL_BUILD_TOOLS = "pip install -e '.[build]'"
 
-    return {'tilelang': tilelang.__version__, 'nvcc': ninja.nvcc_version()}
+
+@functools.cache
+def required_tilelang() -> str:
+    """The tilelang version that pyproject's build extra pins: lowered sources, and so cubins, depend on it."""
+    import tomllib
+
+    extra = tomllib.loads((REPO_ROOT / 'pyproject.toml').read_text())['project']['optional-dependencies']['build']
+    return next(r for r in extra if r.startswith('tilelang==')).partition('==')[2]
+
+
+def tilelang_version() -> str:
+    """The installed tilelang's version, read without importing it; a one-line BuildError unless it is the pinned one."""
+    import importlib.metadata
+
+    try:
+        installed = importlib.metadata.version('tilelang')
+    except importlib.metadata.PackageNotFoundError:
+        raise BuildError(f"the Python package 'tilelang' is missing (it lowers the kernels): {INSTALL_BUILD_TOOLS}") from None
+    if installed != required_tilelang():
+        raise BuildError(f'tilelang {installed} is installed; the build needs tilelang=={required_tilelang()}, the version its '
+                         f'lowering is verified with: {INSTALL_BUILD_TOOLS}')
+    return installed
+
+
+def toolchain() -> dict:
+    return {'tilelang': tilelang_version(), 'nvcc': ninja.nvcc_version()}
 
 
 LOWERING_CODE = Path(__file__).with_name('lower.py')
@@ -332,6 +357,11 @@ def build(args: BuildArgs) -> list[Path]:
     build_dir = Path(args.build_dir).resolve()
     jobs = plan(args)
     tools = toolchain()
+    with BuildLock(build_dir):
+        return _build_locked(args, build_dir, jobs, tools, start)
+
+
+def _build_locked(args: BuildArgs, build_dir: Path, jobs: list[Job], tools: dict, start: float) -> list[Path]:
     print(f'tile-kernels-aot {__version__}: {plural(len(jobs), "kernel binary", "kernel binaries")} '
           f'for {", ".join(a.target for a in args.archs)} '
           f'(tilelang {tools["tilelang"]}, nvcc {tools["nvcc"]})', flush=True)

@@ -31,12 +31,27 @@ def nvcc_path() -> str:
     return found
 
 
+# The oldest CUDA toolkit the build accepts: the one the release is built and its cubins verified with.
+NVCC_MIN = (13, 0)
+
+
 def nvcc_version() -> str:
-    text = subprocess.run([nvcc_path(), '--version'], check=True, capture_output=True, text=True).stdout
-    match = re.search(r'V(\d+\.\d+\.\d+)', text)
-    if not match:
-        raise BuildError(f'cannot read the nvcc version from:\n{text}')
-    return match.group(1)
+    """The version of the nvcc the build uses, checked against NVCC_MIN; every failure is a one-line BuildError."""
+    path = nvcc_path()
+    try:
+        result = subprocess.run([path, '--version'], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise BuildError(f'nvcc at {path} does not run: {exc}') from None
+    match = re.search(r'V(\d+)\.(\d+)\.(\d+)', result.stdout)
+    if result.returncode != 0 or not match:
+        said = ' '.join((result.stdout + result.stderr).split())[:200]
+        raise BuildError(f'nvcc at {path} does not say its version (exit status {result.returncode}: {said!r})')
+    version = tuple(int(g) for g in match.groups())
+    if version[:2] < NVCC_MIN:
+        minimum = '.'.join(map(str, NVCC_MIN))
+        raise BuildError(f'nvcc at {path} is CUDA {".".join(map(str, version))}; the build needs CUDA {minimum} or newer '
+                         '(put it on PATH or set CUDA_HOME)')
+    return '.'.join(map(str, version))
 
 
 def include_dirs() -> dict[str, str]:

@@ -136,6 +136,8 @@ def build_wheels(jobs: list, manifests: dict[str, Path], build_dir: Path, out: P
 
     cache = staging_root / 'cache'
     cache.mkdir(parents=True, exist_ok=True)
+    for leftover in staging_root.glob('tmp*'):  # a build killed while setuptools ran (the build folder is locked: none is live)
+        shutil.rmtree(leftover, ignore_errors=True)
     built: dict[str, Path] = {}
     with tempfile.TemporaryDirectory(dir=staging_root) as tmp:
         for name, stage in stages.items():
@@ -158,13 +160,41 @@ def build_wheels(jobs: list, manifests: dict[str, Path], build_dir: Path, out: P
             built[name] = final
             print(f'wheel {final.name}: {size / 1024:.0f} KiB', flush=True)
     # Only now, with every wheel built, touch the output directory.
+    return install_wheels(built, out)
+
+
+def install_wheels(built: dict[str, Path], out: Path) -> list[Path]:
+    """Copy the wheels into `out`, each to a hidden temporary name first and then renamed, so that the folder holds
+    whole wheels only, wherever the build stops; an unchanged wheel is left as it is."""
     out.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(out)
     written = []
     for wheel in built.values():
         dest = out / wheel.name
         if not dest.exists() or dest.read_bytes() != wheel.read_bytes():
-            tmp_dest = dest.with_name(f'.{dest.name}.tmp')
-            shutil.copyfile(wheel, tmp_dest)
-            os.replace(tmp_dest, dest)
+            tmp_dest = dest.with_name(f'.{dest.name}.{os.getpid()}.tmp')
+            try:
+                shutil.copyfile(wheel, tmp_dest)
+                os.replace(tmp_dest, dest)
+            finally:
+                tmp_dest.unlink(missing_ok=True)
         written.append(dest)
     return sorted(written)
+
+
+def remove_stale_temporaries(out: Path) -> None:
+    """Delete the temporary copies (``.<wheel>.<pid>.tmp``) that a killed build left in `out`; a live build's stay."""
+    for tmp in out.glob('.*.whl.*.tmp'):
+        pid = tmp.name.rsplit('.', 2)[-2]
+        if pid.isdigit() and not _alive(int(pid)):
+            tmp.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
