@@ -8,6 +8,7 @@ from typing import Optional
 import torch
 
 from tile_kernels_aot import _checks
+from tile_kernels_aot import _index_checks
 from tile_kernels_aot._launch import LoadedKernel
 from tile_kernels_aot._select import find_kernel, kernel_constant
 from tile_kernels_aot.config import get_device_num_sms, get_num_sms
@@ -231,6 +232,14 @@ def top2_sum_gate(
         max_replicas = kernel_constant('moe.top2_sum_gate', 'max_replicas', device)  # the replica hash is exact up to it
         if num_extra + 1 > max_replicas:
             raise ValueError(f'{op}: to_physical_map may have at most {max_replicas} replicas per expert, got {num_extra + 1}')
+    if _index_checks.enabled:
+        if fix_routing_mask is not None:  # the rows that read unmapped_topk_idx: fixed and routed
+            rows = fix_routing_mask if mask is None else fix_routing_mask & mask
+            _index_checks.within(op, 'unmapped_topk_idx', unmapped_topk_idx, 0, num_experts, rows=rows,
+                                 what=f'the rows with fix_routing_mask set hold expert ids in [0, {num_experts})')
+        if logical_count is not None:
+            _index_checks.within(op, 'logical_count', logical_count, 1, num_extra + 2,
+                                 what=f'replica counts are in [1, {num_extra + 1}] (the columns of to_physical_map)')
     topk_idx = logits.new_empty((num_tokens, num_slots), dtype=torch.int64)
     topk_weights = logits.new_empty((num_tokens, num_slots))
     if num_tokens == 0:
@@ -302,6 +311,8 @@ def group_count(group_idx: torch.Tensor, num_groups: int) -> torch.Tensor:
     _index_tensor(op, 'group_idx', group_idx)
     device = _checks.on_one_cuda_device(op, group_idx=group_idx)
     _checks.integer(op, 'num_groups', num_groups, low=1, high=kernel_constant('moe.group_count', 'max_bins', device))
+    if _index_checks.enabled:
+        _index_checks.below(op, 'group_idx', group_idx, num_groups, what=f'num_groups ({num_groups})', as_int32=True)
     out = torch.zeros((num_groups,), dtype=torch.int32, device=group_idx.device)
     if group_idx.numel():
         kernel = find_kernel('moe.group_count', {'index_dtype': INDEX_DTYPES[group_idx.dtype]}, device)
@@ -328,6 +339,8 @@ def aux_fi(topk_idx: torch.Tensor, num_experts: int, num_aux_topk: int) -> torch
     _checks.integer(op, 'num_aux_topk', num_aux_topk, low=1)
     device = _checks.on_one_cuda_device(op, topk_idx=topk_idx)
     _checks.integer(op, 'num_experts', num_experts, low=1, high=kernel_constant('moe.aux_fi', 'max_bins', device))
+    if _index_checks.enabled:
+        _index_checks.below(op, 'topk_idx', topk_idx, num_experts, what=f'num_experts ({num_experts})', as_int32=True)
     num_tokens = topk_idx.shape[0]
     if num_tokens == 0:
         return torch.zeros((num_experts,), dtype=torch.float32, device=topk_idx.device)  # as upstream
@@ -351,6 +364,8 @@ def inplace_unique_group_indices(group_indices: torch.Tensor, num_groups: int) -
     _index_tensor(op, 'group_indices', group_indices)
     _checks.integer(op, 'num_groups', num_groups, low=1, high=MAX_UNIQUE_GROUPS)
     device = _checks.on_one_cuda_device(op, group_indices=group_indices)
+    if _index_checks.enabled:
+        _index_checks.below(op, 'group_indices', group_indices, num_groups, what=f'num_groups ({num_groups})', as_int32=True)
     if group_indices.numel():
         kernel = find_kernel('moe.inplace_unique_group_indices', {'index_dtype': INDEX_DTYPES[group_indices.dtype]}, device)
         kernel(device, {'group_indices': group_indices}, {'num_groups': num_groups})
@@ -378,6 +393,8 @@ def mask_indices_by_tp(indices: torch.Tensor, n: int, num_ep_ranks: int, tp_rank
     _checks.integer(op, 'num_tp_ranks', num_tp_ranks, low=1)
     _checks.integer(op, 'tp_rank', tp_rank, low=0, high=num_tp_ranks - 1)
     device = _checks.on_one_cuda_device(op, indices=indices)
+    if _index_checks.enabled:
+        _index_checks.below(op, 'indices', indices, n, what=f'n ({n})')
     per_gpu = n // num_ep_ranks
     out = indices.new_empty(indices.shape)
     if indices.numel():
@@ -466,6 +483,10 @@ def get_fused_mapping(
         raise ValueError(f'{op}: {num_tokens} x {num_topk} pairs exceed the int32 range the kernel indexes with')
     device = _checks.on_one_cuda_device(op, topk_idx=topk_idx)
     _checks.integer(op, 'num_experts', num_experts, low=1, high=kernel_constant('moe.get_fused_mapping', 'max_experts', device))
+    if _index_checks.enabled:
+        _index_checks.below(op, 'topk_idx', topk_idx, num_experts, what=f'num_experts ({num_experts})', as_int32=True)
+        if num_expanded_tokens:
+            _index_checks.fused_positions_fit(op, topk_idx, num_experts, alignment, num_expanded_tokens)
     should_sync = num_expanded_tokens == 0 and not force_no_sync
     if num_expanded_tokens == 0:
         num_expanded_tokens = (num_tokens * num_topk + (alignment - 1) * num_experts) // alignment * alignment
@@ -537,6 +558,12 @@ def _check_expand_topk(op: str, token_topk_to_pos: torch.Tensor, device: int) ->
         raise ValueError(f'{op}: num_topk must be at most {max_topk}, got {token_topk_to_pos.shape[1]}')
 
 
+def _check_positions(op: str, token_topk_to_pos: torch.Tensor, pos_to_expert: torch.Tensor) -> None:
+    """TILE_KERNELS_AOT_CHECK_INDICES: every position is one of the fused buffer's (pos_to_expert's) or negative."""
+    num_expanded = pos_to_expert.shape[0]
+    _index_checks.below(op, 'token_topk_to_pos', token_topk_to_pos, num_expanded, what=f'the {num_expanded} fused positions of pos_to_expert')
+
+
 def expand_to_fused(x: torch.Tensor, token_topk_to_pos: torch.Tensor, pos_to_expert: torch.Tensor) -> torch.Tensor:
     """Copy token rows into the fused layout: ``out[token_topk_to_pos[t, k]] = x[t]`` where the position
     is >= 0, and zero rows where ``pos_to_expert < 0``. Rows neither routed to nor marked -1 are left
@@ -555,6 +582,8 @@ def expand_to_fused(x: torch.Tensor, token_topk_to_pos: torch.Tensor, pos_to_exp
     _expand_inputs(op, x, token_topk_to_pos, pos_to_expert)
     device = _checks.on_one_cuda_device(op, x=x, token_topk_to_pos=token_topk_to_pos, pos_to_expert=pos_to_expert)
     _check_expand_topk(op, token_topk_to_pos, device)
+    if _index_checks.enabled:
+        _check_positions(op, token_topk_to_pos, pos_to_expert)
     return _expand(x, None, None, token_topk_to_pos, pos_to_expert, device)
 
 
@@ -599,6 +628,8 @@ def expand_to_fused_with_sf(
         raise ValueError(f'{op}: sf must have shape {(num_tokens, hidden_sf)} for hidden {hidden} and {num_per_channels} per channel, got {tuple(sf.shape)}')
     device = _checks.on_one_cuda_device(op, data=data, sf=sf, token_topk_to_pos=token_topk_to_pos, pos_to_expert=pos_to_expert)
     _check_expand_topk(op, token_topk_to_pos, device)
+    if _index_checks.enabled:
+        _check_positions(op, token_topk_to_pos, pos_to_expert)
     num_expanded = pos_to_expert.shape[0]
     if use_tma_aligned_col_major_sf:
         out_sf = sf.new_empty((hidden_sf, (num_expanded + 3) // 4 * 4))[:, :num_expanded].T
@@ -687,6 +718,8 @@ def reduce_fused(
             raise ValueError(f'{op}: out rows must start on {out_align}-byte boundaries (data_ptr {out.data_ptr():#x}, row stride {out.stride(0)})')
     tensors = {'x': x, 'token_topk_to_pos': token_topk_to_pos, 'out': out}
     device = _checks.on_one_cuda_device(op, **tensors, **{k: v for k, v in (('x_sf', x_sf), ('topk_weights', topk_weights), ('sf', sf)) if v is not None})
+    if _index_checks.enabled:
+        _index_checks.below(op, 'token_topk_to_pos', token_topk_to_pos, num_expanded, what=f'the {num_expanded} rows of x')
     if num_tokens == 0 or hidden == 0:
         return out
     absent = _fused_placeholders(x.device)

@@ -17,6 +17,7 @@ from typing import Optional, Union
 import torch
 
 from tile_kernels_aot import _checks
+from tile_kernels_aot import _index_checks
 from tile_kernels_aot._select import find_kernel
 from tile_kernels_aot.quant._common import IN_DTYPES, VECTOR_BYTES, QuantTensor, check_bool, check_e4m3, check_grid_y, row_aligned
 
@@ -116,6 +117,8 @@ def _per_channel_cast(op, x, fmt, num_per_tokens, round_sf, num_per_channels, po
     if gather:
         tensors['pos_to_token'] = pos_to_token
     device = _checks.on_one_cuda_device(op, **tensors)
+    if gather and _index_checks.enabled:
+        _index_checks.below(op, 'pos_to_token', pos_to_token, num_tokens, what=f'the {num_tokens} rows of {name}')
     if num_tokens_out:
         spec = dict(in_dtype=in_dtype, gather=gather, transpose=False, num_per_tokens=num_per_tokens)
         kernel = find_kernel('quant.per_channel_cast_fused', spec, device)

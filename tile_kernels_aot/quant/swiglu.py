@@ -27,6 +27,7 @@ from typing import Optional
 import torch
 
 from tile_kernels_aot import _checks, config, targets
+from tile_kernels_aot import _index_checks
 from tile_kernels_aot._select import find_kernel, kernel_constant, package_for_device, prebuilt_specs
 from tile_kernels_aot.quant._common import (
     IN_DTYPES, MAX_GRID_Y, VECTOR_BYTES, QuantTensor, alloc_sf, check_bool, check_e4m3, check_sf_flags, dtype_name, magic, sf_format,
@@ -174,6 +175,9 @@ def swiglu_forward_and_per_token_cast(
             raise ValueError(f'{op}: clamped_count must have 3 entries, got {clamped_count.shape[0]}')
         tensors['clamped_count'] = clamped_count
     device = _checks.on_one_cuda_device(op, **tensors)
+    if with_weight and _index_checks.enabled:
+        _index_checks.below(op, 'pos_to_token_topk', pos_to_token_topk, topk_weights.numel(),
+                            what=f'the {topk_weights.numel()} entries of topk_weights')
     spec = dict(in_dtype=IN_DTYPES[x.dtype], sf_format=sf_format(packed), per_row=per_row, row_threads=0)
     if per_row:
         spec['row_threads'] = per_row_threads(spec['in_dtype'], hidden, device)
