@@ -103,3 +103,35 @@ def group_gate_shapes() -> list[tuple[int, int, int, int]]:
 def gate_shapes() -> list[tuple[int, int]]:
     """(num_experts, num_topk) of every model's router, plus upstream's test list."""
     return sorted({(m.num_experts, m.num_topk) for m in MODELS} | set(UPSTREAM_TOPK_GATE))
+
+
+@dataclasses.dataclass(frozen=True)
+class EngramModel:
+    """A model with Engram n-gram memory layers gated into an `hc`-stream residual (hc_mult)."""
+
+    name: str
+    hidden: int  # hidden_size of the backbone
+    hc: int  # hc_mult: residual streams the gate runs over
+    max_ngram_size: int  # N: the hash mixes the last N token ids
+    heads_per_ngram: int  # M: n_head_per_ngram, embedding tables (hash moduli) per n-gram order
+    num_layers: int  # L: Engram layers hashed in one call (len(layer_ids))
+
+
+ENGRAM_MODELS: tuple[EngramModel, ...] = (
+    EngramModel('Engram-demo', 1024, 4, 3, 8, 2),
+)
+
+# Engram sizes in upstream's tests (tests/engram/*): the gate's hidden sizes (hc = 4) and the hash's (N, L, M).
+UPSTREAM_ENGRAM_HIDDEN_SIZES: tuple[int, ...] = (2048, 2560, 3072, 4096, 6144, 7168)
+UPSTREAM_ENGRAM_HASH: tuple[tuple[int, int, int], ...] = ((3, 2, 8),)
+
+
+def engram_hidden_sizes() -> list[int]:
+    """Hidden sizes of the Engram gate kernels (hc = 4): every Engram model's, upstream's Engram test sizes and
+    hidden_sizes(); a kernel keeps those it can tile."""
+    return sorted({m.hidden for m in ENGRAM_MODELS} | set(UPSTREAM_ENGRAM_HIDDEN_SIZES) | set(hidden_sizes()))
+
+
+def engram_hash_shapes() -> list[tuple[int, int, int]]:
+    """(N, L, M) of every Engram model's hash, plus upstream's test shape."""
+    return sorted({(m.max_ngram_size, m.num_layers, m.heads_per_ngram) for m in ENGRAM_MODELS} | set(UPSTREAM_ENGRAM_HASH))

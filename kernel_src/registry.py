@@ -10,6 +10,7 @@ from kernel_src.quant import swiglu
 from kernel_src.quant import per_block_cast, per_block_cast_lossless
 from kernel_src.quant import e5m6, per_channel_cast
 from kernel_src.transpose import batched_transpose
+from kernel_src.engram import fused_weight, gate_bwd, gate_fwd, grad_w_reduce, ngram_hash
 
 DECLS: dict[str, KernelDecl] = {
     d.name: d
@@ -38,5 +39,10 @@ DECLS: dict[str, KernelDecl] = {
         reduce_fused.DECL,
         per_block_cast.DECL,
         per_block_cast_lossless.DECL,
+        ngram_hash.DECL,
+        fused_weight.DECL,
+        gate_fwd.DECL,
+        gate_bwd.DECL,
+        grad_w_reduce.DECL,
     )
 }

@@ -25,6 +25,7 @@ from tile_kernels_aot.reference.swiglu import (
 )
 from tile_kernels_aot.reference.topk import stable_topk, top2_sum_gate
 from tile_kernels_aot.reference.transpose import batched_transpose, transpose
+from tile_kernels_aot.reference.engram import engram_gate_ref, engram_hash_ref, fused_weight_ref, grad_w_reduce_ref, make_offsets
 
 __all__ = [
     'swiglu_backward', 'swiglu_backward_and_per_token_cast', 'swiglu_forward', 'swiglu_forward_and_per_channel_cast_and_transpose',
@@ -36,4 +37,5 @@ __all__ = [
     'expand_to_mhc_ref', 'mhc_head_compute_mix_ref', 'mhc_head_ref', 'mhc_post_ref', 'mhc_pre_apply_mix_ref',
     'mhc_pre_norm_fn_ref', 'mhc_pre_ref', 'mhc_pre_split_mixes_ref', 'sinkhorn_normalize_ref',
     'cast_back_from_e5m6', 'cast_to_e5m6', 'per_channel_cast', 'per_channel_cast_and_transpose', 'per_channel_cast_fused',
+    'engram_gate_ref', 'engram_hash_ref', 'fused_weight_ref', 'grad_w_reduce_ref', 'make_offsets',
 ]

@@ -1,0 +1,3 @@
+"""Autograd ops and model-level composites, as upstream TileKernels' ``tile_kernels.modeling``."""
+
+from tile_kernels_aot.modeling import engram
