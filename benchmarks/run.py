@@ -29,6 +29,7 @@ import tile_kernels_aot
 from tile_kernels_aot._select import package_for_device, prebuilt_specs
 from tile_kernels_aot.quant.per_token import per_token_requant_spec
 from benchmarks.engram import RUN_CASES as ENGRAM_CASES
+from benchmarks.mhc_norm_fn import RUN_CASES as MHC_NORM_FN_CASES
 
 ITERS = 30
 # A case (its inputs, timings and decode sizes) still running after this many seconds is taken for a kernel that never
@@ -505,6 +506,7 @@ CASES = {
     'quant.per_token_cast_to_e5m6': e5m6_cast_case,
     'quant.cast_back_e5m6': e5m6_cast_back_case,
     **ENGRAM_CASES,
+    **MHC_NORM_FN_CASES,
 }
 
 

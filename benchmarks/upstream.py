@@ -23,6 +23,7 @@ import torch
 import tile_kernels_aot as ours
 from benchmarks.run import Timer, cases_of, copy_bandwidth, installed_kernels, nbytes, no_case_row, select
 from benchmarks.engram import UPSTREAM_CASES as ENGRAM_CASES
+from benchmarks.mhc_norm_fn import UPSTREAM_CASES as MHC_NORM_FN_CASES
 
 
 def _same_bits(a, b):
@@ -329,6 +330,7 @@ CASES = {
     'quant.per_token_cast_to_e5m6': e5m6_cast_case,
     'quant.cast_back_e5m6': e5m6_cast_back_case,
     **ENGRAM_CASES,
+    **MHC_NORM_FN_CASES,
 }
 
 

@@ -11,6 +11,7 @@ from kernel_src.quant import per_block_cast, per_block_cast_lossless
 from kernel_src.quant import e5m6, per_channel_cast
 from kernel_src.transpose import batched_transpose
 from kernel_src.engram import fused_weight, gate_bwd, gate_fwd, grad_w_reduce, ngram_hash
+from kernel_src.mhc.norm_fn import gemm as norm_fn_gemm, merge as norm_fn_merge, norm as norm_fn_norm
 
 DECLS: dict[str, KernelDecl] = {
     d.name: d
@@ -44,5 +45,11 @@ DECLS: dict[str, KernelDecl] = {
         gate_fwd.DECL,
         gate_bwd.DECL,
         grad_w_reduce.DECL,
+        norm_fn_merge.MERGE_FWD,
+        norm_fn_merge.MERGE_BWD,
+        norm_fn_gemm.FWD_MUL,
+        norm_fn_norm.FWD_NORM,
+        norm_fn_norm.BWD_NORM,
+        norm_fn_gemm.BWD_MUL,
     )
 }

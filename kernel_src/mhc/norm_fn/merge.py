@@ -1,0 +1,79 @@
+"""mhc.fn_normw_merge_fwd and mhc.fn_normw_merge_bwd: fn (mhc3, width) times an RMS-norm weight normw (width,).
+
+Forward: out[r, c] = fn[r, c] * normw[c]; a thread takes VEC columns of one row (grid: column blocks x rows).
+Backward: a thread takes VEC columns of every row, rows in order: fn_grad[r, c] += g[r, c] * normw[c] and
+normw_grad[c] += sum_r g[r, c] * fn[r, c], the sum kept in a register from 0 and added once; both accumulate
+into the given buffers. Each column has one thread, so the result does not depend on the grid. The width is a
+run-time dim (a multiple of VEC); one binary per mhc.
+"""
+
+from tilelang import language as T
+
+from kernel_src.decl import Arch, KernelDecl, KernelProgram
+from kernel_src.mhc.norm_fn.common import MHC_PARAMS, check_mhc, mhc_specs, mix_count
+
+VEC = 4  # float32 columns per thread: one 16-byte access
+THREADS = 128
+COLUMNS_PER_BLOCK = VEC * THREADS
+
+
+def build_fwd(arch: Arch, mhc: int) -> KernelProgram:
+    rows = mix_count(mhc)
+    width = T.dynamic('width')
+
+    @T.prim_func
+    def fn_normw_merge_fwd(
+        fn: T.Tensor[(rows, width), T.float32],
+        normw: T.Tensor[(width,), T.float32],
+        out_fn: T.Tensor[(rows, width), T.float32],
+    ):
+        with T.Kernel(T.ceildiv(width, COLUMNS_PER_BLOCK), rows, threads=THREADS) as (pid, row):
+            T.assume(width % VEC == 0)
+            col = pid * COLUMNS_PER_BLOCK + T.get_thread_binding() * VEC
+            if col < width:
+                for v in T.vectorized(VEC):
+                    out_fn[row, col + v] = fn[row, col + v] * normw[col + v]
+
+    return KernelProgram(fn_normw_merge_fwd, alignment={'fn': 16, 'normw': 16, 'out_fn': 16})
+
+
+def build_bwd(arch: Arch, mhc: int) -> KernelProgram:
+    rows = mix_count(mhc)
+    width = T.dynamic('width')
+
+    @T.prim_func
+    def fn_normw_merge_bwd(
+        fn: T.Tensor[(rows, width), T.float32],
+        normw: T.Tensor[(width,), T.float32],
+        out_fn_grad: T.Tensor[(rows, width), T.float32],
+        fn_grad: T.Tensor[(rows, width), T.float32],
+        normw_grad: T.Tensor[(width,), T.float32],
+    ):
+        with T.Kernel(T.ceildiv(width, COLUMNS_PER_BLOCK), threads=THREADS) as pid:
+            T.assume(width % VEC == 0)
+            col = pid * COLUMNS_PER_BLOCK + T.get_thread_binding() * VEC
+            weight = T.alloc_local((VEC,), T.float32)
+            total = T.alloc_local((VEC,), T.float32)
+            grad = T.alloc_local((VEC,), T.float32)
+            if col < width:
+                for v in T.vectorized(VEC):
+                    weight[v] = normw[col + v]
+                for v in T.vectorized(VEC):
+                    total[v] = T.float32(0)
+                for r in T.unroll(rows):
+                    for v in T.vectorized(VEC):
+                        grad[v] = out_fn_grad[r, col + v]
+                    for v in T.vectorized(VEC):
+                        fn_grad[r, col + v] = fn_grad[r, col + v] + grad[v] * weight[v]
+                    for v in T.vectorized(VEC):
+                        total[v] = total[v] + grad[v] * fn[r, col + v]
+                for v in T.vectorized(VEC):
+                    normw_grad[col + v] = normw_grad[col + v] + total[v]
+
+    return KernelProgram(fn_normw_merge_bwd, alignment={'fn': 16, 'normw': 16, 'out_fn_grad': 16, 'fn_grad': 16, 'normw_grad': 16})
+
+
+PASS_CONFIGS = {'tl.disable_warp_specialized': True}
+CONSTANTS = {'column_multiple': VEC}
+MERGE_FWD = KernelDecl('mhc.fn_normw_merge_fwd', MHC_PARAMS, build_fwd, mhc_specs, check_mhc, PASS_CONFIGS, constants=CONSTANTS)
+MERGE_BWD = KernelDecl('mhc.fn_normw_merge_bwd', MHC_PARAMS, build_bwd, mhc_specs, check_mhc, PASS_CONFIGS, constants=CONSTANTS)
