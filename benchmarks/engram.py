@@ -57,7 +57,7 @@ def hash_case(spec, tokens):
     from tile_kernels_aot.engram import engram_hash
 
     inputs = _hash_inputs(tokens, spec['max_ngram_size'], 2, spec['tables_per_ngram'])
-    fn = lambda: engram_hash(*inputs)  # noqa: E731
+    fn = lambda: engram_hash(*inputs)
     return f'T={tokens}, L=2', fn, nbytes(*inputs, fn())
 
 
@@ -65,7 +65,7 @@ def fused_weight_case(spec, tokens):
     from tile_kernels_aot.engram import fused_weight
 
     _, _, _, wh, we = _gate_inputs(0, HIDDEN)
-    fn = lambda: fused_weight(wh, we)  # noqa: E731
+    fn = lambda: fused_weight(wh, we)
     return f'H={HIDDEN}', fn, nbytes(wh, we, fn())
 
 
@@ -75,7 +75,7 @@ def gate_fwd_case(spec, tokens):
     hidden, save = spec['hidden'], spec['save']
     x, k, v, wh, we = _gate_inputs(tokens, hidden)
     weight_fused = engram.fused_weight(wh, we)
-    fn = lambda: engram.engram_gate_fwd(x, k, v, weight_fused, EPS, CLAMP, save_for_backward=save)  # noqa: E731
+    fn = lambda: engram.engram_gate_fwd(x, k, v, weight_fused, EPS, CLAMP, save_for_backward=save)
     return f'T={tokens}, H={hidden}', fn, nbytes(x, k, v, weight_fused, *fn())
 
 
@@ -86,7 +86,7 @@ def gate_bwd_case(spec, tokens):
     x, k, v, wh, we = _gate_inputs(tokens, hidden)
     weight_fused, saved = _saved(x, k, v, wh, we, engram)
     grad_out = torch.randn_like(x)
-    fn = lambda: engram.engram_gate_bwd(grad_out, x, k, v, weight_fused, *saved, CLAMP)  # noqa: E731
+    fn = lambda: engram.engram_gate_bwd(grad_out, x, k, v, weight_fused, *saved, CLAMP)
     return f'T={tokens}, H={hidden}', fn, nbytes(grad_out, x, k, v, weight_fused, *saved, *fn())
 
 
@@ -100,7 +100,7 @@ def grad_w_reduce_case(spec, tokens):
     partial = torch.randn(-(-tokens // per_partial), HC, HIDDEN, device='cuda')
     _, _, _, wh, we = _gate_inputs(0, HIDDEN)
     grads = torch.zeros(HC, HIDDEN, device='cuda'), torch.zeros(HC, HIDDEN, device='cuda')
-    fn = lambda: engram.grad_w_reduce(partial, wh, we, *grads)  # noqa: E731
+    fn = lambda: engram.grad_w_reduce(partial, wh, we, *grads)
     return f'T={tokens}, P={partial.shape[0]}, H={HIDDEN}', fn, nbytes(partial, wh, we, *grads, *grads)
 
 
@@ -148,8 +148,8 @@ def upstream_gate_fwd_case(tk, tokens):
         weight_fused = ours.engram.fused_weight(wh, we)
         for save in (True, False):
             args = (x, k, v, weight_fused, EPS, CLAMP, save)
-            mine = lambda args=args: ours.engram.engram_gate_fwd(*args)  # noqa: E731
-            theirs = lambda args=args: tk.engram.engram_gate_fwd(*args)  # noqa: E731
+            mine = lambda args=args: ours.engram.engram_gate_fwd(*args)
+            theirs = lambda args=args: tk.engram.engram_gate_fwd(*args)
             cases.append((f'H={hidden}, save={save}', mine, theirs, compare, nbytes(x, k, v, weight_fused, *mine())))
     return cases
 
@@ -168,8 +168,8 @@ def upstream_gate_bwd_case(tk, tokens):
         weight_fused, saved = _saved(x, k, v, wh, we, ours.engram)
         grad_out = torch.randn_like(x)
         args = (grad_out, x, k, v, weight_fused, *saved, CLAMP)
-        mine = lambda args=args: ours.engram.engram_gate_bwd(*args)  # noqa: E731
-        theirs = lambda args=args: tk.engram.engram_gate_bwd(*args)  # noqa: E731
+        mine = lambda args=args: ours.engram.engram_gate_bwd(*args)
+        theirs = lambda args=args: tk.engram.engram_gate_bwd(*args)
         cases.append((f'H={hidden}', mine, theirs, compare, nbytes(grad_out, x, k, v, weight_fused, *saved, *mine())))
     return cases
 
@@ -192,7 +192,7 @@ def upstream_grad_w_reduce_case(tk, tokens):
         tk.engram.grad_w_reduce(partial, wh, we, *their_grads)
         return their_grads
 
-    compare = lambda a, b: all(_calc_diff(x, y) < 1e-10 for x, y in zip(a, b))  # noqa: E731
+    compare = lambda a, b: all(_calc_diff(x, y) < 1e-10 for x, y in zip(a, b))
     return f'P=132, H={HIDDEN}', mine, theirs, compare, nbytes(partial, wh, we) + 2 * nbytes(*mine_grads)
 
 

@@ -70,7 +70,7 @@ def check(max_ngram_size: int, tables_per_ngram: int) -> None:
 
 
 def prebuilt():
-    return [dict(max_ngram_size=n, tables_per_ngram=m) for n, _, m in engram_hash_shapes()]
+    return [{'max_ngram_size': n, 'tables_per_ngram': m} for n, _, m in engram_hash_shapes()]
 
 
 DECL = KernelDecl(

@@ -23,7 +23,7 @@ def engram_hash_ref(
 ) -> torch.Tensor:
     """``[L, T, (N-1) * M]`` int32 table indices: h_n = h_{n-1} XOR id_n * m[l, n] (int64, wrapping), index =
     (h_n mod vocab_sizes[l, n-1, j]) + offsets[l, (n-1) * M + j] with torch's floored modulus."""
-    num_layers, max_ngram_size = multipliers.shape
+    max_ngram_size = multipliers.shape[1]
     products = ngram_token_ids.to(torch.int64).unsqueeze(0) * multipliers.unsqueeze(1)  # [L, T, N]
     mixed = products[:, :, 0]
     columns = []
