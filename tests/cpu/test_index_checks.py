@@ -111,7 +111,7 @@ COVERED = {
     'moe.py': {'group_count', 'aux_fi', 'inplace_unique_group_indices', 'mask_indices_by_tp', 'get_fused_mapping', 'expand_to_fused',
                'expand_to_fused_with_sf', 'reduce_fused', 'top2_sum_gate'},
     'quant/per_channel.py': {'_per_channel_cast'},
-    'quant/swiglu.py': {'swiglu_forward_and_per_token_cast'},
+    'quant/swiglu.py': {'swiglu_forward_and_per_token_cast', 'swiglu_backward_and_per_token_cast'},
 }
 
 

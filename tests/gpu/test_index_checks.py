@@ -103,8 +103,8 @@ def test_get_fused_mapping_with_a_buffer_too_small(checking):
         moe.get_fused_mapping(idx, E, used - 1, 16)
 
 
-def fused_layout():
-    pos_to_expert, _, pos_to_token_topk, token_topk_to_pos, *_ = moe.get_fused_mapping(routing(), E, 0, 16)
+def fused_layout(alignment: int = 16):
+    pos_to_expert, _, pos_to_token_topk, token_topk_to_pos, *_ = moe.get_fused_mapping(routing(), E, 0, alignment)
     return pos_to_expert, pos_to_token_topk, token_topk_to_pos
 
 
@@ -139,6 +139,21 @@ def test_swiglu_forward_pos_to_token_topk(checking):
     for value in (T * K, 2**31 - 1):
         with refused('swiglu_forward_and_per_token_cast', 'pos_to_token_topk', (first_valid,), value):
             quant.swiglu_forward_and_per_token_cast(x, 'e4m3', 128, spoiled(pos_to_token_topk, (first_valid,), value), weights, pos_to_expert)
+
+
+def test_swiglu_backward_pos_to_token_topk(checking):
+    from tile_kernels_aot import reference
+
+    pos_to_expert, pos_to_token_topk, t2p = fused_layout(alignment=128)  # as tests/gpu/test_swiglu.py's backward cases
+    n, hidden = pos_to_expert.shape[0], 2048
+    x = reference.cast(torch.randn(n, 2 * hidden, device='cuda', dtype=torch.bfloat16), 'e4m3', (1, 128))
+    grad_out = torch.randn(n, hidden, device='cuda', dtype=torch.bfloat16)
+    weights = torch.rand(T, K, device='cuda')
+    same_unchecked(lambda: quant.swiglu_backward_and_per_token_cast(x, grad_out, weights, pos_to_token_topk, t2p, 128))
+    first_valid = int((pos_to_token_topk >= 0).int().argmax())
+    for value in (T * K, 2**31 - 1):
+        with refused('swiglu_backward_and_per_token_cast', 'pos_to_token_topk', (first_valid,), value):
+            quant.swiglu_backward_and_per_token_cast(x, grad_out, weights, spoiled(pos_to_token_topk, (first_valid,), value), t2p, 128)
 
 
 def test_per_channel_cast_fused_pos_to_token(checking):

@@ -363,6 +363,8 @@ def swiglu_backward_and_per_token_cast(
     _index_tensor(op, 'pos_to_token_topk', pos_to_token_topk, num_rows)
     device = _checks.on_one_cuda_device(op, data=data, sf=sf, grad_out=grad_out, weight=weight, pos_to_token_topk=pos_to_token_topk,
                                         token_topk_to_pos=token_topk_to_pos)
+    if _index_checks.enabled:  # the kernel reads weight and writes weight_grad at these
+        _index_checks.below(op, 'pos_to_token_topk', pos_to_token_topk, weight.numel(), what=f'the {weight.numel()} entries of weight')
     grad_out = grad_out.view(num_rows, hidden)
     for name, t in (('x[0] (data)', data), ('grad_out', grad_out)):
         if t.numel() and t.data_ptr() % 16:
