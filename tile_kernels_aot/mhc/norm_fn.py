@@ -32,7 +32,8 @@ def mix_count(mhc: int) -> int:
 def round_to_tf32(x: torch.Tensor) -> torch.Tensor:
     """Upstream's rounding of a float32 tensor for the TF32 MMA: 0x1000 added to every value's bits, so that the MMA,
     which drops the low 13 bits, sees it rounded half away from zero. Returns a new contiguous float32 tensor."""
-    _checks.tensor('round_to_tf32', 'x', x, ndim=range(0, 9), dtypes=(torch.float32,))
+    if not isinstance(x, torch.Tensor) or x.dtype != torch.float32:
+        raise TypeError(f'round_to_tf32: x must be a float32 torch.Tensor, got {getattr(x, "dtype", type(x).__name__)}')
     return (x.contiguous().view(torch.int32) + 0x1000).view(torch.float32)
 
 
@@ -67,6 +68,8 @@ def _mhc_of_rows(op: str, name: str, rows: int) -> int:
 
 def _residual(op: str, name: str, residual: torch.Tensor) -> tuple[int, int, int]:
     """(tokens, mhc, hidden) of a contiguous (..., mhc, H) bf16 residual."""
+    if isinstance(residual, torch.Tensor) and residual.dim() < 2:
+        raise ValueError(f'{op}: {name} must have at least 2 dimensions (..., mhc, H), got shape {tuple(residual.shape)}')
     _checks.tensor(op, name, residual, ndim=range(2, 9), dtypes=(torch.bfloat16,))
     mhc, hidden = residual.shape[-2:]
     _checks.integer(op, f'{name}.shape[-2] (mhc)', mhc, low=1, high=MAX_MHC)
