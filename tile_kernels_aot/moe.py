@@ -6,8 +6,9 @@ import math
 from typing import Optional
 
 import torch
+from torch.compiler import is_compiling
 
-from tile_kernels_aot import _checks
+from tile_kernels_aot import _checks, _custom_ops
 from tile_kernels_aot import _index_checks
 from tile_kernels_aot._launch import LoadedKernel
 from tile_kernels_aot._select import find_kernel, kernel_constant
@@ -34,6 +35,8 @@ def topk_gate(scores: torch.Tensor, num_topk: int) -> torch.Tensor:
         ``[num_tokens, num_topk]`` int64 expert indices in rank order (best first); on equal scores the
         lower index comes first, as a stable descending sort would order them.
     """
+    if is_compiling():
+        return _custom_ops.topk_gate(scores, num_topk)
     op = 'topk_gate'
     _checks.tensor(op, 'scores', scores, ndim=2, dtypes=(torch.float32,))
     num_tokens, num_experts = scores.shape
@@ -60,6 +63,8 @@ def topk_sum_and_topk_group_idx(scores: torch.Tensor, num_topk_sum: int, num_top
     Returns:
         ``[num_tokens, num_topk_groups]`` int64 group indices, best first; ties go to the lower index.
     """
+    if is_compiling():
+        return _custom_ops.topk_sum_and_topk_group_idx(scores, num_topk_sum, num_topk_groups)
     op = 'topk_sum_and_topk_group_idx'
     _checks.tensor(op, 'scores', scores, ndim=3, dtypes=(torch.float32,))
     num_tokens, num_groups, per_group = scores.shape
@@ -158,6 +163,10 @@ def top2_sum_gate(
     Returns:
         ``(topk_idx, topk_weights)``: int64 and float32, ``[num_tokens, num_topk + S]``.
     """
+    if is_compiling():
+        return _custom_ops.top2_sum_gate(logits, bias, num_topk, num_topk_groups, num_groups, use_shared_as_routed, num_shared_experts,
+                                         routed_scaling_factor, ep_rank, num_ep_ranks, tp_rank, num_tp_ranks, scoring_func, mask,
+                                         fix_routing_mask, to_physical_map, logical_count, unmapped_topk_idx)
     op = 'top2_sum_gate'
     _checks.tensor(op, 'logits', logits, ndim=2, dtypes=(torch.float32,))
     num_tokens, num_experts = logits.shape
@@ -266,6 +275,8 @@ def normalize_weight(topk_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Te
         ``(denominator, normalized)``: ``denominator[t] = 1e-20 + w[t, 0] + w[t, 1] + ...`` summed in
         that order (float32, ``[num_tokens]``) and ``normalized = w / denominator`` (``[num_tokens, num_topk]``).
     """
+    if is_compiling():
+        return _custom_ops.normalize_weight(topk_weights)
     op = 'normalize_weight'
     _checks.tensor(op, 'topk_weights', topk_weights, ndim=2, dtypes=(torch.float32,))
     _checks.inner_contiguous(op, 'topk_weights', topk_weights)
@@ -307,6 +318,8 @@ def group_count(group_idx: torch.Tensor, num_groups: int) -> torch.Tensor:
     Returns:
         ``[num_groups]`` int32 counts. Exact and independent of ``config.set_num_sms``.
     """
+    if is_compiling():
+        return _custom_ops.group_count(group_idx, num_groups)
     op = 'group_count'
     _index_tensor(op, 'group_idx', group_idx)
     device = _checks.on_one_cuda_device(op, group_idx=group_idx)
@@ -334,6 +347,8 @@ def aux_fi(topk_idx: torch.Tensor, num_experts: int, num_aux_topk: int) -> torch
         result does not depend on ``config.set_num_sms`` (upstream sums per-block fractions with float
         atomics, whose order varies; the values agree to float rounding).
     """
+    if is_compiling():
+        return _custom_ops.aux_fi(topk_idx, num_experts, num_aux_topk)
     op = 'aux_fi'
     _index_tensor(op, 'topk_idx', topk_idx)
     _checks.integer(op, 'num_aux_topk', num_aux_topk, low=1)
@@ -360,6 +375,8 @@ def inplace_unique_group_indices(group_indices: torch.Tensor, num_groups: int) -
             ``[-1, num_groups)``, contiguous in ``num_topk``; negative entries are left alone.
         num_groups: number of groups, at most 1024.
     """
+    if is_compiling():
+        return _custom_ops.inplace_unique_group_indices(group_indices, num_groups)
     op = 'inplace_unique_group_indices'
     _index_tensor(op, 'group_indices', group_indices)
     _checks.integer(op, 'num_groups', num_groups, low=1, high=MAX_UNIQUE_GROUPS)
@@ -386,6 +403,8 @@ def mask_indices_by_tp(indices: torch.Tensor, n: int, num_ep_ranks: int, tp_rank
     Returns:
         A new tensor like ``indices`` (contiguous).
     """
+    if is_compiling():
+        return _custom_ops.mask_indices_by_tp(indices, n, num_ep_ranks, tp_rank, num_tp_ranks)
     op = 'mask_indices_by_tp'
     _index_tensor(op, 'indices', indices)
     _checks.integer(op, 'num_ep_ranks', num_ep_ranks, low=1)
@@ -470,6 +489,8 @@ def get_fused_mapping(
         ``[num_experts]`` x 3 (``num_tokens_per_expert`` holds the *aligned* counts), and those counts
         as a list when the host synced, else ``[]``.
     """
+    if is_compiling():
+        return _custom_ops.get_fused_mapping(topk_idx, num_experts, num_expanded_tokens, alignment, force_no_sync)
     op = 'get_fused_mapping'
     _index_tensor(op, 'topk_idx', topk_idx)
     num_tokens, num_topk = topk_idx.shape
@@ -578,6 +599,8 @@ def expand_to_fused(x: torch.Tensor, token_topk_to_pos: torch.Tensor, pos_to_exp
     Returns:
         ``[num_expanded_tokens, hidden]`` contiguous, of x's dtype; bits are copied unchanged.
     """
+    if is_compiling():
+        return _custom_ops.expand_to_fused(x, token_topk_to_pos, pos_to_expert)
     op = 'expand_to_fused'
     _expand_inputs(op, x, token_topk_to_pos, pos_to_expert)
     device = _checks.on_one_cuda_device(op, x=x, token_topk_to_pos=token_topk_to_pos, pos_to_expert=pos_to_expert)
@@ -606,6 +629,8 @@ def expand_to_fused_with_sf(
     Returns:
         ``(out, out_sf)``; padding rows (``pos_to_expert < 0``) are zero in both.
     """
+    if is_compiling():
+        return _custom_ops.expand_to_fused_with_sf(x, num_per_channels, token_topk_to_pos, pos_to_expert, use_tma_aligned_col_major_sf)
     op = 'expand_to_fused_with_sf'
     if not isinstance(x, tuple) or len(x) != 2:
         raise TypeError(f'{op}: x must be a (data, sf) tuple, got {type(x).__name__}')
@@ -667,6 +692,8 @@ def reduce_fused(
     Returns:
         ``out`` (allocated contiguous when not given).
     """
+    if is_compiling():
+        return _custom_ops.reduce_fused(x, topk_weights, token_topk_to_pos, fp8_format, sf, out)
     op = 'reduce_fused'
     x_sf = None
     if isinstance(x, tuple):

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import torch
+from torch.compiler import is_compiling
 
-from tile_kernels_aot import _checks
+from tile_kernels_aot import _checks, _custom_ops
 from tile_kernels_aot._select import find_kernel, first_prebuilt
 
 KERNEL = 'transpose.batched_transpose'
@@ -25,6 +26,8 @@ def transpose(x: torch.Tensor) -> torch.Tensor:
     Returns:
         The contiguous ``[N, M]`` transpose, same dtype.
     """
+    if is_compiling():
+        return _custom_ops.transpose(x)
     _checks.tensor('transpose', 'x', x, ndim=2, dtypes=DTYPES)
     return _batched_transpose('transpose', x.unsqueeze(0)).squeeze(0)
 
@@ -38,6 +41,8 @@ def batched_transpose(x: torch.Tensor) -> torch.Tensor:
     Returns:
         The contiguous ``[B, N, M]`` tensor, same dtype.
     """
+    if is_compiling():
+        return _custom_ops.batched_transpose(x)
     _checks.tensor('batched_transpose', 'x', x, ndim=3, dtypes=DTYPES)
     return _batched_transpose('batched_transpose', x)
 

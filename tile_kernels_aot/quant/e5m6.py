@@ -13,8 +13,9 @@ w1 = h2 << 28 | h3 << 16 | h4 << 4 | h5 >> 8, w2 = h5 << 24 | h6 << 12 | h7, ret
 from __future__ import annotations
 
 import torch
+from torch.compiler import is_compiling
 
-from tile_kernels_aot import _checks
+from tile_kernels_aot import _checks, _custom_ops
 from tile_kernels_aot._select import find_kernel, kernel_constant
 from tile_kernels_aot.quant._common import (
     IN_DTYPES, QuantTensor, align, check_cast_back_args, check_input_sf, check_out_fmt, check_packed_ue8m0, check_sf_flags, dtype_name, magic,
@@ -50,6 +51,8 @@ def per_token_cast_to_e5m6(
         ``[num_tokens, 1]``, row-major or with strides ``(1, align(num_tokens, 4))``, or packed int32
         ``[num_tokens, 1]`` with strides ``(1, align(num_tokens, 4))``.
     """
+    if is_compiling():
+        return _custom_ops.per_token_cast_to_e5m6(x, num_per_channels, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
     op = _CAST_OP
     _checks.tensor(op, 'x', x, ndim=2, dtypes=tuple(IN_DTYPES))
     _checks.integer(op, 'num_per_channels', num_per_channels, low=1)
@@ -91,6 +94,8 @@ def cast_back_from_e5m6(x: QuantTensor, fmt: str, x_block_size: tuple[int, int])
     Returns:
         ``[num_tokens, hidden]`` bfloat16 or float32, contiguous.
     """
+    if is_compiling():
+        return _custom_ops.cast_back_from_e5m6(x, fmt, x_block_size)
     op = _BACK_OP
     out_dtype = check_out_fmt(op, fmt)
     data, sf, num_per_channels = check_cast_back_args(op, x, x_block_size, (torch.uint8,), 8)

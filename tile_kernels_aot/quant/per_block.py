@@ -15,8 +15,9 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+from torch.compiler import is_compiling
 
-from tile_kernels_aot import _checks
+from tile_kernels_aot import _checks, _custom_ops
 from tile_kernels_aot._select import find_kernel
 from tile_kernels_aot.quant._common import (
     FORMATS, IN_DTYPES, MODE_CAST, MODE_PRECOMPUTED, MODE_SF_ONLY, VECTOR_BYTES, QuantTensor, alloc_quant_out, alloc_sf,
@@ -107,6 +108,8 @@ def per_block_cast(
         block_k)``, ``sf`` is float32 ``[m, b]`` row-major, or column-major with strides ``(1, align(m, 4))``,
         or packed int32 ``[m, ceil(b / 4)]`` with strides ``(1, align(m, 4))``.
     """
+    if is_compiling():
+        return _custom_ops.per_block_cast(x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
     return _per_block_cast('per_block_cast', x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, MODE_CAST)
 
 
@@ -119,6 +122,8 @@ def per_block_cast_with_sf_only(
     use_packed_ue8m0: bool = False,
 ) -> torch.Tensor:
     """``per_block_cast(...)[1]`` without writing the data: only the scale factors, in the same layout."""
+    if is_compiling():
+        return _custom_ops.per_block_cast_with_sf_only(x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
     return _per_block_cast('per_block_cast_with_sf_only', x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0,
                            MODE_SF_ONLY)[1]
 
@@ -138,6 +143,9 @@ def per_block_cast_with_precomputed_sf(
     row-major). The layout flags must be False, as upstream; ``round_sf`` does not change the result (the
     scale factors are used as given).
     """
+    if is_compiling():
+        return _custom_ops.per_block_cast_with_precomputed_sf(x, fmt, block_size, sf, use_tma_aligned_col_major_sf, round_sf,
+                                                              use_packed_ue8m0)
     return _per_block_cast('per_block_cast_with_precomputed_sf', x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf,
                            use_packed_ue8m0, MODE_PRECOMPUTED, sf)[0]
 
@@ -176,6 +184,9 @@ def per_block_cast_lossless(
         ``(out, sf)``: out float8_e4m3fn ``[num_tokens, hidden]`` contiguous, sf as per_block_cast returns it
         for ``out_block_size``.
     """
+    if is_compiling():
+        return _custom_ops.per_block_cast_lossless(x, fmt, x_block_size, out_block_size, use_tma_aligned_col_major_sf, round_sf,
+                                                   use_packed_ue8m0)
     op = 'per_block_cast_lossless'
     check_e4m3(op, fmt, ' (lossless re-encoding is e2m1 -> e4m3 only)')
     data, sf = unpack_quant(op, x)

@@ -15,8 +15,9 @@ from __future__ import annotations
 from typing import Optional, Union
 
 import torch
+from torch.compiler import is_compiling
 
-from tile_kernels_aot import _checks
+from tile_kernels_aot import _checks, _custom_ops
 from tile_kernels_aot import _index_checks
 from tile_kernels_aot._select import find_kernel
 from tile_kernels_aot.quant._common import IN_DTYPES, VECTOR_BYTES, QuantTensor, check_bool, check_e4m3, check_grid_y, row_aligned
@@ -64,6 +65,8 @@ def per_channel_cast_fused(
         ``(out, sf)``: out float8_e4m3fn ``[num_tokens_out, hidden]``, sf float32
         ``[ceil(num_tokens_out / 128), hidden]``, both contiguous.
     """
+    if is_compiling():
+        return _custom_ops.per_channel_cast_fused(x, fmt, num_per_tokens, round_sf, num_per_channels, pos_to_token)
     return _per_channel_cast('per_channel_cast_fused', x, fmt, num_per_tokens, round_sf, num_per_channels, pos_to_token)
 
 
@@ -143,6 +146,8 @@ def per_channel_cast(x: torch.Tensor, fmt: str, num_per_tokens: int, round_sf: b
     Returns:
         ``(out, sf)``: out float8_e4m3fn ``[num_tokens, hidden]``, sf float32 ``[num_tokens / 128, hidden]``.
     """
+    if is_compiling():
+        return _custom_ops.per_channel_cast(x, fmt, num_per_tokens, round_sf)
     if isinstance(x, tuple):
         raise TypeError('per_channel_cast: x must be a tensor (use per_channel_cast_fused for a (data, sf) input)')
     return _per_channel_cast('per_channel_cast', x, fmt, num_per_tokens, round_sf, None, None)
@@ -163,6 +168,8 @@ def per_channel_cast_and_transpose(x: torch.Tensor, fmt: str, num_per_tokens: in
         ``(out, sf)``: out float8_e4m3fn ``[hidden, num_tokens]``, sf float32
         ``[num_tokens / num_per_tokens, hidden]``, both contiguous.
     """
+    if is_compiling():
+        return _custom_ops.per_channel_cast_and_transpose(x, fmt, num_per_tokens, round_sf)
     op = 'per_channel_cast_and_transpose'
     check_e4m3(op, fmt)
     _checks.integer(op, 'num_per_tokens', num_per_tokens, low=1)

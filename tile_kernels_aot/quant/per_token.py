@@ -12,8 +12,9 @@ from __future__ import annotations
 from typing import Optional, Union
 
 import torch
+from torch.compiler import is_compiling
 
-from tile_kernels_aot import _checks
+from tile_kernels_aot import _checks, _custom_ops
 from tile_kernels_aot._select import find_kernel
 from tile_kernels_aot.quant._common import (
     FORMATS, IN_DTYPES, MODE_CAST, MODE_PRECOMPUTED, MODE_SF_ONLY, VECTOR_BYTES, QuantTensor, align, alloc_quant_out, alloc_sf,
@@ -209,6 +210,8 @@ def per_token_cast(
         is float32 ``[num_tokens, b]`` row-major, or column-major with strides ``(1, align(num_tokens, 4))``,
         or packed int32 ``[num_tokens, ceil(b / 4)]`` with strides ``(1, align(num_tokens, 4))``.
     """
+    if is_compiling():
+        return _custom_ops.per_token_cast(x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0)
     if fmt == 'e5m6':
         if isinstance(x, tuple) or x_block_size is not None:
             raise ValueError("per_token_cast: fmt='e5m6' takes a bfloat16 or float32 tensor, not a quantised (data, sf) input")
@@ -227,6 +230,9 @@ def per_token_cast_with_sf_only(
     use_packed_ue8m0: bool = False,
 ) -> torch.Tensor:
     """``per_token_cast(...)[1]`` without writing the data: only the scale factors, in the same layout."""
+    if is_compiling():
+        return _custom_ops.per_token_cast_with_sf_only(x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf, round_sf,
+                                                       use_packed_ue8m0)
     return _per_token_cast('per_token_cast_with_sf_only', x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf,
                            round_sf, use_packed_ue8m0, MODE_SF_ONLY)[1]
 
@@ -247,6 +253,9 @@ def per_token_cast_with_precomputed_sf(
     row-major); packed UE8M0 scale factors are not supported. ``round_sf`` and the layout flags do not
     change the result (the scale factors are used as given).
     """
+    if is_compiling():
+        return _custom_ops.per_token_cast_with_precomputed_sf(x, fmt, num_per_channels, sf, x_block_size, use_tma_aligned_col_major_sf,
+                                                              round_sf, use_packed_ue8m0)
     return _per_token_cast('per_token_cast_with_precomputed_sf', x, fmt, num_per_channels, x_block_size, use_tma_aligned_col_major_sf,
                            round_sf, use_packed_ue8m0, MODE_PRECOMPUTED, sf)[0]
 
@@ -270,6 +279,8 @@ def cast_back(
         x_special_fmt: None, or ``'e5m6'`` for the uint8 ``[num_tokens, hidden * 3 / 2]`` data of
             ``per_token_cast(fmt='e5m6')`` (blocks of ``(1, hidden)``).
     """
+    if is_compiling():
+        return _custom_ops.cast_back(x, fmt, x_block_size, x_special_fmt)
     op = 'cast_back'
     out_dtype = check_out_fmt(op, fmt)
     if x_special_fmt == 'e5m6':

@@ -25,8 +25,9 @@ from numbers import Real
 from typing import Optional
 
 import torch
+from torch.compiler import is_compiling
 
-from tile_kernels_aot import _checks, config, targets
+from tile_kernels_aot import _checks, _custom_ops, config, targets
 from tile_kernels_aot import _index_checks
 from tile_kernels_aot._select import find_kernel, kernel_constant, package_for_device, prebuilt_specs
 from tile_kernels_aot.quant._common import (
@@ -137,6 +138,10 @@ def swiglu_forward_and_per_token_cast(
         ``(1, align(num_expanded_tokens, 4))``, or packed int32 ``[num_expanded_tokens, ceil(hidden / 512)]``
         with strides ``(1, align(num_expanded_tokens, 4))``.
     """
+    if is_compiling():
+        return _custom_ops.swiglu_forward_and_per_token_cast(x, fmt, num_per_channels, pos_to_token_topk, topk_weights, pos_to_expert,
+                                                             use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, swiglu_clamp_value,
+                                                             clamped_count, sf_clamp_min)
     op = 'swiglu_forward_and_per_token_cast'
     check_e4m3(op, fmt, _FMT_WHY)
     _checks.tensor(op, 'x', x, ndim=2, dtypes=tuple(IN_DTYPES))
@@ -266,6 +271,9 @@ def swiglu_forward_and_per_channel_cast_and_transpose(
         ``(out, sf)``: ``out`` float8_e4m3fn ``[hidden, num_tokens]`` (or ``[num_tokens, hidden]``), contiguous;
         ``sf`` float32 ``[num_tokens / num_per_tokens, hidden]``, contiguous.
     """
+    if is_compiling():
+        return _custom_ops.swiglu_forward_and_per_channel_cast_and_transpose(x, fmt, num_per_tokens, round_sf, without_transpose,
+                                                                             swiglu_clamp_value)
     op = 'swiglu_forward_and_per_channel_cast_and_transpose'
     check_e4m3(op, fmt, _FMT_WHY)
     _checks.tensor(op, 'x', x, ndim=2, dtypes=(torch.bfloat16,))
@@ -329,6 +337,9 @@ def swiglu_backward_and_per_token_cast(
         (row-major), cast from the float32 gradient; x_grad bfloat16 ``[N, 2 * hidden]``; weight_grad float32
         ``[num_tokens, num_topk]``.
     """
+    if is_compiling():
+        return _custom_ops.swiglu_backward_and_per_token_cast(x, grad_out, weight, pos_to_token_topk, token_topk_to_pos, num_per_channels,
+                                                              round_sf, swiglu_clamp_value)
     op = 'swiglu_backward_and_per_token_cast'
     data, sf = unpack_quant(op, x)
     _checks.tensor(op, 'x[0] (data)', data, ndim=(2, 3), dtypes=(torch.float8_e4m3fn,))
