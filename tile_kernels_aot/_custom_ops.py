@@ -36,7 +36,6 @@ from __future__ import annotations
 import contextlib
 import importlib
 from collections.abc import Callable
-from typing import Optional
 
 import torch
 from torch.compiler import is_compiling
@@ -61,7 +60,7 @@ def _not_compiling():
         torch.compiler._is_compiling_flag = flag
 
 
-def _kernel(public: str, eager: Optional[Callable]) -> Callable:
+def _kernel(public: str, eager: Callable | None) -> Callable:
     """The op's kernel: the public function ``public`` ('module.name', looked up at the first call, since the op
     modules import this one), called with the op's arguments, or through ``eager(function, *args)``."""
     module, name = public.split('.')
@@ -79,7 +78,7 @@ def _kernel(public: str, eager: Optional[Callable]) -> Callable:
     return run
 
 
-def _define(schema: str, public: str, fake: Callable, eager: Optional[Callable] = None) -> torch._ops.OpOverloadPacket:
+def _define(schema: str, public: str, fake: Callable, eager: Callable | None = None) -> torch._ops.OpOverloadPacket:
     """Define tile_kernels_aot::<name> by its schema: served by the public function ``public`` on CUDA tensors (and on
     CPU ones, which it refuses with its own message), and described by ``fake`` under FakeTensorMode and on meta."""
     name = schema[:schema.index('(')]

@@ -66,6 +66,12 @@ def test_cpu_tensors_get_the_ops_own_error():
         torch.ops.tile_kernels_aot.topk_gate(torch.randn(4, 8), 2)
 
 
+def test_eager_calls_do_not_go_through_the_ops():
+    with OpCalls() as recorded, pytest.raises(ValueError, match='must be on a CUDA device'):
+        moe.topk_gate(torch.randn(4, 8, device='meta'), 2)
+    assert recorded.calls == []
+
+
 def test_a_kernel_run_inside_a_compile_session_takes_the_eager_path(monkeypatch):
     # The public function must not hand the call back to the op (which would recurse).
     monkeypatch.setattr(torch.compiler, '_is_compiling_flag', True)
