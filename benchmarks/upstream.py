@@ -22,6 +22,7 @@ import torch
 
 import tile_kernels_aot as ours
 from benchmarks.run import Timer, cases_of, copy_bandwidth, installed_kernels, nbytes, no_case_row, select
+from benchmarks.mhc_mixes import UPSTREAM_CASES as MHC_MIXES_CASES
 from benchmarks.engram import UPSTREAM_CASES as ENGRAM_CASES
 from benchmarks.mhc_norm_fn import UPSTREAM_CASES as MHC_NORM_FN_CASES
 
@@ -331,6 +332,7 @@ CASES = {
     'quant.cast_back_e5m6': e5m6_cast_back_case,
     **ENGRAM_CASES,
     **MHC_NORM_FN_CASES,
+    **MHC_MIXES_CASES,
 }
 
 
