@@ -7,8 +7,10 @@ n_splits), so every split has its share and one with none writes zeros. Each ste
 memory (cp.async, one step ahead), converts it to float32 registers in the MMA's A layout, adds the squares to
 per-thread sums and runs m16n8k8 TF32 mma.sync against fn's tile, padded to MIX_COLUMNS rows with zeros. The
 CTA writes its (FWD_TOKENS, mhc3) products and the FWD_TOKENS sums of squares to partial[s]. A bf16 value is
-exact in TF32, so only fn is rounded. WGMMA is off (its TF32 form takes K-major operands only in shared
-memory); on sm_90a and sm_100f alike the MMA is HMMA.1688.F32.TF32.
+exact in TF32, so only fn is rounded. Each warp owns 16 tokens and all MIX_COLUMNS columns (GemmWarpPolicy.FullRow),
+so a CTA reads fn's tile once per FWD_TOKENS tokens. WGMMA is off, as upstream has it: with the accumulators in
+registers, T.gemm then lowers to m16n8k8 mma.sync on both targets (HMMA.1688.F32.TF32 in the sm_90a and sm_100f
+SASS alike).
 
 Backward: one CTA per BWD_STEP columns of width loops over all tokens, BWD_TOKENS at a time, in order: with g
 the products' gradient (T, MIX_COLUMNS), TF32-rounded and zero-padded by mhc.pre_norm_fn_bwd_norm, it adds

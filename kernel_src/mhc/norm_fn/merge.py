@@ -15,6 +15,8 @@ from kernel_src.mhc.norm_fn.common import MHC_PARAMS, check_mhc, mhc_specs, mix_
 VEC = 4  # float32 columns per thread: one 16-byte access
 THREADS = 128
 COLUMNS_PER_BLOCK = VEC * THREADS
+BWD_THREADS = 64  # the backward's grid is its column blocks alone: 64-thread CTAs make 112 of them at a width of 4 * 7168
+BWD_COLUMNS_PER_BLOCK = VEC * BWD_THREADS
 
 
 def build_fwd(arch: Arch, mhc: int) -> KernelProgram:
@@ -49,9 +51,9 @@ def build_bwd(arch: Arch, mhc: int) -> KernelProgram:
         fn_grad: T.Tensor[(rows, width), T.float32],
         normw_grad: T.Tensor[(width,), T.float32],
     ):
-        with T.Kernel(T.ceildiv(width, COLUMNS_PER_BLOCK), threads=THREADS) as pid:
+        with T.Kernel(T.ceildiv(width, BWD_COLUMNS_PER_BLOCK), threads=BWD_THREADS) as pid:
             T.assume(width % VEC == 0)
-            col = pid * COLUMNS_PER_BLOCK + T.get_thread_binding() * VEC
+            col = pid * BWD_COLUMNS_PER_BLOCK + T.get_thread_binding() * VEC
             weight = T.alloc_local((VEC,), T.float32)
             total = T.alloc_local((VEC,), T.float32)
             grad = T.alloc_local((VEC,), T.float32)
