@@ -178,6 +178,22 @@ def test_unknown_schema(package, schema):
 # -- kernel folders and arch packages ----------------------------------------------------------------------
 
 
+def test_an_installed_arch_package_without_its_manifest(tmp_path, monkeypatch):
+    """An arch wheel whose folder is there but whose manifest.json is gone: the error names the distribution."""
+    root = make_package(tmp_path / 'site' / 'tile_kernels_aot_sm90a')
+    (root / 'manifest.json').unlink()
+    monkeypatch.setenv(_select.KERNEL_DIRS_ENV, '')
+    monkeypatch.setattr(_select, 'find_arch_package', lambda target: root if target == 'sm_90a' else None)
+    monkeypatch.setattr(_select, 'device_facts', lambda index: ('NVIDIA H200', (9, 0)))
+    _select.reset()
+    try:
+        with pytest.raises(ManifestError) as info:
+            load()
+    finally:
+        _select.reset()
+    assert (info.value.reason, info.value.package, info.value.file) == ('missing', 'tile-kernels-aot-sm90a', str(root / 'manifest.json'))
+
+
 def test_kernel_dirs_naming_a_missing_folder(package, monkeypatch, tmp_path):
     missing = tmp_path / 'no-such-build' / 'sm_90a'
     monkeypatch.setenv(_select.KERNEL_DIRS_ENV, f'{package}:{missing}')
@@ -229,7 +245,10 @@ def fields(e: KernelIntegrityError) -> dict:
     return {'kernel': e.kernel, 'package': e.package, 'file': e.file, 'target': e.target, 'expected_sha256': e.expected_sha256}
 
 
-def test_missing_cubin(package):
+@pytest.mark.parametrize('verify', ['1', '0'])
+def test_missing_cubin(package, monkeypatch, verify):
+    monkeypatch.setenv(_select.VERIFY_ENV, verify)
+    _select.reset()
     (package / CUBIN).unlink()
     with pytest.raises(CubinMissingError) as info:
         load().image()
