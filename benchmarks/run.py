@@ -28,6 +28,7 @@ import torch
 import tile_kernels_aot
 from tile_kernels_aot._select import package_for_device, prebuilt_specs
 from tile_kernels_aot.quant.per_token import per_token_requant_spec
+from benchmarks.mhc_stream import RUN_CASES as MHC_STREAM_CASES
 from benchmarks.mhc_mixes import RUN_CASES as MHC_MIXES_CASES
 from benchmarks.engram import RUN_CASES as ENGRAM_CASES
 from benchmarks.mhc_norm_fn import RUN_CASES as MHC_NORM_FN_CASES
@@ -509,6 +510,7 @@ CASES = {
     **ENGRAM_CASES,
     **MHC_NORM_FN_CASES,
     **MHC_MIXES_CASES,
+    **MHC_STREAM_CASES,
 }
 
 

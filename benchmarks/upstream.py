@@ -22,6 +22,7 @@ import torch
 
 import tile_kernels_aot as ours
 from benchmarks.run import Timer, cases_of, copy_bandwidth, installed_kernels, nbytes, no_case_row, select
+from benchmarks.mhc_stream import UPSTREAM_CASES as MHC_STREAM_CASES
 from benchmarks.mhc_mixes import UPSTREAM_CASES as MHC_MIXES_CASES
 from benchmarks.engram import UPSTREAM_CASES as ENGRAM_CASES
 from benchmarks.mhc_norm_fn import UPSTREAM_CASES as MHC_NORM_FN_CASES
@@ -333,6 +334,7 @@ CASES = {
     **ENGRAM_CASES,
     **MHC_NORM_FN_CASES,
     **MHC_MIXES_CASES,
+    **MHC_STREAM_CASES,
 }
 
 

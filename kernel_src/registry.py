@@ -10,6 +10,7 @@ from kernel_src.quant import swiglu
 from kernel_src.quant import per_block_cast, per_block_cast_lossless
 from kernel_src.quant import e5m6, per_channel_cast
 from kernel_src.transpose import batched_transpose
+from kernel_src.mhc import expand, multilayer_recompute, post, pre_apply_mix
 from kernel_src.mhc import head_compute_mix, pre_split_mixes, sinkhorn
 from kernel_src.engram import fused_weight, gate_bwd, gate_fwd, grad_w_reduce, ngram_hash
 from kernel_src.mhc.norm_fn import gemm as norm_fn_gemm, merge as norm_fn_merge, norm as norm_fn_norm
@@ -58,5 +59,12 @@ DECLS: dict[str, KernelDecl] = {
         sinkhorn.BWD,
         head_compute_mix.FWD,
         head_compute_mix.BWD,
+        expand.FWD,
+        expand.BWD,
+        pre_apply_mix.FWD,
+        pre_apply_mix.BWD,
+        post.FWD,
+        post.BWD,
+        multilayer_recompute.DECL,
     )
 }
