@@ -18,7 +18,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 from torch.utils import _pytree as pytree
 
-from tests.fixtures.custom_ops import ALIGNMENT, CASES, HIDDEN, NUM_EXPERTS, NUM_TOPK, OpCalls, routing_block, routing_inputs
+from tests.fixtures.custom_ops import ALIGNMENT, CASES, HIDDEN, NUM_EXPERTS, NUM_TOPK, OpCalls, routing_block, routing_inputs, writes_inputs
 from tile_kernels_aot import _custom_ops, moe, quant, reference, transpose
 
 # Public names that are no ops: helpers the GPU tests and benchmarks use, and a type.
@@ -174,4 +174,21 @@ def test_routing_block_compiles_to_one_graph_on_meta():
     for name in ('top2_sum_gate', 'get_fused_mapping', 'expand_to_fused', 'per_token_cast', 'reduce_fused'):
         packet = getattr(torch.ops.tile_kernels_aot, name)
         assert packet in called or packet.default in called, name
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize('backend', ['aot_eager', 'aot_eager_decomp_partition'])
+def test_ops_that_write_inputs_compile_through_aot_autograd_on_meta(backend):
+    """AOTAutograd functionalises the ops that write their inputs (auto_functionalized) and writes the results back."""
+    torch._dynamo.reset()
+    meta = {'device': 'meta'}
+    for num_tokens in (40, 72):
+        args = (torch.empty(num_tokens, 8, dtype=torch.int64, **meta), torch.empty(3 * num_tokens, 128, dtype=torch.bfloat16, **meta),
+                torch.empty(num_tokens, 4, **meta), torch.empty(num_tokens, 4, dtype=torch.int32, **meta),
+                torch.empty(num_tokens, 128, dtype=torch.bfloat16, **meta), torch.empty(num_tokens, 64, **meta), torch.empty(64, **meta),
+                torch.empty(num_tokens, 6, dtype=torch.int64, **meta), torch.empty(num_tokens, 512, dtype=torch.bfloat16, **meta),
+                torch.empty(3, dtype=torch.int64, **meta))
+        out, sf = torch.compile(writes_inputs, fullgraph=True, dynamic=True, backend=backend)(*args)
+        assert _layout(out) == ((num_tokens, 256), (256, 1), torch.float8_e4m3fn)
+        assert _layout(sf) == ((num_tokens, 2), (2, 1), torch.float32)
     torch._dynamo.reset()
