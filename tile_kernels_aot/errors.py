@@ -110,7 +110,7 @@ class KernelIntegrityError(ArtifactError):
                  expected_sha256: str, found_sha256: str | None = None) -> None:
         self.kernel, self.target = kernel, target
         self.expected_sha256, self.found_sha256 = expected_sha256, found_sha256
-        super().__init__(f'{kernel}: {message}; reinstall the arch package' + (f' {package}' if package else ''),
+        super().__init__(f'{kernel}: {message}; reinstall or rebuild the arch package' + (f' ({package})' if package else ''),
                          package=package, file=file)
 
 
