@@ -236,3 +236,60 @@ def test_prebuilt_specs_cover_the_models():
         post_src.BWD.normalize({'mhc': 8, 'hidden': 4096})
     with pytest.raises(ValueError, match='hidden must be a positive multiple of 8'):
         mix_src.FWD.normalize({'mhc': 4, 'hidden': 1284})
+
+
+STREAM_KERNELS = ('mhc.expand_to_mhc_fwd', 'mhc.expand_to_mhc_bwd', 'mhc.pre_apply_mix_fwd', 'mhc.pre_apply_mix_bwd', 'mhc.post_fwd',
+                  'mhc.post_bwd', 'mhc.multilayer_recompute')
+
+
+@pytest.fixture(scope='module')
+def stream_build(tmp_path_factory):
+    """sm_90a binaries of every stream kernel at mhc 4, H 1280 (tilelang + nvcc, no GPU)."""
+    pytest.importorskip('tilelang')
+    from build_tools.build import BuildArgs, build
+    from kernel_src.decl import Arch
+
+    root = tmp_path_factory.mktemp('mhc_stream')
+    specs = root / 'specs.json'
+    specs.write_text(json.dumps([{'kernel': k, 'params': {'mhc': MHC, 'hidden': H}} for k in STREAM_KERNELS]))
+    build(BuildArgs(archs=(Arch('sm_90a'),), kernels=STREAM_KERNELS, specs_file=specs, prebuilt=False, jobs=2, out=root / 'dist',
+                    build_dir=root / 'build', wheels=False))
+    return root / 'build' / 'sm_90a'
+
+
+@pytest.mark.build
+def test_ops_bind_their_tensors_to_the_built_entries(stream_build, monkeypatch):
+    """Each op's tensors and names satisfy its binary's manifest (shapes, strides, dtypes, alignment); the launch
+    itself is replaced by a record of the bound dims and the grid."""
+    from tile_kernels_aot import _launch
+
+    monkeypatch.setenv(_select.KERNEL_DIRS_ENV, str(stream_build))
+    monkeypatch.setattr(_select, 'device_facts', lambda index: ('NVIDIA H200', (9, 0)))
+    monkeypatch.setattr(_checks, 'on_one_cuda_device', lambda op, **tensors: 0)
+    launched = []
+
+    def record(self, device, tensors, scalars=None):
+        env = self._plan.bind(tensors, scalars or {})
+        launched.append((self.entry.kernel, env, [tuple(axis(env) for axis in grid) for grid in self._grids]))
+
+    monkeypatch.setattr(_launch.LoadedKernel, '__call__', record)
+    # No pinned memory without a GPU: the tables stay on the host.
+    monkeypatch.setattr(torch, 'tensor', lambda data, *, pin_memory=False, _tensor=torch.tensor, **kw: _tensor(data, **kw))
+    monkeypatch.setattr(torch.Tensor, 'to', lambda self, *args, **kwargs: self)
+    _select.reset()
+    try:
+        expand_to_mhc_fwd(rows(), MHC)
+        expand_to_mhc_bwd(streams())
+        mhc_pre_apply_mix_fwd(streams(), mix())
+        mhc_pre_apply_mix_bwd(rows(), streams(), mix(), streams())
+        mhc_post_fwd(*post_args())
+        mhc_post_bwd(*post_args(), streams())
+        for num_layers, num_post in ((1, 0), (3, 2), (2, 2)):
+            mhc_multilayer_recompute(streams(), *layers(num_layers, num_post))
+    finally:
+        _select.reset()
+    tokens = LEAD[0] * LEAD[1]
+    assert [k for k, _, _ in launched] == list(STREAM_KERNELS) + ['mhc.multilayer_recompute'] * 2
+    for kernel, env, grids in launched:
+        assert env['num_tokens'] == tokens and grids[0][0] == tokens, kernel
+    assert [(env['num_layers'], env['num_post']) for k, env, _ in launched[-3:]] == [(1, 0), (3, 2), (2, 2)]
