@@ -1,4 +1,4 @@
-"""Benchmark cases of the mHC mixing kernels (split_mixes, sinkhorn, head_compute_mix): RUN_CASES for
+"""Benchmark cases of the mHC mixing kernels (split_mixes, sinkhorn, head_compute_mix, pre_big_fuse): RUN_CASES for
 benchmarks.run (spec, tokens) and UPSTREAM_CASES for benchmarks.upstream (tk, tokens), on the same inputs.
 
 Sinkhorn runs at repeat 20 (DeepSeek-V4) and 10 (upstream's default); the (8192, 4, 4) forward is a target of
@@ -90,6 +90,24 @@ def head_bwd_case(spec, tokens):
     return f'T={tokens}', lambda: mhc_head_compute_mix_bwd(grad, mix, scale, base), 3 * nbytes(mix)
 
 
+def _big_fuse_inputs(mhc, hidden, tokens):
+    mhc3 = mhc * (mhc + 2)
+    residual = torch.randn(tokens, mhc, hidden, device='cuda').bfloat16()
+    fn = torch.randn(mhc3, mhc * hidden, device='cuda') * 1e-2
+    return residual, fn, torch.randn(3, device='cuda') * 0.1 + 1, torch.randn(mhc3, device='cuda') * 0.1
+
+
+def big_fuse_case(spec, tokens):
+    from tile_kernels_aot.mhc.pre_big_fuse import mhc_pre_big_fuse
+
+    residual, fn, scale, base = _big_fuse_inputs(spec['mhc'], spec['hidden'], tokens)
+    cases = []
+    for n_splits in (16, 1):
+        fn_call = lambda n_splits=n_splits: mhc_pre_big_fuse(residual, fn, scale, base, EPS, EPS, EPS, POST_MULT, 20, n_splits)  # noqa: E731
+        cases.append((f'T={tokens} n_splits={n_splits}', fn_call, nbytes(residual, fn, *fn_call())))
+    return cases
+
+
 RUN_CASES = {
     'mhc.pre_split_mixes_fwd': split_fwd_case,
     'mhc.pre_split_mixes_bwd': split_bwd_case,
@@ -97,6 +115,7 @@ RUN_CASES = {
     'mhc.sinkhorn_bwd': sinkhorn_bwd_case,
     'mhc.head_compute_mix_fwd': head_fwd_case,
     'mhc.head_compute_mix_bwd': head_bwd_case,
+    'mhc.pre_big_fuse': big_fuse_case,
 }
 
 
@@ -226,6 +245,23 @@ def upstream_head_bwd_case(tk, tokens):
     return 'mhc 4', lambda: mhc_head_compute_mix_bwd(grad, mix, scale, base), theirs, _close_to(1e-4, 1e-3), 3 * nbytes(mix)
 
 
+def upstream_big_fuse_case(tk, tokens):
+    """DeepSeek-V4-Flash's shape (H 4096, repeat 20). Upstream's TileLang path forces n_splits = 1 and its GEMM adds
+    in another order than ours, so the results are compared at the tolerances of upstream's norm_fn test."""
+    from tile_kernels.modeling.mhc.ops.pre_big_fuse import mhc_pre_big_fuse as theirs_op
+    from tile_kernels_aot.mhc.pre_big_fuse import mhc_pre_big_fuse
+
+    residual, fn, scale, base = _big_fuse_inputs(4, 4096, tokens)
+    args = (EPS, EPS, EPS, POST_MULT, 20)
+
+    def compare(a, b):
+        return all(x.shape == y.shape and torch.allclose(x.float(), y.float(), rtol=1e-2, atol=1e-2) for x, y in zip(a, b, strict=True))
+
+    moved = nbytes(residual, fn) + tokens * (4 * 4 + 16 * 4 + 4096 * 2)
+    return [(f'H 4096 n_splits {n}', (lambda n=n: mhc_pre_big_fuse(residual, fn, scale, base, *args, n)),
+             (lambda: theirs_op(residual, fn, scale, base, *args, 1)), compare, moved) for n in (16, 1)]
+
+
 UPSTREAM_CASES = {
     'mhc.pre_split_mixes_fwd': upstream_split_fwd_case,
     'mhc.pre_split_mixes_bwd': upstream_split_bwd_case,
@@ -233,4 +269,5 @@ UPSTREAM_CASES = {
     'mhc.sinkhorn_bwd': upstream_sinkhorn_bwd_case,
     'mhc.head_compute_mix_fwd': upstream_head_fwd_case,
     'mhc.head_compute_mix_bwd': upstream_head_bwd_case,
+    'mhc.pre_big_fuse': upstream_big_fuse_case,
 }

@@ -11,7 +11,7 @@ from kernel_src.quant import per_block_cast, per_block_cast_lossless
 from kernel_src.quant import e5m6, per_channel_cast
 from kernel_src.transpose import batched_transpose
 from kernel_src.mhc import expand, multilayer_recompute, post, pre_apply_mix
-from kernel_src.mhc import head_compute_mix, pre_split_mixes, sinkhorn
+from kernel_src.mhc import head_compute_mix, pre_big_fuse, pre_split_mixes, sinkhorn
 from kernel_src.engram import fused_weight, gate_bwd, gate_fwd, grad_w_reduce, ngram_hash
 from kernel_src.mhc.norm_fn import gemm as norm_fn_gemm, merge as norm_fn_merge, norm as norm_fn_norm
 
@@ -59,6 +59,7 @@ DECLS: dict[str, KernelDecl] = {
         sinkhorn.BWD,
         head_compute_mix.FWD,
         head_compute_mix.BWD,
+        pre_big_fuse.DECL,
         expand.FWD,
         expand.BWD,
         pre_apply_mix.FWD,

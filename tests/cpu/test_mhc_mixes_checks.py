@@ -1,4 +1,4 @@
-"""The mixing ops (split_mixes, sinkhorn, head_compute_mix) refuse bad input with CPU tensors, naming
+"""The mixing ops (split_mixes, sinkhorn, head_compute_mix, pre_big_fuse) refuse bad input with CPU tensors, naming
 the op and the argument, before anything is allocated or launched; a spec that is not built raises
 SpecNotPrebuiltError. No GPU: the device is faked where a test gets as far as choosing a binary."""
 
@@ -12,6 +12,7 @@ import torch
 from tile_kernels_aot import _checks
 from tile_kernels_aot.errors import SpecNotPrebuiltError
 from tile_kernels_aot.mhc.head_compute_mix import mhc_head_compute_mix_bwd, mhc_head_compute_mix_fwd
+from tile_kernels_aot.mhc.pre_big_fuse import mhc_pre_big_fuse
 from tile_kernels_aot.mhc.pre_split_mixes import mhc_pre_split_mixes_bwd, mhc_pre_split_mixes_fwd
 from tile_kernels_aot.mhc.sinkhorn import mhc_sinkhorn_bwd, mhc_sinkhorn_fwd
 
@@ -154,6 +155,44 @@ def test_head_compute_mix_bwd_refuses(change, error, message):
         mhc_head_compute_mix_bwd(**args)
 
 
+H = 256
+
+
+def big_fuse_args(**change):
+    args = dict(residual=torch.zeros(2, 3, N, H, dtype=torch.bfloat16), fn=torch.zeros(MHC3, N * H), mhc_scale=torch.ones(3),
+                mhc_base=torch.zeros(MHC3), rms_eps=1e-6, mhc_pre_eps=1e-6, mhc_sinkhorn_eps=1e-6, mhc_post_mult_value=2.0,
+                sinkhorn_repeat=20, n_splits=16)
+    args.update(change)
+    return args
+
+
+BAD_BIG_FUSE = [
+    (dict(residual=torch.zeros(2, 3, N, H)), TypeError, 'residual must be bfloat16'),
+    (dict(residual=torch.zeros(N * H, dtype=torch.bfloat16)), ValueError, 'residual must have'),
+    (dict(residual=torch.zeros(2, 3, 5, H, dtype=torch.bfloat16)), ValueError, r'residual.shape\[-2\] \(mhc\) must be in \[1, 4\]'),
+    (dict(residual=torch.zeros(2, 3, H, N, dtype=torch.bfloat16).transpose(-1, -2)), ValueError, 'residual must be contiguous'),
+    (dict(residual=misaligned(torch.zeros(2, 3, N, H, dtype=torch.bfloat16))), ValueError, 'residual must be 16-byte aligned'),
+    (dict(fn=torch.zeros(MHC3, N * H, dtype=torch.bfloat16)), TypeError, 'fn must be float32'),
+    (dict(fn=torch.zeros(MHC3, N * H + 8)), ValueError, r'fn must have shape \(24, 1024\)'),
+    (dict(mhc_scale=torch.ones(1)), ValueError, 'mhc_scale must have 3 elements'),
+    (dict(mhc_base=torch.zeros(N)), ValueError, 'mhc_base must have 24 elements'),
+    (dict(rms_eps=math.nan), ValueError, 'rms_eps must be finite'),
+    (dict(mhc_pre_eps=1e300), ValueError, 'mhc_pre_eps must be finite'),
+    (dict(mhc_sinkhorn_eps='1e-6'), TypeError, 'mhc_sinkhorn_eps must be a float'),
+    (dict(mhc_post_mult_value=math.inf), ValueError, 'mhc_post_mult_value must be finite'),
+    (dict(sinkhorn_repeat=0), ValueError, 'sinkhorn_repeat must be in'),
+    (dict(sinkhorn_repeat=10.0), TypeError, 'sinkhorn_repeat must be an int'),
+    (dict(n_splits=0), ValueError, 'n_splits must be in'),
+    (dict(n_splits=100000), ValueError, 'n_splits must be in'),
+]
+
+
+@pytest.mark.parametrize('change, error, message', BAD_BIG_FUSE)
+def test_pre_big_fuse_refuses(change, error, message):
+    with pytest.raises(error, match='mhc_pre_big_fuse: ' + message):
+        mhc_pre_big_fuse(**big_fuse_args(**change))
+
+
 def test_good_cpu_input_gets_as_far_as_the_device_check():
     """Valid arguments pass every check but the last: CPU tensors are not on a CUDA device."""
     calls = [
@@ -163,6 +202,7 @@ def test_good_cpu_input_gets_as_far_as_the_device_check():
         lambda: mhc_sinkhorn_bwd(torch.zeros(2, 3, N, N), torch.zeros(2, 3, N, N), 20, 1e-6),
         lambda: mhc_head_compute_mix_fwd(torch.zeros(2, 3, N), torch.ones(1), torch.zeros(N), 1e-6),
         lambda: mhc_head_compute_mix_bwd(torch.zeros(T, N), torch.zeros(T, N), torch.ones(()).view(1), torch.zeros(N)),
+        lambda: mhc_pre_big_fuse(**big_fuse_args()),
     ]
     for call in calls:
         with pytest.raises(ValueError, match='must be on a CUDA device'):
@@ -181,8 +221,10 @@ def test_unbuilt_specs_raise_spec_not_prebuilt(fake_device, monkeypatch):  # noq
         'mhc.head_compute_mix_fwd': lambda: mhc_head_compute_mix_fwd(torch.zeros(T, N), torch.ones(1), torch.zeros(N), 1e-6),
         'mhc.head_compute_mix_bwd': lambda: mhc_head_compute_mix_bwd(torch.zeros(T, N), torch.zeros(T, N), torch.ones(1), torch.zeros(N)),
     }
+    calls['mhc.pre_big_fuse'] = lambda: mhc_pre_big_fuse(**big_fuse_args())
     for kernel, call in calls.items():
-        with pytest.raises(SpecNotPrebuiltError, match=f'{kernel} has no prebuilt sm_90a binary for mhc=4'):
+        with pytest.raises(SpecNotPrebuiltError, match=f'{kernel} has no prebuilt sm_90a binary for mhc=4'
+                                                       + (f', hidden={H}' if kernel == 'mhc.pre_big_fuse' else '')):
             call()
 
 
@@ -201,3 +243,6 @@ def test_empty_input_returns_empty_outputs_without_a_kernel(fake_device, monkeyp
     assert mhc_head_compute_mix_fwd(torch.zeros(0, N), torch.ones(1), torch.zeros(N), 0.0).shape == (0, N)
     input_grad, scale_grad, base_grad = mhc_head_compute_mix_bwd(torch.zeros(0, N), torch.zeros(0, N), torch.ones(1), torch.zeros(N))
     assert input_grad.shape == (0, N) and scale_grad.tolist() == [0.0] and base_grad.tolist() == [0.0] * N
+    post, comb, layer_input = mhc_pre_big_fuse(**big_fuse_args(residual=torch.zeros(3, 0, N, H, dtype=torch.bfloat16)))
+    assert post.shape == (3, 0, N, 1) and comb.shape == (3, 0, N, N) and layer_input.shape == (3, 0, H)
+    assert layer_input.dtype == torch.bfloat16

@@ -1,6 +1,6 @@
 """The mHC mixing kernels (split_mixes, sinkhorn, head_compute_mix fwd and bwd) against torch autograd of
 tile_kernels_aot.reference.mhc with upstream's tolerances, at every installed spec, over poisoned outputs; their
-token sums bitwise the same at every SM count.
+token sums bitwise the same at every SM count; pre_big_fuse bitwise equal to the composed raw ops.
 
 Gradients are compared with the reference's autograd in float64 (cast to float32): the scale and base gradients
 add up to 8192 tokens' terms, where a float32 reference's own rounding would be the larger error.
@@ -185,3 +185,50 @@ def test_head_compute_mix_bwd_sums_do_not_depend_on_the_sm_count(spec, restore_n
         for a, e in zip(other, results[0], strict=True):
             assert_bitwise_equal(a, e)
 
+
+# -- pre_big_fuse ---------------------------------------------------------------------------------------------------
+
+
+def composed_pre(residual, fn, scale, base, rms_eps, pre_eps, sinkhorn_eps, post_mult, repeat, n_splits):
+    """The pre step through the separate raw ops, which pre_big_fuse must equal bit for bit."""
+    from tile_kernels_aot.mhc.norm_fn import mhc_pre_norm_fn_fwd
+    from tile_kernels_aot.mhc.pre_apply_mix import mhc_pre_apply_mix_fwd
+
+    mhc = residual.shape[-2]
+    mixes, *_ = mhc_pre_norm_fn_fwd(residual, fn, rms_eps, n_splits)
+    pre, post, comb = mhc_pre_split_mixes_fwd(mixes, scale, base, mhc, post_mult, pre_eps)
+    return post, mhc_sinkhorn_fwd(comb, repeat, sinkhorn_eps), mhc_pre_apply_mix_fwd(residual, pre)
+
+
+@pytest.mark.parametrize('spec', installed_specs('mhc.pre_big_fuse'))
+@pytest.mark.parametrize('tokens', (1, 512, 1024, 2048, 8192))
+@pytest.mark.parametrize('n_splits', (1, 16))
+def test_pre_big_fuse_equals_the_composed_ops(spec, tokens, n_splits):
+    from tile_kernels_aot.mhc.pre_big_fuse import mhc_pre_big_fuse
+
+    mhc, hidden = spec['mhc'], spec['hidden']
+    mhc3 = mhc * (mhc + 2)
+    residual = torch.randn(1, tokens, mhc, hidden, device='cuda').bfloat16()
+    fn = torch.randn(mhc3, mhc * hidden, device='cuda') * 1e-2
+    scale, base = torch.randn(3, device='cuda') * 0.5 + 1, torch.randn(mhc3, device='cuda') * 0.5
+    args = (1e-6, 1e-6, 1e-6, POST_MULT, 20, n_splits)
+    expected = composed_pre(residual, fn, scale, base, *args)
+    poison_like(*expected)
+    actual = mhc_pre_big_fuse(residual, fn, scale, base, *args)
+    for a, e in zip(actual, expected, strict=True):
+        assert_bitwise_equal(a, e)
+
+
+@pytest.mark.parametrize('spec', installed_specs('mhc.pre_big_fuse', where=lambda s: s['hidden'] == 4096))
+def test_pre_big_fuse_run_time_arguments(spec):
+    """Other eps, repeat and post_mult values through the same binary: still the composed ops' bits."""
+    from tile_kernels_aot.mhc.pre_big_fuse import mhc_pre_big_fuse
+
+    mhc, hidden = spec['mhc'], spec['hidden']
+    mhc3 = mhc * (mhc + 2)
+    residual = torch.randn(1, 333, mhc, hidden, device='cuda').bfloat16()
+    fn = torch.randn(mhc3, mhc * hidden, device='cuda') * 1e-2
+    scale, base = torch.randn(3, device='cuda') * 0.5 + 1, torch.randn(mhc3, device='cuda') * 0.5
+    for args in ((1e-5, 1e-3, 1e-4, 1.0, 1, 3), (1e-6, 0.0, 0.0, 0.5, 10, 16)):
+        for a, e in zip(mhc_pre_big_fuse(residual, fn, scale, base, *args), composed_pre(residual, fn, scale, base, *args), strict=True):
+            assert_bitwise_equal(a, e)

@@ -55,8 +55,8 @@ def mhc_sinkhorn_bwd(grad_out: torch.Tensor, x: torch.Tensor, repeat: int, eps: 
 
     Args:
         grad_out: ``[..., n, n]`` float32, x's shape, contiguous, 16-byte aligned.
-        x, repeat, eps: as given to the forward; ``repeat`` at most the kernel's ``max_repeat`` (24: the
-            backward keeps every step's input in shared memory).
+        x, repeat, eps: as given to the forward; ``repeat`` at most the binary's ``max_repeat`` constant (the
+            backward keeps every step's input in shared memory, sized for that many rounds).
 
     Returns:
         grad_in, float32, x's shape.
