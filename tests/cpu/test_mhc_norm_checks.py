@@ -12,7 +12,12 @@ import torch
 from tile_kernels_aot import _checks
 from tile_kernels_aot.errors import SpecNotPrebuiltError
 from tile_kernels_aot.mhc.norm_fn import (
-    MAX_N_SPLITS, mhc_fn_normw_merge_bwd, mhc_fn_normw_merge_fwd, mhc_pre_norm_fn_bwd, mhc_pre_norm_fn_fwd, mhc_pre_norm_fn_gemm,
+    MAX_N_SPLITS,
+    mhc_fn_normw_merge_bwd,
+    mhc_fn_normw_merge_fwd,
+    mhc_pre_norm_fn_bwd,
+    mhc_pre_norm_fn_fwd,
+    mhc_pre_norm_fn_gemm,
     round_to_tf32,
 )
 

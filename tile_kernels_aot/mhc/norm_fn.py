@@ -19,6 +19,7 @@ from tile_kernels_aot._select import find_kernel
 MAX_MHC = 4  # mhc * (mhc + 2) product columns fit the kernels' 32 padded ones
 MAX_N_SPLITS = 256  # more slices than the widest prebuilt width has GEMM steps (128 at mhc * H = 32768) only adds zeros
 ALIGNMENT = 16  # bytes: the kernels read fn, normw and the residual rows in 16-byte vectors
+COLUMN_MULTIPLE = 4  # fn_normw_merge: float32 columns a thread takes (the kernels' manifest constant column_multiple)
 
 MERGE_FWD, MERGE_BWD = 'mhc.fn_normw_merge_fwd', 'mhc.fn_normw_merge_bwd'
 FWD_MUL, FWD_NORM = 'mhc.pre_norm_fn_fwd_mul', 'mhc.pre_norm_fn_fwd_norm'
@@ -129,8 +130,8 @@ def _merge_operands(op: str, fn: torch.Tensor, normw: torch.Tensor) -> tuple[int
     _checks.tensor(op, 'fn', fn, ndim=2, dtypes=(torch.float32,))
     mhc = _mhc_of_rows(op, 'fn', fn.shape[0])
     width = fn.shape[1]
-    if width % 4:
-        raise ValueError(f'{op}: fn must have a multiple of 4 columns (the kernels take 4 a thread), got {width}')
+    if width % COLUMN_MULTIPLE:
+        raise ValueError(f'{op}: fn must have a multiple of {COLUMN_MULTIPLE} columns (the kernels take {COLUMN_MULTIPLE} a thread), got {width}')
     _dense(op, 'fn', fn)
     _checks.tensor(op, 'normw', normw, ndim=1, dtypes=(torch.float32,))
     _shape(op, 'normw', normw, (width,))

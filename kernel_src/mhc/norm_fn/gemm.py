@@ -28,9 +28,12 @@ from kernel_src.mhc.norm_fn.common import GEMM_PARAMS, MIX_COLUMNS, check_width,
 FWD_TOKENS = 64  # a warp per 16 tokens, each with all MIX_COLUMNS columns: fn's tile is read once per 64 tokens
 FWD_STEP = 256  # columns of width per K step
 FWD_THREADS = 128
-BWD_TOKENS = 128
+BWD_TOKENS = 64
 BWD_STEP = 128  # columns of width per CTA
 BWD_THREADS = 256
+# Two CTAs an SM (at most 128 registers a thread): the 4 * 7168 / BWD_STEP = 224 CTAs of the widest model run in one
+# wave on 132 SMs and up, each SM with two CTAs' loads in flight.
+BWD_CTAS_PER_SM = 2
 
 
 def build_fwd(arch: Arch, mhc: int, hidden: int) -> KernelProgram:
@@ -93,6 +96,7 @@ def build_bwd(arch: Arch, mhc: int, hidden: int) -> KernelProgram:
         fn_grad: T.Tensor[(mhc3, width), T.float32],
     ):
         with T.Kernel(width // BWD_STEP, threads=BWD_THREADS) as pid:
+            T.annotate_min_blocks_per_sm(BWD_CTAS_PER_SM)
             col0 = pid * BWD_STEP
             fn_shared = T.alloc_shared((MIX_COLUMNS, BWD_STEP), T.float32)
             for i, j in T.Parallel(MIX_COLUMNS, BWD_STEP):
@@ -130,7 +134,6 @@ def check_bwd(mhc: int, hidden: int) -> None:
 
 
 PASS_CONFIGS = {'tl.disable_warp_specialized': True, 'tl.disable_wgmma': True}
-FWD_MUL = KernelDecl('mhc.pre_norm_fn_fwd_mul', GEMM_PARAMS, build_fwd, gemm_specs, check_fwd, PASS_CONFIGS,
-                     constants={'token_block': FWD_TOKENS, 'k_step': FWD_STEP})
-BWD_MUL = KernelDecl('mhc.pre_norm_fn_bwd_mul', GEMM_PARAMS, build_bwd, gemm_specs, check_bwd, PASS_CONFIGS,
-                     constants={'token_block': BWD_TOKENS, 'column_block': BWD_STEP})
+# k_step: the columns of a GEMM step; the splits share out mhc * hidden / k_step steps (the tests find the empty ones by it).
+FWD_MUL = KernelDecl('mhc.pre_norm_fn_fwd_mul', GEMM_PARAMS, build_fwd, gemm_specs, check_fwd, PASS_CONFIGS, constants={'k_step': FWD_STEP})
+BWD_MUL = KernelDecl('mhc.pre_norm_fn_bwd_mul', GEMM_PARAMS, build_bwd, gemm_specs, check_bwd, PASS_CONFIGS)

@@ -76,6 +76,6 @@ def build_bwd(arch: Arch, mhc: int) -> KernelProgram:
 
 
 PASS_CONFIGS = {'tl.disable_warp_specialized': True}
-CONSTANTS = {'column_multiple': VEC}
+CONSTANTS = {'column_multiple': VEC}  # the width must be a multiple of it (the op checks COLUMN_MULTIPLE, the same 4)
 MERGE_FWD = KernelDecl('mhc.fn_normw_merge_fwd', MHC_PARAMS, build_fwd, mhc_specs, check_mhc, PASS_CONFIGS, constants=CONSTANTS)
 MERGE_BWD = KernelDecl('mhc.fn_normw_merge_bwd', MHC_PARAMS, build_bwd, mhc_specs, check_mhc, PASS_CONFIGS, constants=CONSTANTS)

@@ -115,6 +115,6 @@ def build_bwd(arch: Arch, mhc: int) -> KernelProgram:
 
 
 PASS_CONFIGS = {'tl.disable_warp_specialized': True}
-CONSTANTS = {'tokens_per_block': TOKENS_PER_BLOCK, 'mix_columns': MIX_COLUMNS}
+CONSTANTS = {'mix_columns': MIX_COLUMNS}  # the columns of the backward's padded product gradient, which the op allocates
 FWD_NORM = KernelDecl('mhc.pre_norm_fn_fwd_norm', MHC_PARAMS, build_fwd, mhc_specs, check_mhc, PASS_CONFIGS, constants=CONSTANTS)
 BWD_NORM = KernelDecl('mhc.pre_norm_fn_bwd_norm', MHC_PARAMS, build_bwd, mhc_specs, check_mhc, PASS_CONFIGS, constants=CONSTANTS)
