@@ -4,12 +4,13 @@ SpecNotPrebuiltError. No GPU: the device is faked where a test gets as far as ch
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
 import torch
 
-from tile_kernels_aot import _checks
+from tile_kernels_aot import _checks, _select
 from tile_kernels_aot.errors import SpecNotPrebuiltError
 from tile_kernels_aot.mhc.head_compute_mix import mhc_head_compute_mix_bwd, mhc_head_compute_mix_fwd
 from tile_kernels_aot.mhc.pre_big_fuse import mhc_pre_big_fuse
@@ -246,3 +247,69 @@ def test_empty_input_returns_empty_outputs_without_a_kernel(fake_device, monkeyp
     post, comb, layer_input = mhc_pre_big_fuse(**big_fuse_args(residual=torch.zeros(3, 0, N, H, dtype=torch.bfloat16)))
     assert post.shape == (3, 0, N, 1) and comb.shape == (3, 0, N, N) and layer_input.shape == (3, 0, H)
     assert layer_input.dtype == torch.bfloat16
+
+
+MIX_KERNELS = ('mhc.pre_split_mixes_fwd', 'mhc.pre_split_mixes_bwd', 'mhc.sinkhorn_fwd', 'mhc.sinkhorn_bwd',
+               'mhc.head_compute_mix_fwd', 'mhc.head_compute_mix_bwd')
+FUSE_KERNELS = ('mhc.pre_big_fuse', 'mhc.pre_norm_fn_fwd_mul')  # the op runs the norm's GEMM first
+
+
+@pytest.fixture(scope='module')
+def mixes_build(tmp_path_factory):
+    """sm_90a binaries of the mixing kernels at mhc 4 (big_fuse and its GEMM at H 256), tilelang + nvcc, no GPU."""
+    pytest.importorskip('tilelang')
+    from build_tools.build import BuildArgs, build
+    from kernel_src.decl import Arch
+
+    root = tmp_path_factory.mktemp('mhc_mixes')
+    specs = root / 'specs.json'
+    specs.write_text(json.dumps([{'kernel': k, 'params': {'mhc': N}} for k in MIX_KERNELS]
+                                + [{'kernel': k, 'params': {'mhc': N, 'hidden': H}} for k in FUSE_KERNELS]))
+    build(BuildArgs(archs=(Arch('sm_90a'),), kernels=MIX_KERNELS + FUSE_KERNELS, specs_file=specs, prebuilt=False, jobs=2,
+                    out=root / 'dist', build_dir=root / 'build', wheels=False))
+    return root / 'build' / 'sm_90a'
+
+
+@pytest.mark.build
+def test_ops_bind_their_tensors_to_the_built_entries(mixes_build, monkeypatch):
+    """Each op's tensors, names and scalars satisfy its binaries' manifests (shapes, strides, dtypes, alignment); the
+    launch itself is replaced by a record of the bound dims and the grids. The Sinkhorn backward's repeat limit comes
+    from its binary."""
+    from tile_kernels_aot import _launch
+
+    monkeypatch.setenv(_select.KERNEL_DIRS_ENV, str(mixes_build))
+    monkeypatch.setattr(_select, 'device_facts', lambda index: ('NVIDIA H200', (9, 0)))
+    monkeypatch.setattr(_checks, 'on_one_cuda_device', lambda op, **tensors: 0)
+    launched = []
+
+    def record(self, device, tensors, scalars=None):
+        env = self._plan.bind(tensors, scalars or {})
+        launched.append((self.entry.kernel, env, [tuple(axis(env) for axis in grid) for grid in self._grids]))
+
+    monkeypatch.setattr(_launch.LoadedKernel, '__call__', record)
+    _select.reset()
+    tokens = 2 * 2001
+    try:
+        mhc_pre_split_mixes_fwd(**split_fwd_args(mixes=torch.zeros(2, 2001, MHC3)))
+        empty = dict(pre_grad=torch.zeros(2, 2001, N, 1), post_grad=torch.zeros(2, 2001, N, 1), comb_grad=torch.zeros(2, 2001, N, N),
+                     mixes=torch.zeros(2, 2001, MHC3), post_mix=torch.zeros(2, 2001, N, 1))
+        mhc_pre_split_mixes_bwd(**split_bwd_args(**empty))
+        mhc_sinkhorn_fwd(torch.zeros(2, 2001, N, N), 1000, 1e-6)
+        mhc_sinkhorn_bwd(torch.zeros(2, 2001, N, N), torch.zeros(2, 2001, N, N), 24, 1e-6)
+        with pytest.raises(ValueError, match=r'mhc_sinkhorn_bwd: repeat must be in \[1, 24\]'):
+            mhc_sinkhorn_bwd(torch.zeros(2, N, N), torch.zeros(2, N, N), 25, 1e-6)
+        mhc_head_compute_mix_fwd(torch.zeros(2, 2001, N), torch.ones(1), torch.zeros(N), 1e-6)
+        mhc_head_compute_mix_bwd(torch.zeros(2, 2001, N), torch.zeros(2, 2001, N), torch.ones(1), torch.zeros(N))
+        mhc_pre_big_fuse(**big_fuse_args(residual=torch.zeros(2, 2001, N, H, dtype=torch.bfloat16), n_splits=3))
+    finally:
+        _select.reset()
+    assert [k for k, _, _ in launched] == list(MIX_KERNELS) + ['mhc.pre_norm_fn_fwd_mul', 'mhc.pre_big_fuse']
+    for kernel, env, grids in launched:
+        assert env['num_tokens'] == tokens, kernel
+    grids = {k: g for k, _, g in launched}
+    assert grids['mhc.pre_split_mixes_bwd'] == [(-(-tokens // 64), 1, 1), (1, 1, 1)]  # a partial per 64-token chunk, then one sum
+    assert grids['mhc.head_compute_mix_bwd'] == [(-(-tokens // 64), 1, 1), (1, 1, 1)]
+    assert grids['mhc.sinkhorn_bwd'] == [(-(-tokens // 32), 1, 1)]
+    assert grids['mhc.pre_big_fuse'] == [(tokens, 1, 1)]
+    fuse_env = launched[-1][1]
+    assert fuse_env['n_splits'] == 3 and fuse_env['width'] == N * H and fuse_env['sinkhorn_repeat'] == 20
