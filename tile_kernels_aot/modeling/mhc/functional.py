@@ -1,0 +1,87 @@
+"""mHC composites for a model: the pre step of a sublayer, the head's input and the expansion of the
+embedding (upstream's ``tile_kernels.modeling.mhc.functional``)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from tile_kernels_aot.modeling.mhc.ops import (
+    expand_to_mhc, mhc_head_compute_mix, mhc_pre_apply_mix, mhc_pre_big_fuse, mhc_pre_norm_fn, mhc_pre_split_mixes,
+    sinkhorn_normalize,
+)
+
+
+def expand_from_embedding(x: torch.Tensor, mhc_mult: int = 4) -> torch.Tensor:
+    """The residual streams (..., mhc_mult, H) of an embedding (..., H): a copy per stream."""
+    return expand_to_mhc(x, mhc_mult)
+
+
+def mhc_pre(
+    residual: torch.Tensor,
+    fn: torch.Tensor,
+    scale: torch.Tensor,
+    base: torch.Tensor,
+    *,
+    norm_weight: torch.Tensor | None = None,
+    norm_eps: float = 1e-6,
+    mhc_mult: int = 4,
+    post_mult_value: float = 1.0,
+    pre_eps: float = 1e-6,
+    sinkhorn_eps: float = 1e-6,
+    sinkhorn_repeat: int = 10,
+    n_splits: int = 16,
+) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """The pre step of one sublayer: norm and projection, split of the mixes, Sinkhorn, stream mixing.
+
+    Args:
+        residual: ``(..., mhc_mult, H)`` bf16 streams.
+        fn: ``(mhc_mult * (mhc_mult + 2), mhc_mult * H)`` fp32 projection.
+        scale: ``(3,)`` fp32 scales of the pre, post and residual mixes; base: ``(mhc_mult * (mhc_mult + 2),)`` fp32.
+        norm_weight: optional ``(mhc_mult * H,)`` fp32 RMSNorm weight, folded into fn (not used when grad is
+            disabled, as upstream).
+        norm_eps, pre_eps, sinkhorn_eps, post_mult_value, sinkhorn_repeat, n_splits: run-time arguments of the
+            kernels; any values share the same binaries.
+
+    Returns:
+        ``(layer_input (..., H) bf16, (post_mix (..., mhc_mult, 1), comb_mix (..., mhc_mult, mhc_mult)))``; pass the
+        pair to mhc_post. With grad disabled the whole step is the single fused kernel mhc_pre_big_fuse, whose
+        results equal those of the separate kernels bit for bit.
+    """
+    if not torch.is_grad_enabled():
+        post_mix, comb_mix, layer_input = mhc_pre_big_fuse(
+            residual, fn, scale, base, rms_eps=norm_eps, mhc_pre_eps=pre_eps, mhc_sinkhorn_eps=sinkhorn_eps,
+            mhc_post_mult_value=post_mult_value, sinkhorn_repeat=sinkhorn_repeat, n_splits=n_splits)
+        return layer_input, (post_mix, comb_mix)
+    mixes = mhc_pre_norm_fn(residual, fn, norm_weight, norm_eps, n_splits=n_splits)
+    pre_mix, post_mix, comb_mix = mhc_pre_split_mixes(mixes, scale, base, mhc_mult, post_mult_value, pre_eps)
+    comb_mix = sinkhorn_normalize(comb_mix, repeat=sinkhorn_repeat, eps=sinkhorn_eps)
+    return mhc_pre_apply_mix(residual, pre_mix), (post_mix, comb_mix)
+
+
+def mhc_head(
+    residual: torch.Tensor,
+    fn: torch.Tensor,
+    scale: torch.Tensor,
+    base: torch.Tensor,
+    *,
+    norm_weight: torch.Tensor | None = None,
+    norm_eps: float = 1e-6,
+    mhc_mult: int = 4,
+    pre_eps: float = 1e-6,
+    n_splits: int = 16,
+) -> torch.Tensor:
+    """The input of the LM head from the streams.
+
+    fn is ``(mhc_mult, mhc_mult * H)``; it is zero-padded to the pre step's ``mhc_mult * (mhc_mult + 2)`` rows so
+    that the same norm kernel serves, and the first mhc_mult mixes become the head's weights. scale is ``(1,)``
+    (or a scalar tensor), base ``(mhc_mult,)``. Returns ``(..., H)`` bf16.
+    """
+    rows = mhc_mult * (mhc_mult + 2)
+    if fn.dim() == 2 and fn.shape[0] < rows:
+        fn = F.pad(fn, (0, 0, 0, rows - fn.shape[0]))
+    mixes = mhc_pre_norm_fn(residual, fn, norm_weight, norm_eps, n_splits=n_splits)[..., :mhc_mult].contiguous()
+    if isinstance(scale, torch.Tensor) and scale.numel() == 1:
+        scale = scale.reshape(1)
+    mix = mhc_head_compute_mix(mixes, scale, base, pre_eps)
+    return mhc_pre_apply_mix(residual, mix.unsqueeze(-1))
