@@ -10,7 +10,8 @@ roundings and the fused multiply-adds are the same by construction.
     mhc.sinkhorn_fwd's threads do, then writes comb_mix;
   - meanwhile warps 1 .. APPLY_WARPS each form the pre weights (pre_split_mixes.pre_mix, the same in every thread)
     and the layer input, column by column with pre_apply_mix.mix_streams: each thread UNROLL 16-byte vectors of
-    every stream a step, consecutive threads on consecutive vectors.
+    every stream a step, consecutive threads on consecutive vectors. Their first step's loads are issued before the
+    barrier, so they are in flight while warp 0 reduces the partials.
 Every float (rms_eps, pre_eps, sinkhorn_eps, post_mult_value), sinkhorn_repeat, n_splits (the partials' leading dim)
 and the token count are run-time; mhc and hidden are the spec.
 """
@@ -41,6 +42,22 @@ def check(mhc: int, hidden: int) -> None:
         raise ValueError(f'hidden must be a positive multiple of {VEC}, got {hidden}')
 
 
+def _column(step, j, a):
+    """First column of apply thread a's j-th vector of a step: consecutive threads on consecutive vectors."""
+    return ((step * UNROLL + j) * APPLY_THREADS + a) * VEC
+
+
+@T.macro
+def _load_step(streams, residual, token, step, a, n, hidden, ragged):
+    """streams[j, m, :] = the 16-byte vector of stream m at _column(step, j, a), for j < UNROLL."""
+    for j in T.unroll(UNROLL):
+        col = _column(step, j, a)
+        if not ragged or col < hidden:
+            for m in T.unroll(n):
+                for v in T.vectorized(VEC):
+                    streams[j, m, v] = residual[token, m, col + v]
+
+
 def build(arch: Arch, mhc: int, hidden: int) -> KernelProgram:
     n = mhc
     mhc3 = n * (n + 2)
@@ -68,8 +85,10 @@ def build(arch: Arch, mhc: int, hidden: int) -> KernelProgram:
     ):
         with T.Kernel(num_tokens, threads=WARP + APPLY_THREADS) as token:
             tid = T.get_thread_binding()
+            a = tid - WARP  # the thread's index among the apply threads
             mixes = T.alloc_shared((mhc3,), T.float32)
             values = T.alloc_local((3,), T.float32)
+            streams = T.alloc_local((UNROLL, n, VEC), T.bfloat16)
             # Copies of the scalars handed to macros: a macro renames a kernel parameter passed to it after its own
             # parameter, and rms_mix and sinkhorn_normalize both call theirs `eps`.
             norm_eps = T.alloc_var(T.float32)
@@ -81,6 +100,8 @@ def build(arch: Arch, mhc: int, hidden: int) -> KernelProgram:
             if tid < mhc3:
                 rms_mix(partial_mul, partial_sqrsum, token, tid, n_splits, width, norm_eps, values)
                 mixes[tid] = values[2]
+            elif tid >= WARP:
+                _load_step(streams, residual, token, 0, a, n, hidden, ragged)  # in flight while warp 0 reduces
             T.sync_threads()
             if tid < WARP:
                 if tid < n:
@@ -95,22 +116,16 @@ def build(arch: Arch, mhc: int, hidden: int) -> KernelProgram:
                         for k in T.vectorized(n):
                             comb[token, j * n + k] = cm[j, k]
             else:
-                a = tid - WARP
                 weights = T.alloc_local((n,), T.float32)
-                streams = T.alloc_local((UNROLL, n, VEC), T.bfloat16)
                 acc = T.alloc_local((VEC,), T.float32)
                 result = T.alloc_local((VEC,), T.bfloat16)
                 for m in T.unroll(n):
                     weights[m] = pre_mix(mixes[m], scale[0], base[m], pre_eps)
                 for s in T.serial(steps):
+                    if s > 0:
+                        _load_step(streams, residual, token, s, a, n, hidden, ragged)
                     for j in T.unroll(UNROLL):
-                        col = ((s * UNROLL + j) * APPLY_THREADS + a) * VEC
-                        if not ragged or col < hidden:
-                            for m in T.unroll(n):
-                                for v in T.vectorized(VEC):
-                                    streams[j, m, v] = residual[token, m, col + v]
-                    for j in T.unroll(UNROLL):
-                        col = ((s * UNROLL + j) * APPLY_THREADS + a) * VEC
+                        col = _column(s, j, a)
                         if not ragged or col < hidden:
                             mix_streams(acc, weights, streams, j, n)
                             for v in T.unroll(VEC):
