@@ -7,6 +7,17 @@ import torch
 from tile_kernels_aot.engram import engram_gate_bwd, engram_gate_fwd, fused_weight, grad_w_reduce
 
 
+def _check_shapes(hidden_states, k, v) -> None:
+    """The shapes the reshapes of forward rely on, refused with the op's name (engram_gate_fwd checks the rest)."""
+    for name, t in (('hidden_states', hidden_states), ('k', k), ('v', v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f'engram_gate: {name} must be a torch.Tensor, got {type(t).__name__}')
+    shape = tuple(hidden_states.shape)
+    if len(shape) < 2 or tuple(k.shape) != shape or tuple(v.shape) != shape[:-2] + shape[-1:]:
+        raise ValueError(f'engram_gate: hidden_states must be [*, 4, H], k of its shape and v [*, H], got shapes {shape}, '
+                         f'{tuple(k.shape)} and {tuple(v.shape)}')
+
+
 class EngramGateFn(torch.autograd.Function):
     """out = x + sigmoid(signed_sqrt(dot(RMSNorm(x, wh), RMSNorm(k, we)) / sqrt(H))) * v, per stream.
 
@@ -24,6 +35,7 @@ class EngramGateFn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden_states, k, v, weight_hidden, weight_embed, clamp_value, eps):
+        _check_shapes(hidden_states, k, v)
         shape = hidden_states.shape
         hc, hidden = shape[-2], shape[-1]
         x = hidden_states.reshape(-1, hc, hidden)

@@ -77,6 +77,13 @@ def mhc_head(
     that the same norm kernel serves, and the first mhc_mult mixes become the head's weights. scale is ``(1,)``
     (or a scalar tensor), base ``(mhc_mult,)``. Returns ``(..., H)`` bf16.
     """
+    # What the padding below relies on; the ops it calls check the rest.
+    for name, t in (('residual', residual), ('fn', fn)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f'mhc_head: {name} must be a torch.Tensor, got {type(t).__name__}')
+    if isinstance(mhc_mult, bool) or not isinstance(mhc_mult, int) or residual.dim() < 2 or mhc_mult != residual.shape[-2]:
+        raise ValueError(f'mhc_head: mhc_mult must be the stream count of residual (..., mhc_mult, H), got {mhc_mult!r} for shape '
+                         f'{tuple(residual.shape)}')
     rows = mhc_mult * (mhc_mult + 2)
     if fn.dim() == 2 and fn.shape[0] < rows:
         fn = F.pad(fn, (0, 0, 0, rows - fn.shape[0]))

@@ -149,7 +149,7 @@ class _SinkhornNormalize(torch.autograd.Function):
 def sinkhorn_normalize(x: torch.Tensor, repeat: int = 10, eps: float = 1e-6) -> torch.Tensor:
     """Sinkhorn normalisation of the (..., n, n) matrices of x (fp32); the backward is exact reverse mode
     through every step."""
-    return _SinkhornNormalize.apply(x.contiguous(), repeat, eps)
+    return _SinkhornNormalize.apply(x.contiguous() if isinstance(x, torch.Tensor) else x, repeat, eps)  # mhc_sinkhorn_fwd names a non-tensor
 
 
 class MHCPreApplyMix(torch.autograd.Function):
