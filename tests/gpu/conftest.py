@@ -1,8 +1,14 @@
-"""Fixtures of the GPU tests (their plain helpers are in helpers.py)."""
+"""Fixtures of the GPU tests, and the skip of those marked two_gpus on fewer GPUs (their plain helpers are in helpers.py)."""
 
 import pytest
+import torch
 
 from tile_kernels_aot import config
+
+
+def pytest_runtest_setup(item):
+    if item.get_closest_marker('two_gpus') and torch.cuda.device_count() < 2:
+        pytest.skip('needs two GPUs')
 
 
 @pytest.fixture
