@@ -3,7 +3,8 @@
     python -m benchmarks.record OUT_DIR [--commit SHA] [--gpu h200] [--out docs/measurements/] [--note TEXT ...]
 
 OUT_DIR is what .ci/gpu-run.sh leaves: environment.txt, and where their steps ran bench.jsonl,
-upstream.jsonl, junit.xml or pytest.log, cold_start.log and sanitize.log. --out is a folder (the file is named
+upstream.jsonl, junit.xml or pytest.log, cold_start.log, sanitize.log and ep_moe.jsonl (the lines examples/ep_moe.py
+prints, one per torchrun launch). --out is a folder (the file is named
 DATE-GPU.jsonl, with -2, -3, ... when that name is taken) or a .jsonl path. The commit comes from --commit, else
 from environment.txt's `commit` line.
 
@@ -21,6 +22,8 @@ The record is one JSON object a line, each with a "type":
   cold_start   the processes of benchmarks/cold_start.py, ms
   tests        passed, failed, skipped and errors of the GPU tests (junit.xml, else pytest's last line)
   sanitizer    per compute-sanitizer tool: the kernel selection where logged, specs and cases run, errors, exit status
+  ep_moe       one run of examples/ep_moe.py: ranks, tokens per rank, the layer's sizes, ms per step, tokens per second over
+               all ranks, and the ms per step (and share of the step) in our kernels, NCCL and the expert GEMMs
   note         a sentence given with --note: what the run's output cannot say (why tests failed, what a later commit
                fixed); docs/benchmarks.md lists the notes under the records
 
@@ -136,6 +139,21 @@ def sanitizer_lines(text: str) -> list[dict]:
     return list(tools.values())
 
 
+EP_MOE_KINDS = ('kernels', 'nccl', 'experts')
+EP_MOE_LAYER = ('hidden', 'num_experts', 'num_topk', 'moe_intermediate', 'weight_sets')
+
+
+def ep_moe_line(row: dict) -> dict:
+    """A line examples/ep_moe.py printed, condensed."""
+    line = {'type': 'ep_moe', 'world_size': row['world_size'], 'tokens_per_rank': row['tokens_per_rank'],
+            'layer': {k: row.get(k) for k in EP_MOE_LAYER}, 'step_ms': _round(row['step_ms'], 3), 'tokens_per_s': _round(row['tokens_per_s'], 0)}
+    for kind in EP_MOE_KINDS:
+        line[f'{kind}_ms'], line[f'{kind}_share'] = _round(row[f'{kind}_ms'], 3), _round(row[f'{kind}_share'], 4)
+    line['phases_ms'] = {k: _round(v, 3) for k, v in row.get('phases_ms', {}).items()}
+    line['check_ok'] = row['check']['ok'] if 'check' in row else None
+    return line
+
+
 def condense(out_dir: Path, commit: str | None = None, default_tokens: int = 8192) -> list[dict]:
     """The record's lines from a run's raw output folder."""
     env_file = out_dir / 'environment.txt'
@@ -168,6 +186,7 @@ def condense(out_dir: Path, commit: str | None = None, default_tokens: int = 819
     for r in _lines(out_dir / 'cold_start.log'):
         cold.setdefault(r.get('what', 'ops'), []).append({k: _round(v, 2) for k, v in r.items() if k != 'what'})
     lines += [{'type': 'cold_start', 'what': what, 'runs': runs} for what, runs in cold.items()]
+    lines += [ep_moe_line(r) for r in _lines(out_dir / 'ep_moe.jsonl') if r.get('what') == 'ep_moe']
     tests = test_counts(out_dir)
     if tests:
         lines.append(tests)

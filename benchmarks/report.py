@@ -275,6 +275,21 @@ def cold_start_table(record: Record) -> list[str]:
     return out
 
 
+def ep_moe_table(record: Record) -> list[str]:
+    """The runs of examples/ep_moe.py in one record: throughput and where a step's time goes."""
+    rows = []
+    for line in record.of_type('ep_moe'):
+        layer = line['layer']
+        shape = f'H{layer["hidden"]} E{layer["num_experts"]} K{layer["num_topk"]} I{layer["moe_intermediate"]}'
+        rows.append([str(line['world_size']), str(line['tokens_per_rank']), shape, f'{line["step_ms"]:.2f}', f'{line["tokens_per_s"]:,.0f}',
+                     *(f'{line[f"{kind}_ms"]:.2f} ({pct(line[f"{kind}_share"], 0)})' for kind in ('kernels', 'nccl', 'experts'))])
+    return ['## Expert-parallel MoE layer', '',
+            wrap('examples/ep_moe.py under torchrun, one GPU per rank: gate, fused layout, e4m3 dispatch and reduce_fused (our kernels), '
+                 'the all_to_all_single exchanges (NCCL) and the local experts as torch GEMMs; ms per step (CUDA events around each phase, '
+                 f'the slowest rank) and the share of the step. From {record.link}, {record.when}, commit {record.commit}.'), '',
+            *table(['ranks', 'tokens per rank', 'layer', 'step (ms)', 'tokens/s', 'our kernels, ms', 'NCCL, ms', 'expert GEMMs, ms'], rows), '']
+
+
 def not_run(env: dict) -> str:
     """The arch whose binaries the record's GPU did not run (SM100 unless the GPU is compute capability 10.x)."""
     return 'SM90' if str(env.get('compute_capability') or '').startswith('10') else 'SM100'
@@ -303,6 +318,9 @@ def benchmarks_md(sources: Sources) -> str:
     cold = next((r for r in sources.records if r.of_type('cold_start')), None)
     if cold is not None:
         out += cold_start_table(cold)
+    ep_moe = next((r for r in sources.records if r.of_type('ep_moe')), None)
+    if ep_moe is not None:
+        out += ep_moe_table(ep_moe)
     return '\n'.join(out).rstrip('\n') + '\n'
 
 
