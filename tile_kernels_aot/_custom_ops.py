@@ -1,8 +1,8 @@
 """torch.library custom ops, namespace ``tile_kernels_aot``, one for every public op that launches a kernel.
 
-The public functions (``moe.topk_gate``, ``quant.per_token_cast``, ...) stay the API. Called eagerly they run as they
-always have; under torch.compile (``torch.compiler.is_compiling()``) their first line hands the call to the function
-of the same name here, which calls the custom op. The compiler sees one opaque node whose fake implementation gives
+The public functions (``moe.topk_gate``, ``quant.per_token_cast``, ``mhc.mhc_post_fwd``, ``engram.engram_gate_fwd``,
+...) stay the API. Called eagerly they run as they always have; under torch.compile (``torch.compiler.is_compiling()``)
+their first line hands the call to the function of the same name here, which calls the custom op. The compiler sees one opaque node whose fake implementation gives
 the outputs' shapes, dtypes and strides for symbolic token counts; the compiled graph runs the op's kernel, which is
 the public function again, taking its eager path. ``torch.ops.tile_kernels_aot.<name>`` can also be called directly.
 
@@ -15,16 +15,27 @@ Schemas cannot hold what some public signatures do, so those ops differ from the
   function's sync (``num_expanded_tokens=0`` without ``force_no_sync``) reads the counts back with ``tolist()``,
   which torch.compile traces only with ``torch._dynamo.config.capture_scalar_outputs`` and breaks the graph at
   otherwise; pass ``num_expanded_tokens`` or ``force_no_sync=True`` for one graph;
-* ``swiglu_backward_and_per_token_cast`` returns its five tensors flat.
+* ``swiglu_backward_and_per_token_cast`` returns its five tensors flat;
+* ``expand_to_mhc_fwd``, ``mhc_pre_apply_mix_fwd`` and ``mhc_post_fwd`` with ``out=`` are the ops ``<name>_out``, as
+  ``reduce_fused``;
+* the op ``mhc_post_bwd`` is pure: the ``fuse_grad_acc`` stash, an attribute of the residual's untyped storage, is set
+  by the function here after the op. Dynamo cannot trace that attribute (a graph break, refused under fullgraph=True),
+  so compiled code passes ``fuse_grad_acc=False``, as modeling.mhc does under torch.compile;
+* ``engram_gate_fwd`` returns ``(out, saved)`` with ``saved`` a list, empty without ``save_for_backward`` (a schema has
+  no optional returns);
+* the fake of ``engram_gate_bwd`` gives ``grad_w_partial`` an unbacked first dim: its chunk count follows from the
+  binary's manifest constants, which a fake cannot read without a device.
 
 Ops that write their inputs declare it: ``inplace_unique_group_indices`` (``group_indices``), ``top2_sum_gate``
-(``unmapped_topk_idx``), ``swiglu_forward_and_per_token_cast`` (``clamped_count``) and ``reduce_fused_out``
-(``out``). No op has a registered autograd formula: upstream defines none, the quantising ops' outputs (fp8, int)
-are not differentiable, and the SwiGLU backward is an op of its own, which training code calls from its autograd
-Function.
+(``unmapped_topk_idx``), ``swiglu_forward_and_per_token_cast`` (``clamped_count``), the ``_out`` ops (``out``),
+``mhc_pre_apply_mix_bwd`` and ``mhc_pre_norm_fn_bwd`` (``x_grad``), ``mhc_fn_normw_merge_bwd`` (``fn_grad``,
+``normw_grad``), ``mhc_multilayer_recompute`` (``layer_input_list``, ``residual_list``) and ``grad_w_reduce``
+(``grad_weight_hidden``, ``grad_weight_embed``). No op has a registered autograd formula: upstream defines none, the
+quantising ops' outputs (fp8, int) are not differentiable, and the SwiGLU, mHC and Engram backwards are ops of their
+own, which the autograd Functions (training code, tile_kernels_aot.modeling) call.
 
 Aliases without a kernel of their own are traced through, not registered: ``quant.per_token_cast_back`` (it calls
-``cast_back``) and the pure-torch ``quant.unpack_from_e2m1fn_x2``.
+``cast_back``) and the pure-torch ``quant.unpack_from_e2m1fn_x2`` and ``mhc.round_to_tf32``.
 
 Adding an op: a ``_define`` line (schema, the public function that serves it, its fake), plus, where the signatures
 differ, a function here with the public signature that calls the op and an ``eager`` converter back. Every fake
@@ -35,6 +46,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import math
 from collections.abc import Callable
 
 import torch
@@ -45,7 +57,7 @@ _LIB = torch.library.Library(NAMESPACE, 'DEF')
 ops = torch.ops.tile_kernels_aot
 # Public functions served by custom ops: {'module.name': the op it calls}. The tests check it covers every public op.
 PUBLIC: dict[str, str] = {}
-TRACED_THROUGH = ('quant.per_token_cast_back', 'quant.unpack_from_e2m1fn_x2')
+TRACED_THROUGH = ('quant.per_token_cast_back', 'quant.unpack_from_e2m1fn_x2', 'mhc.round_to_tf32')
 
 
 @contextlib.contextmanager
@@ -464,3 +476,201 @@ def swiglu_backward_and_per_token_cast(x, grad_out, weight, pos_to_token_topk, t
 transpose = _define('transpose(Tensor x) -> Tensor', 'transpose.transpose', lambda x: x.new_empty((x.shape[1], x.shape[0])))
 batched_transpose = _define(
     'batched_transpose(Tensor x) -> Tensor', 'transpose.batched_transpose', lambda x: x.new_empty((x.shape[0], x.shape[2], x.shape[1])))
+
+
+# -- mhc ------------------------------------------------------------------------------------------------------------
+
+def _into(f, *args, out) -> None:
+    f(*args, out=out)
+
+
+def _streams_fake(t, tail: int, *shape, dtype=None):
+    """A new contiguous tensor of t's token dims (all but its last ``tail``), then ``shape``."""
+    return t.new_empty((*t.shape[:t.dim() - tail], *shape), dtype=dtype)
+
+
+def _num_tokens(t, tail: int):
+    return math.prod(t.shape[:t.dim() - tail])
+
+
+_expand_to_mhc_fwd = _define(
+    'expand_to_mhc_fwd(Tensor hidden, int mhc_mult) -> Tensor', 'mhc.expand_to_mhc_fwd',
+    lambda hidden, mhc_mult: _streams_fake(hidden, 1, mhc_mult, hidden.shape[-1]))
+_expand_to_mhc_fwd_out = _define(
+    'expand_to_mhc_fwd_out(Tensor hidden, int mhc_mult, *, Tensor(a!) out) -> ()', 'mhc.expand_to_mhc_fwd',
+    lambda hidden, mhc_mult, out: None, _into)
+
+
+def expand_to_mhc_fwd(hidden, mhc_mult, out=None):
+    if out is None:
+        return _expand_to_mhc_fwd(hidden, mhc_mult)
+    _expand_to_mhc_fwd_out(hidden, mhc_mult, out=out)
+    return out
+
+
+expand_to_mhc_bwd = _define(
+    'expand_to_mhc_bwd(Tensor out_grad) -> Tensor', 'mhc.expand_to_mhc_bwd',
+    lambda out_grad: _streams_fake(out_grad, 2, out_grad.shape[-1]))
+
+_mhc_pre_apply_mix_fwd = _define(
+    'mhc_pre_apply_mix_fwd(Tensor x, Tensor mix) -> Tensor', 'mhc.mhc_pre_apply_mix_fwd',
+    lambda x, mix: _streams_fake(x, 2, x.shape[-1]))
+_mhc_pre_apply_mix_fwd_out = _define(
+    'mhc_pre_apply_mix_fwd_out(Tensor x, Tensor mix, *, Tensor(a!) out) -> ()', 'mhc.mhc_pre_apply_mix_fwd',
+    lambda x, mix, out: None, _into)
+
+
+def mhc_pre_apply_mix_fwd(x, mix, out=None):
+    if out is None:
+        return _mhc_pre_apply_mix_fwd(x, mix)
+    _mhc_pre_apply_mix_fwd_out(x, mix, out=out)
+    return out
+
+
+mhc_pre_apply_mix_bwd = _define(
+    'mhc_pre_apply_mix_bwd(Tensor o_grad, Tensor x, Tensor mix, Tensor(a!) x_grad) -> Tensor', 'mhc.mhc_pre_apply_mix_bwd',
+    lambda o_grad, x, mix, x_grad: mix.new_empty(mix.shape))
+
+_POST_ARGS = 'Tensor x, Tensor residual, Tensor post_layer_mix, Tensor comb_res_mix'
+_mhc_post_fwd = _define(
+    f'mhc_post_fwd({_POST_ARGS}) -> Tensor', 'mhc.mhc_post_fwd', lambda x, residual, post, comb: torch.empty_like(residual))
+_mhc_post_fwd_out = _define(
+    f'mhc_post_fwd_out({_POST_ARGS}, *, Tensor(a!) out) -> ()', 'mhc.mhc_post_fwd', lambda x, residual, post, comb, out: None, _into)
+
+
+def mhc_post_fwd(x, residual, post_layer_mix, comb_res_mix, out=None):
+    if out is None:
+        return _mhc_post_fwd(x, residual, post_layer_mix, comb_res_mix)
+    _mhc_post_fwd_out(x, residual, post_layer_mix, comb_res_mix, out=out)
+    return out
+
+
+_mhc_post_bwd = _define(
+    f'mhc_post_bwd({_POST_ARGS}, Tensor d_o) -> (Tensor, Tensor, Tensor, Tensor)', 'mhc.mhc_post_bwd',
+    lambda x, residual, post, comb, d_o: tuple(torch.empty_like(t) for t in (x, residual, post, comb)),
+    lambda f, *args: f(*args, fuse_grad_acc=False))
+
+
+def mhc_post_bwd(x, residual, post_layer_mix, comb_res_mix, d_o, fuse_grad_acc=True):
+    grads = _mhc_post_bwd(x, residual, post_layer_mix, comb_res_mix, d_o)
+    if fuse_grad_acc:
+        residual.untyped_storage().grad_from_mhc_post = grads[1]
+    return grads
+
+
+mhc_multilayer_recompute = _define(
+    'mhc_multilayer_recompute(Tensor initial_residual, Tensor[] pre_mix_list, Tensor[] layer_output_list, Tensor[] post_mix_list, '
+    'Tensor[] comb_mix_list, Tensor(a!)[] layer_input_list, Tensor(b!)[] residual_list) -> ()', 'mhc.mhc_multilayer_recompute',
+    lambda *args: None)
+
+mhc_fn_normw_merge_fwd = _define(
+    'mhc_fn_normw_merge_fwd(Tensor fn, Tensor normw) -> Tensor', 'mhc.mhc_fn_normw_merge_fwd', lambda fn, normw: torch.empty_like(fn))
+mhc_fn_normw_merge_bwd = _define(
+    'mhc_fn_normw_merge_bwd(Tensor fn, Tensor normw, Tensor out_fn_grad, Tensor(a!) fn_grad, Tensor(b!) normw_grad) -> ()',
+    'mhc.mhc_fn_normw_merge_bwd', lambda *args: None)
+
+
+def _mix_count(mhc):
+    return mhc * (mhc + 2)
+
+
+def _pre_norm_fn_fwd_fake(residual, fn, norm_eps, n_splits):
+    mhc3, num_tokens = _mix_count(residual.shape[-2]), _num_tokens(residual, 2)
+    new = residual.new_empty
+    return (_streams_fake(residual, 2, mhc3, dtype=torch.float32), new(fn.shape, dtype=torch.float32),
+            new((num_tokens, mhc3), dtype=torch.float32), new((num_tokens,), dtype=torch.float32))
+
+
+mhc_pre_norm_fn_fwd = _define(
+    'mhc_pre_norm_fn_fwd(Tensor residual, Tensor fn, float norm_eps, int n_splits=16) -> (Tensor, Tensor, Tensor, Tensor)',
+    'mhc.mhc_pre_norm_fn_fwd', _pre_norm_fn_fwd_fake)
+mhc_pre_norm_fn_gemm = _define(
+    'mhc_pre_norm_fn_gemm(Tensor residual_flat, Tensor fn_tf32, int n_splits) -> (Tensor, Tensor)', 'mhc.mhc_pre_norm_fn_gemm',
+    lambda x, fn_tf32, n_splits: (x.new_empty((n_splits, x.shape[0], fn_tf32.shape[0]), dtype=torch.float32),
+                                  x.new_empty((n_splits, x.shape[0]), dtype=torch.float32)))
+mhc_pre_norm_fn_bwd = _define(
+    'mhc_pre_norm_fn_bwd(Tensor out_grad, Tensor residual, Tensor fn_tf32, Tensor out_mul, Tensor sqrsum, float norm_eps, '
+    'Tensor(a!) x_grad) -> Tensor', 'mhc.mhc_pre_norm_fn_bwd', lambda out_grad, residual, fn_tf32, *rest: torch.empty_like(fn_tf32))
+
+
+def _split_mixes_fake(mixes, scale, base, mhc_mult, *floats):
+    return (_streams_fake(mixes, 1, mhc_mult, 1), _streams_fake(mixes, 1, mhc_mult, 1), _streams_fake(mixes, 1, mhc_mult, mhc_mult))
+
+
+mhc_pre_split_mixes_fwd = _define(
+    'mhc_pre_split_mixes_fwd(Tensor mixes, Tensor scale, Tensor base, int mhc_mult, float post_mult_value, float pre_eps) '
+    '-> (Tensor, Tensor, Tensor)', 'mhc.mhc_pre_split_mixes_fwd', _split_mixes_fake)
+mhc_pre_split_mixes_bwd = _define(
+    'mhc_pre_split_mixes_bwd(Tensor pre_grad, Tensor post_grad, Tensor comb_grad, Tensor mixes, Tensor post_mix, Tensor scale, '
+    'Tensor base, int mhc_mult, float post_mult_value) -> (Tensor, Tensor, Tensor)', 'mhc.mhc_pre_split_mixes_bwd',
+    lambda pre_grad, post_grad, comb_grad, mixes, post_mix, scale, base, mhc_mult, post_mult_value: (
+        torch.empty_like(mixes), scale.new_empty((3,)), base.new_empty((_mix_count(mhc_mult),))))
+
+mhc_sinkhorn_fwd = _define(
+    'mhc_sinkhorn_fwd(Tensor x, int repeat, float eps) -> Tensor', 'mhc.mhc_sinkhorn_fwd', lambda x, repeat, eps: torch.empty_like(x))
+mhc_sinkhorn_bwd = _define(
+    'mhc_sinkhorn_bwd(Tensor grad_out, Tensor x, int repeat, float eps) -> Tensor', 'mhc.mhc_sinkhorn_bwd',
+    lambda grad_out, x, repeat, eps: torch.empty_like(x))
+
+mhc_head_compute_mix_fwd = _define(
+    'mhc_head_compute_mix_fwd(Tensor input_mix, Tensor scale, Tensor base, float pre_eps) -> Tensor', 'mhc.mhc_head_compute_mix_fwd',
+    lambda input_mix, scale, base, pre_eps: torch.empty_like(input_mix))
+mhc_head_compute_mix_bwd = _define(
+    'mhc_head_compute_mix_bwd(Tensor grad, Tensor input_mix, Tensor scale, Tensor base) -> (Tensor, Tensor, Tensor)',
+    'mhc.mhc_head_compute_mix_bwd',
+    lambda grad, input_mix, scale, base: (torch.empty_like(input_mix), scale.new_empty((1,)), base.new_empty((input_mix.shape[-1],))))
+
+
+def _pre_big_fuse_fake(residual, *rest):
+    mhc, hidden = residual.shape[-2:]
+    return (_streams_fake(residual, 2, mhc, 1, dtype=torch.float32), _streams_fake(residual, 2, mhc, mhc, dtype=torch.float32),
+            _streams_fake(residual, 2, hidden))
+
+
+mhc_pre_big_fuse = _define(
+    'mhc_pre_big_fuse(Tensor residual, Tensor fn, Tensor mhc_scale, Tensor mhc_base, float rms_eps, float mhc_pre_eps, '
+    'float mhc_sinkhorn_eps, float mhc_post_mult_value, int sinkhorn_repeat, int n_splits=16) -> (Tensor, Tensor, Tensor)',
+    'mhc.mhc_pre_big_fuse', _pre_big_fuse_fake)
+
+
+# -- engram ---------------------------------------------------------------------------------------------------------
+
+engram_hash = _define(
+    'engram_hash(Tensor ngram_token_ids, Tensor multipliers, Tensor vocab_sizes, Tensor offsets) -> Tensor', 'engram.engram_hash',
+    lambda ids, multipliers, vocab_sizes, offsets: ids.new_empty(
+        (vocab_sizes.shape[0], ids.shape[0], vocab_sizes.shape[1] * vocab_sizes.shape[2])))
+fused_weight = _define(
+    'fused_weight(Tensor weight_hidden, Tensor weight_embed) -> Tensor', 'engram.fused_weight',
+    lambda weight_hidden, weight_embed: weight_hidden.new_empty(weight_hidden.shape, dtype=torch.float32))
+
+
+def _gate_fwd_fake(x, k, v, weight_fused, eps, clamp_value, save_for_backward):
+    saved = [x.new_empty((x.shape[0], x.shape[1]), dtype=torch.float32) for _ in range(4)] if save_for_backward else []
+    return torch.empty_like(x, memory_format=torch.contiguous_format), saved
+
+
+_engram_gate_fwd = _define(
+    'engram_gate_fwd(Tensor hidden_states, Tensor k, Tensor v, Tensor weight_fused, float eps, float clamp_value, '
+    'bool save_for_backward=True) -> (Tensor, Tensor[])', 'engram.engram_gate_fwd', _gate_fwd_fake,
+    lambda f, *args: (lambda out, *saved: (out, [s for s in saved if s is not None]))(*f(*args)))
+
+
+def engram_gate_fwd(hidden_states, k, v, weight_fused, eps, clamp_value, save_for_backward=True):
+    out, saved = _engram_gate_fwd(hidden_states, k, v, weight_fused, eps, clamp_value, save_for_backward)
+    return (out, *saved) if save_for_backward else (out, None, None, None, None)
+
+
+def _gate_bwd_fake(grad_out, x, k, v, weight_fused, *saved_and_clamp):
+    num_tokens, hc, hidden = x.shape
+    # The chunk count comes from the binary's manifest constants, which a fake (no device) cannot read.
+    num_partials = torch.library.get_ctx().new_dynamic_size()
+    return (torch.empty_like(x, memory_format=torch.contiguous_format), x.new_empty(x.shape), x.new_empty((num_tokens, hidden)),
+            x.new_empty((num_partials, hc, hidden), dtype=torch.float32))
+
+
+engram_gate_bwd = _define(
+    'engram_gate_bwd(Tensor grad_out, Tensor hidden_states, Tensor k, Tensor v, Tensor weight_fused, Tensor dot, Tensor gate_score, '
+    'Tensor rstd_x, Tensor rstd_k, float clamp_value) -> (Tensor, Tensor, Tensor, Tensor)', 'engram.engram_gate_bwd', _gate_bwd_fake)
+grad_w_reduce = _define(
+    'grad_w_reduce(Tensor grad_w_partial, Tensor weight_hidden, Tensor weight_embed, Tensor(a!) grad_weight_hidden, '
+    'Tensor(b!) grad_weight_embed) -> ()', 'engram.grad_w_reduce', lambda *args: None)

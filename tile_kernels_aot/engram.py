@@ -18,8 +18,9 @@ from __future__ import annotations
 import math
 
 import torch
+from torch.compiler import is_compiling
 
-from tile_kernels_aot import _checks
+from tile_kernels_aot import _checks, _custom_ops
 from tile_kernels_aot._select import find_kernel
 from tile_kernels_aot.config import get_num_sms
 
@@ -94,6 +95,8 @@ def engram_hash(
     Returns:
         ``[L, T, (N - 1) * M]`` int32 indices.
     """
+    if is_compiling():
+        return _custom_ops.engram_hash(ngram_token_ids, multipliers, vocab_sizes, offsets)
     op = 'engram_hash'
     _checks.tensor(op, 'ngram_token_ids', ngram_token_ids, ndim=2, dtypes=(torch.int32,))
     _checks.tensor(op, 'multipliers', multipliers, ndim=2, dtypes=(torch.int64,))
@@ -131,6 +134,8 @@ def fused_weight(weight_hidden: torch.Tensor, weight_embed: torch.Tensor) -> tor
     Returns:
         ``[4, H]`` float32.
     """
+    if is_compiling():
+        return _custom_ops.fused_weight(weight_hidden, weight_embed)
     op = 'fused_weight'
     _weights(op, weight_hidden, weight_embed)
     device = _checks.on_one_cuda_device(op, weight_hidden=weight_hidden, weight_embed=weight_embed)
@@ -207,6 +212,8 @@ def engram_gate_fwd(
         ``(out, dot, gate, rstd_x, rstd_k)``: out ``[T, 4, H]`` bf16; the others ``[T, 4]`` float32, or None
         without save_for_backward.
     """
+    if is_compiling():
+        return _custom_ops.engram_gate_fwd(hidden_states, k, v, weight_fused, eps, clamp_value, save_for_backward)
     op = 'engram_gate_fwd'
     num_tokens, hidden = _gate_inputs(op, hidden_states, k, v, weight_fused)
     eps = _number(op, 'eps', eps, low=0)
@@ -251,6 +258,8 @@ def engram_gate_bwd(
         ``[T, H]`` bf16, grad_w_partial ``[P, 4, H]`` float32, the fused-weight gradient of P chunks of consecutive
         tokens (P depends on T only), for grad_w_reduce.
     """
+    if is_compiling():
+        return _custom_ops.engram_gate_bwd(grad_out, hidden_states, k, v, weight_fused, dot, gate_score, rstd_x, rstd_k, clamp_value)
     op = 'engram_gate_bwd'
     num_tokens, hidden = _gate_inputs(op, hidden_states, k, v, weight_fused)
     _checks.tensor(op, 'grad_out', grad_out, ndim=3, dtypes=(torch.bfloat16,))
@@ -299,6 +308,8 @@ def grad_w_reduce(
         weight_hidden, weight_embed: ``[4, H]`` bf16, contiguous, 8-byte aligned.
         grad_weight_hidden, grad_weight_embed: ``[4, H]`` float32, contiguous, 16-byte aligned; updated in place.
     """
+    if is_compiling():
+        return _custom_ops.grad_w_reduce(grad_w_partial, weight_hidden, weight_embed, grad_weight_hidden, grad_weight_embed)
     op = 'grad_w_reduce'
     _checks.tensor(op, 'grad_w_partial', grad_w_partial, ndim=3, dtypes=(torch.float32,))
     hidden = _weights(op, weight_hidden, weight_embed, alignment=8)

@@ -18,16 +18,21 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 from torch.utils import _pytree as pytree
 
-from tests.fixtures.custom_ops import ALIGNMENT, CASES, HIDDEN, NUM_EXPERTS, NUM_TOPK, OpCalls, routing_block, routing_inputs, writes_inputs
-from tile_kernels_aot import _custom_ops, moe, quant, reference, transpose
+from tests.fixtures.custom_ops import (
+    ALIGNMENT, CASES, HIDDEN, NUM_EXPERTS, NUM_TOPK, OpCalls, Unbacked, routing_block, routing_inputs, writes_inputs,
+)
+from tile_kernels_aot import _custom_ops, engram, mhc, moe, quant, reference, transpose
 
 # Public names that are no ops: helpers the GPU tests and benchmarks use, and a type.
-NOT_OPS = {'quant.per_token_cast_spec', 'quant.QuantTensor', 'transpose.address_bits', 'transpose.spec_for'}
+NOT_OPS = {'quant.per_token_cast_spec', 'quant.QuantTensor', 'transpose.address_bits', 'transpose.spec_for', 'engram.partial_tokens'}
+MODULES = {'moe': moe, 'quant': quant, 'transpose': transpose, 'mhc': mhc, 'engram': engram}
+# Ops of a public function's out= form, which write their out argument and return nothing.
+OUT_OPS = {'reduce_fused_out', 'expand_to_mhc_fwd_out', 'mhc_pre_apply_mix_fwd_out', 'mhc_post_fwd_out'}
 
 
 def _public_functions() -> set[str]:
-    names = {f'quant.{n}' for n in quant.__all__}
-    for module in (moe, transpose):
+    names = {f'quant.{n}' for n in quant.__all__} | {f'mhc.{n}' for n in mhc.__all__}
+    for module in (moe, transpose, engram):
         short = module.__name__.rsplit('.', 1)[1]
         names |= {f'{short}.{n}' for n, f in vars(module).items()
                   if inspect.isfunction(f) and f.__module__ == module.__name__ and not n.startswith('_')}
@@ -38,7 +43,7 @@ def test_every_public_op_has_a_custom_op():
     assert _public_functions() == set(_custom_ops.PUBLIC) | set(_custom_ops.TRACED_THROUGH)
     for public, name in _custom_ops.PUBLIC.items():
         module, fn_name = public.split('.')
-        fn = getattr({'moe': moe, 'quant': quant, 'transpose': transpose}[module], fn_name)
+        fn = getattr(MODULES[module], fn_name)
         assert f'_custom_ops.{fn_name}(' in inspect.getsource(fn), f'{public} does not dispatch to its custom op under torch.compile'
         qualname = f'{_custom_ops.NAMESPACE}::{name}'
         for key in ('CUDA', 'CPU', 'Meta'):
@@ -48,12 +53,15 @@ def test_every_public_op_has_a_custom_op():
 MUTATED = {
     'inplace_unique_group_indices': {'group_indices'}, 'top2_sum_gate': {'unmapped_topk_idx'},
     'swiglu_forward_and_per_token_cast': {'clamped_count'}, 'reduce_fused_out': {'out'},
+    'expand_to_mhc_fwd_out': {'out'}, 'mhc_pre_apply_mix_fwd_out': {'out'}, 'mhc_post_fwd_out': {'out'},
+    'mhc_pre_apply_mix_bwd': {'x_grad'}, 'mhc_pre_norm_fn_bwd': {'x_grad'}, 'mhc_fn_normw_merge_bwd': {'fn_grad', 'normw_grad'},
+    'mhc_multilayer_recompute': {'layer_input_list', 'residual_list'}, 'grad_w_reduce': {'grad_weight_hidden', 'grad_weight_embed'},
 }
 
 
 def test_mutated_arguments_are_declared():
     names = {n for n in torch.ops.tile_kernels_aot if not n.startswith('_')} - {'name'}
-    assert set(_custom_ops.PUBLIC.values()) | {'reduce_fused_out'} <= names
+    assert set(_custom_ops.PUBLIC.values()) | OUT_OPS <= names
     for name in names:
         schema = getattr(torch.ops.tile_kernels_aot, name).default._schema
         written = {a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write}
@@ -89,13 +97,16 @@ def test_import_stays_light():
 # -- fakes against the references, for a symbolic token count ---------------------------------------------------------
 
 def test_the_cases_call_every_op():
-    """The cases the GPU tests opcheck reach every op (run here on meta tensors, where the fakes serve)."""
+    """The cases the GPU tests opcheck reach every op (run here on fake tensors, where the fakes serve)."""
     called = set()
     for case in CASES:
-        with OpCalls() as recorded:
-            case.op(*pytree.tree_map_only(torch.Tensor, lambda t: t.to('meta'), case.args(case.tokens[0])))
+        args = case.args(case.tokens[0])
+        with FakeTensorMode(shape_env=ShapeEnv()) as mode:
+            args = pytree.tree_map_only(torch.Tensor, mode.from_tensor, args)
+            with OpCalls() as recorded:
+                case.op(*args)
         called |= {func._schema.name.split('::')[1] for func, _, _ in recorded.calls}
-    assert called == set(_custom_ops.PUBLIC.values()) | {'reduce_fused_out'}
+    assert called == set(_custom_ops.PUBLIC.values()) | OUT_OPS
 
 
 def _symbolic(args, varying: list[list[bool]], mode: FakeTensorMode):
@@ -121,11 +132,17 @@ def _values(fake_args, args) -> dict:
     return values
 
 
-def _at(v, values: dict) -> int:
-    return int(sympy.sympify(v.node.expr).xreplace(values)) if isinstance(v, torch.SymInt) else v
+def _at(v, values: dict) -> int | None:
+    """v at the token counts of ``values``; None for a size the fake leaves unbacked (a symbol no input has)."""
+    if not isinstance(v, torch.SymInt):
+        return v
+    expr = sympy.sympify(sympy.sympify(v.node.expr).xreplace(values))
+    return None if expr.free_symbols else int(expr)
 
 
 def _layout(out, values=None):
+    if isinstance(out, Unbacked):
+        return out.layout
     if isinstance(out, torch.Tensor):
         if values is None:
             return tuple(out.shape), tuple(out.stride()), out.dtype

@@ -4,8 +4,9 @@ TileKernels' ``expand_to_mhc_fwd_tl`` / ``expand_to_mhc_bwd_tl`` behind ``expand
 from __future__ import annotations
 
 import torch
+from torch.compiler import is_compiling
 
-from tile_kernels_aot import _checks
+from tile_kernels_aot import _checks, _custom_ops
 from tile_kernels_aot._select import find_kernel
 from tile_kernels_aot.mhc import _stream_checks as checks
 
@@ -24,6 +25,8 @@ def expand_to_mhc_fwd(hidden: torch.Tensor, mhc_mult: int, out: torch.Tensor | N
     Returns:
         ``[..., mhc_mult, H]`` bfloat16: ``out[..., m, :] = hidden`` for every m.
     """
+    if is_compiling():
+        return _custom_ops.expand_to_mhc_fwd(hidden, mhc_mult, out)
     op = 'expand_to_mhc_fwd'
     checks.tail_tensor(op, 'hidden', hidden, torch.bfloat16, 1)
     _checks.integer(op, 'mhc_mult', mhc_mult, low=1)
@@ -56,6 +59,8 @@ def expand_to_mhc_bwd(out_grad: torch.Tensor) -> torch.Tensor:
     Returns:
         ``[..., H]`` bfloat16: ``sum over m of out_grad[..., m, :]``, added in fp32 in ascending m, rounded once.
     """
+    if is_compiling():
+        return _custom_ops.expand_to_mhc_bwd(out_grad)
     op = 'expand_to_mhc_bwd'
     mhc, h = checks.streams(op, 'out_grad', out_grad)
     lead = checks.leading(out_grad, 2)

@@ -4,8 +4,9 @@
 from __future__ import annotations
 
 import torch
+from torch.compiler import is_compiling
 
-from tile_kernels_aot import _checks
+from tile_kernels_aot import _checks, _custom_ops
 from tile_kernels_aot._select import find_kernel
 from tile_kernels_aot.mhc import _mix_checks as checks
 
@@ -33,6 +34,8 @@ def mhc_head_compute_mix_fwd(input_mix: torch.Tensor, scale: torch.Tensor, base:
     Returns:
         float32 of input_mix's shape.
     """
+    if is_compiling():
+        return _custom_ops.mhc_head_compute_mix_fwd(input_mix, scale, base, pre_eps)
     op = 'mhc_head_compute_mix_fwd'
     n, num_tokens = _input_mix(op, 'input_mix', input_mix)
     checks.vector(op, 'scale', scale, 1)
@@ -60,6 +63,8 @@ def mhc_head_compute_mix_bwd(grad: torch.Tensor, input_mix: torch.Tensor, scale:
         ``(input_grad (input_mix's shape), scale_grad [1], base_grad [mhc])``, float32. The token sums are taken in
         a fixed order: bitwise the same at any SM count.
     """
+    if is_compiling():
+        return _custom_ops.mhc_head_compute_mix_bwd(grad, input_mix, scale, base)
     op = 'mhc_head_compute_mix_bwd'
     n, num_tokens = _input_mix(op, 'input_mix', input_mix)
     _input_mix(op, 'grad', grad)

@@ -4,8 +4,9 @@
 from __future__ import annotations
 
 import torch
+from torch.compiler import is_compiling
 
-from tile_kernels_aot import _checks
+from tile_kernels_aot import _checks, _custom_ops
 from tile_kernels_aot._select import find_kernel
 from tile_kernels_aot.mhc import _stream_checks as checks
 
@@ -43,6 +44,9 @@ def mhc_multilayer_recompute(
     float32 ones aligned to 4 * gcd(mhc, 4) bytes. L and Lp are run-time: the tensors' addresses go to the GPU as
     a table, from pinned memory without a host sync (so a CUDA graph can capture the call).
     """
+    if is_compiling():
+        return _custom_ops.mhc_multilayer_recompute(initial_residual, pre_mix_list, layer_output_list, post_mix_list,
+                                                    comb_mix_list, layer_input_list, residual_list)
     op = 'mhc_multilayer_recompute'
     mhc, h = checks.streams(op, 'initial_residual', initial_residual)
     lead = checks.leading(initial_residual, 2)

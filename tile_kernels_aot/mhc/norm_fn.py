@@ -11,8 +11,9 @@ from __future__ import annotations
 import math
 
 import torch
+from torch.compiler import is_compiling
 
-from tile_kernels_aot import _checks
+from tile_kernels_aot import _checks, _custom_ops
 from tile_kernels_aot._select import find_kernel
 
 # Argument domains the ops check before they look at a device (the kernels' check() refuses specs beyond them).
@@ -94,6 +95,8 @@ def mhc_fn_normw_merge_fwd(fn: torch.Tensor, normw: torch.Tensor) -> torch.Tenso
     Returns:
         A new ``[mhc * (mhc + 2), width]`` float32 tensor.
     """
+    if is_compiling():
+        return _custom_ops.mhc_fn_normw_merge_fwd(fn, normw)
     op = 'mhc_fn_normw_merge_fwd'
     mhc, width = _merge_operands(op, fn, normw)
     device = _checks.on_one_cuda_device(op, fn=fn, normw=normw)
@@ -114,6 +117,8 @@ def mhc_fn_normw_merge_bwd(fn: torch.Tensor, normw: torch.Tensor, out_fn_grad: t
         out_fn_grad: gradient of the merged fn, fn's shape, float32, contiguous, 16-byte aligned.
         fn_grad, normw_grad: float32 accumulators of fn's and normw's shapes, contiguous, 16-byte aligned.
     """
+    if is_compiling():
+        return _custom_ops.mhc_fn_normw_merge_bwd(fn, normw, out_fn_grad, fn_grad, normw_grad)
     op = 'mhc_fn_normw_merge_bwd'
     mhc, width = _merge_operands(op, fn, normw)
     for name, t, like in (('out_fn_grad', out_fn_grad, fn), ('fn_grad', fn_grad, fn), ('normw_grad', normw_grad, normw)):
@@ -157,6 +162,8 @@ def mhc_pre_norm_fn_gemm(residual_flat: torch.Tensor, fn_tf32: torch.Tensor, n_s
         ``(partial_mul, partial_sqrsum)``: float32 ``[n_splits, T, mhc * (mhc + 2)]`` products of each slice and
         ``[n_splits, T]`` sums of squares of each slice.
     """
+    if is_compiling():
+        return _custom_ops.mhc_pre_norm_fn_gemm(residual_flat, fn_tf32, n_splits)
     op = 'mhc_pre_norm_fn_gemm'
     _checks.tensor(op, 'residual_flat', residual_flat, ndim=3, dtypes=(torch.bfloat16,))
     num_tokens, mhc, hidden = _residual(op, 'residual_flat', residual_flat)
@@ -193,6 +200,8 @@ def mhc_pre_norm_fn_fwd(residual: torch.Tensor, fn: torch.Tensor, norm_eps: floa
         ``(mixes, fn_tf32, out_mul, sqrsum)``: mixes ``[..., mhc * (mhc + 2)]``; fn rounded to TF32; the products
         ``[T, mhc * (mhc + 2)]`` and sums of squares ``[T]`` the backward needs (T the product of the leading dims).
     """
+    if is_compiling():
+        return _custom_ops.mhc_pre_norm_fn_fwd(residual, fn, norm_eps, n_splits)
     op = 'mhc_pre_norm_fn_fwd'
     num_tokens, mhc, hidden = _residual(op, 'residual', residual)
     _fn(op, 'fn', fn, mhc, hidden)
@@ -233,6 +242,8 @@ def mhc_pre_norm_fn_bwd(out_grad: torch.Tensor, residual: torch.Tensor, fn_tf32:
         fn_grad, a new ``[mhc * (mhc + 2), mhc * H]`` float32 tensor. Each column block of it and of x_grad is
         summed by one CTA in token order, so neither depends on the SM count.
     """
+    if is_compiling():
+        return _custom_ops.mhc_pre_norm_fn_bwd(out_grad, residual, fn_tf32, out_mul, sqrsum, norm_eps, x_grad)
     op = 'mhc_pre_norm_fn_bwd'
     num_tokens, mhc, hidden = _residual(op, 'residual', residual)
     mhc3 = mix_count(mhc)

@@ -4,8 +4,9 @@
 from __future__ import annotations
 
 import torch
+from torch.compiler import is_compiling
 
-from tile_kernels_aot import _checks
+from tile_kernels_aot import _checks, _custom_ops
 from tile_kernels_aot._select import find_kernel
 from tile_kernels_aot.mhc import _stream_checks as checks
 
@@ -49,6 +50,8 @@ def mhc_post_fwd(
         ``[..., mhc, H]`` bfloat16: the sum in fp32 (the post product, then one fma a stream in ascending i), rounded
         once.
     """
+    if is_compiling():
+        return _custom_ops.mhc_post_fwd(x, residual, post_layer_mix, comb_res_mix, out)
     op = 'mhc_post_fwd'
     lead, mhc, h = _inputs(op, x, residual, post_layer_mix, comb_res_mix)
     tensors = dict(x=x, residual=residual, post_layer_mix=post_layer_mix, comb_res_mix=comb_res_mix)
@@ -92,6 +95,8 @@ def mhc_post_bwd(
         * d_o[o]`` and ``d_residual[i] = sum over o of comb[i, o] * d_o[o]`` (bf16), ``d_post[o] = sum over H of x *
         d_o[o]`` and ``d_comb[i, o] = sum over H of residual[i] * d_o[o]`` (float32).
     """
+    if is_compiling():
+        return _custom_ops.mhc_post_bwd(x, residual, post_layer_mix, comb_res_mix, d_o, fuse_grad_acc)
     op = 'mhc_post_bwd'
     lead, mhc, h = _inputs(op, x, residual, post_layer_mix, comb_res_mix)
     checks.tail_tensor(op, 'd_o', d_o, torch.bfloat16, 2)

@@ -4,8 +4,9 @@
 from __future__ import annotations
 
 import torch
+from torch.compiler import is_compiling
 
-from tile_kernels_aot import _checks
+from tile_kernels_aot import _checks, _custom_ops
 from tile_kernels_aot._select import find_kernel
 from tile_kernels_aot.mhc import _stream_checks as checks
 
@@ -35,6 +36,8 @@ def mhc_pre_apply_mix_fwd(x: torch.Tensor, mix: torch.Tensor, out: torch.Tensor 
         ``[..., H]`` bfloat16: ``sum over m of mix[..., m, 0] * x[..., m, :]`` in fp32 (m ascending, one fma a
         stream after the first product), rounded once.
     """
+    if is_compiling():
+        return _custom_ops.mhc_pre_apply_mix_fwd(x, mix, out)
     op = 'mhc_pre_apply_mix_fwd'
     lead, mhc, h = _inputs(op, x, mix)
     if out is not None:
@@ -67,6 +70,8 @@ def mhc_pre_apply_mix_bwd(o_grad: torch.Tensor, x: torch.Tensor, mix: torch.Tens
     Returns:
         mix_grad, ``[..., mhc, 1]`` float32: ``sum over H of o_grad * x[..., m, :]``.
     """
+    if is_compiling():
+        return _custom_ops.mhc_pre_apply_mix_bwd(o_grad, x, mix, x_grad)
     op = 'mhc_pre_apply_mix_bwd'
     lead, mhc, h = _inputs(op, x, mix)
     checks.tail_tensor(op, 'o_grad', o_grad, torch.bfloat16, 1)

@@ -4,8 +4,9 @@
 from __future__ import annotations
 
 import torch
+from torch.compiler import is_compiling
 
-from tile_kernels_aot import _checks
+from tile_kernels_aot import _checks, _custom_ops
 from tile_kernels_aot._select import find_kernel
 from tile_kernels_aot.mhc import _mix_checks as checks
 from tile_kernels_aot.mhc.norm_fn import FWD_MUL, MAX_N_SPLITS, mhc_pre_norm_fn_gemm, round_to_tf32
@@ -32,6 +33,9 @@ def mhc_pre_big_fuse(residual: torch.Tensor, fn: torch.Tensor, mhc_scale: torch.
     Returns:
         ``(post_mix [..., mhc, 1], comb_mix [..., mhc, mhc], layer_input [..., H])``: float32, float32, bf16.
     """
+    if is_compiling():
+        return _custom_ops.mhc_pre_big_fuse(residual, fn, mhc_scale, mhc_base, rms_eps, mhc_pre_eps, mhc_sinkhorn_eps,
+                                            mhc_post_mult_value, sinkhorn_repeat, n_splits)
     op = 'mhc_pre_big_fuse'
     _checks.tensor(op, 'residual', residual, ndim=range(2, 10), dtypes=(torch.bfloat16,))
     mhc, hidden = residual.shape[-2:]

@@ -5,8 +5,9 @@ argument)."""
 from __future__ import annotations
 
 import torch
+from torch.compiler import is_compiling
 
-from tile_kernels_aot import _checks
+from tile_kernels_aot import _checks, _custom_ops
 from tile_kernels_aot._select import find_kernel
 from tile_kernels_aot.mhc import _mix_checks as checks
 
@@ -37,6 +38,8 @@ def mhc_pre_split_mixes_fwd(mixes: torch.Tensor, scale: torch.Tensor, base: torc
         ``post [..., mhc, 1] = sigmoid(mixes[mhc:2mhc] * scale[1] + base[mhc:2mhc]) * post_mult_value`` and
         ``comb [..., mhc, mhc] = mixes[2mhc:] * scale[2] + base[2mhc:]`` (row-major), all float32.
     """
+    if is_compiling():
+        return _custom_ops.mhc_pre_split_mixes_fwd(mixes, scale, base, mhc_mult, post_mult_value, pre_eps)
     op = 'mhc_pre_split_mixes_fwd'
     mhc3, num_tokens = _mixes(op, mixes, mhc_mult)
     checks.vector(op, 'scale', scale, 3)
@@ -74,6 +77,9 @@ def mhc_pre_split_mixes_bwd(pre_grad: torch.Tensor, post_grad: torch.Tensor, com
         ``(mixes_grad [..., mhc * (mhc + 2)], scale_grad [3], base_grad [mhc * (mhc + 2)])``, float32. The
         token sums of scale_grad and base_grad are taken in a fixed order: bitwise the same at any SM count.
     """
+    if is_compiling():
+        return _custom_ops.mhc_pre_split_mixes_bwd(pre_grad, post_grad, comb_grad, mixes, post_mix, scale, base, mhc_mult,
+                                                   post_mult_value)
     op = 'mhc_pre_split_mixes_bwd'
     mhc3, num_tokens = _mixes(op, mixes, mhc_mult)
     n = mhc_mult

@@ -4,8 +4,9 @@
 from __future__ import annotations
 
 import torch
+from torch.compiler import is_compiling
 
-from tile_kernels_aot import _checks
+from tile_kernels_aot import _checks, _custom_ops
 from tile_kernels_aot._select import find_kernel
 from tile_kernels_aot.mhc import _mix_checks as checks
 
@@ -36,6 +37,8 @@ def mhc_sinkhorn_fwd(x: torch.Tensor, repeat: int, eps: float) -> torch.Tensor:
     Returns:
         A new float32 tensor of x's shape.
     """
+    if is_compiling():
+        return _custom_ops.mhc_sinkhorn_fwd(x, repeat, eps)
     op = 'mhc_sinkhorn_fwd'
     n, num_tokens = _matrices(op, 'x', x)
     _checks.integer(op, 'repeat', repeat, low=1, high=2**31 - 1)
@@ -61,6 +64,8 @@ def mhc_sinkhorn_bwd(grad_out: torch.Tensor, x: torch.Tensor, repeat: int, eps: 
     Returns:
         grad_in, float32, x's shape.
     """
+    if is_compiling():
+        return _custom_ops.mhc_sinkhorn_bwd(grad_out, x, repeat, eps)
     op = 'mhc_sinkhorn_bwd'
     n, num_tokens = _matrices(op, 'x', x)
     _matrices(op, 'grad_out', grad_out)

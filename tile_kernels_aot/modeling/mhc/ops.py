@@ -8,6 +8,10 @@ The pre ops' backwards then add their residual gradients into it in place and re
 residual, which saves a full-size gradient tensor and an addition per pre op; mhc_pre_norm_fn, the last
 of them, removes the stash. Without a stash (no mhc_post after the pre step), or with
 ``fuse_grad_acc=False``, they return their own gradient, and the sums autograd forms are the same.
+
+Under torch.compile (``torch.compiler.is_compiling()``) every op takes that unfused path: dynamo cannot trace
+attributes of an untyped storage, and in a compiled graph the residual gradients are tensors of the graph, whose
+sum the compiler plans itself. The gradients are the same.
 """
 
 from __future__ import annotations
@@ -36,7 +40,10 @@ __all__ = [
 
 
 def _stash(x: torch.Tensor) -> torch.Tensor | None:
-    """The residual gradient mhc_post's backward left on x's storage, viewed as x, or None."""
+    """The residual gradient mhc_post's backward left on x's storage, viewed as x, or None (always None under
+    torch.compile, where mhc_post's backward leaves none)."""
+    if torch.compiler.is_compiling():
+        return None
     stashed = getattr(x.untyped_storage(), STASH, None)
     return None if stashed is None else stashed.view_as(x)
 
@@ -181,7 +188,7 @@ class MHCPost(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, d_o: torch.Tensor):
-        return *mhc_post_bwd(*ctx.saved_tensors, d_o.contiguous()), None
+        return *mhc_post_bwd(*ctx.saved_tensors, d_o.contiguous(), fuse_grad_acc=not torch.compiler.is_compiling()), None
 
 
 def mhc_post(x: torch.Tensor, residual: torch.Tensor, post_layer_mix: torch.Tensor, comb_res_mix: torch.Tensor,
