@@ -20,6 +20,11 @@ One step of the layer, per rank:
 torch; ``--check`` compares the two. The figures come out as one JSON line (rank 0): tokens per second over all ranks,
 and the time per phase (CUDA events around each) summed into our kernels, NCCL and the expert GEMMs.
 
+For the benchmark records, append the line to the GPU run's output folder, which ``python -m benchmarks.record``
+condenses (an 'ep_moe' line per run; ``python -m benchmarks.report`` tabulates them)::
+
+    torchrun --standalone --nproc-per-node 2 examples/ep_moe.py | grep '^{' >> $OUT/ep_moe.jsonl
+
 ``--ops reference --device cpu`` runs the same exchange with tile_kernels_aot.reference's pure-torch ops on CPU tensors
 over gloo, so the bookkeeping can be checked where there is no GPU.
 """

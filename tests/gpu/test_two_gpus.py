@@ -135,7 +135,8 @@ def test_cuda_graph_capture_and_replay_on_the_second_device(restore_device):
         new = inputs_on(1, 4096)
         for s, n in zip(static, new):
             s.copy_(n)
-        graph.replay()
+        with torch.cuda.device(1):
+            graph.replay()
         torch.cuda.synchronize(1)
         for out, ref in zip(outputs, references(*new)):
             assert out.device.index == 1
@@ -223,7 +224,8 @@ with torch.cuda.device(1):  # the first calls on device 1 are in the capture: pr
 new = inputs_on(1, 4096)
 for s, n in zip(static, new):
     s.copy_(n)
-graph.replay()
+with torch.cuda.device(1):
+    graph.replay()
 torch.cuda.synchronize(1)
 for out, ref in zip(outputs, references(*new)):
     assert_bitwise_equal(out, ref)
