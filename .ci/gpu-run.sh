@@ -3,7 +3,7 @@
 # the GPU tests and the benchmarks from a copy of the checkout outside it (so that imports resolve to
 # the installed wheels, not to the source tree), leave every log under $OUT, and end by condensing them
 # into the run's record, $OUT/DATE-GPU.jsonl (benchmarks/record.py; copy it to docs/measurements/).
-#   COMMIT=SHA bash .ci/gpu-run.sh [tests] [bench] [tune] [cold] [pip] [host] [upstream] [profile] [ncu] [sanitize]
+#   COMMIT=SHA bash .ci/gpu-run.sh [tests] [bench] [tune] [cold] [pip] [host] [upstream] [profile] [ncu] [sanitize] [ep_moe]
 # (default steps: tests bench tune cold). COMMIT names the commit the wheels were built from; without it the
 # script reads $DIST/COMMIT, and without that the record is left to `python -m benchmarks.record $OUT --commit SHA`.
 set -uo pipefail
@@ -23,7 +23,7 @@ export PYTHONPATH=$SITE PYTHONUNBUFFERED=1
 [ -d build-launch/sm_90a ] && export TILE_KERNELS_AOT_LAUNCH_TEST_DIR=$PWD/build-launch/sm_90a
 
 python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" $DIST/*.whl $(ls .whl/*.whl 2>/dev/null) || exit 1
-cp -r tests benchmarks pyproject.toml README.md "$WORK"/
+cp -r tests benchmarks examples pyproject.toml README.md "$WORK"/
 {
   date -u +%Y-%m-%dT%H:%M:%SZ
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader
@@ -59,6 +59,12 @@ for step in $steps; do
                TILELANG_CACHE_DIR=/tmp/tlcache-cold TILELANG_PRINT_ON_COMPILATION=0 timeout 600 python3 benchmarks/cold_start.py mhc-upstream \
                2>/dev/null | grep '^{' | tee -a "$OUT/cold_start.log"; done
            fi ;;
+    ep_moe) # examples/ep_moe.py on one GPU and, where the machine has two or more, on two: its JSON lines go into the record.
+           gpus=$(nvidia-smi -L | wc -l)
+           for n in 1 2; do
+             [ "$n" -le "$gpus" ] || continue
+             timeout 300 torchrun --standalone --nproc-per-node "$n" examples/ep_moe.py --check 2>&1 | tee -a "$OUT/ep_moe.log" | grep '^{' >> "$OUT/ep_moe.jsonl" || status=1
+           done ;;
     pip)   # The user's path, into the machine's own Python (the machine is thrown away after the run): pip
            # resolves the meta package, the runtime and the arch wheels from dist/ and torch from what is installed.
            (env -u PYTHONPATH python3 -m pip install --no-index --find-links "$OLDPWD/$DIST" tile-kernels-aot && cd / \
