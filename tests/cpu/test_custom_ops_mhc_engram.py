@@ -9,9 +9,11 @@ import pytest
 import torch
 from functorch.compile import make_boxed_func
 from torch._dynamo.backends.common import aot_autograd
+from torch.utils import _pytree as pytree
 
 from tests.fixtures.custom_ops import (
-    ENGRAM_HIDDEN, MHC, MHC_ENGRAM_CASES, MHC_HIDDEN, OpCalls, engram_gate_inputs, engram_gate_step, mhc_layer_inputs, mhc_layer_step,
+    ENGRAM_HIDDEN, MHC, MHC_ENGRAM_CASES, MHC_ENGRAM_WRITING, MHC_HIDDEN, OpCalls, engram_gate_inputs, engram_gate_step, mhc_layer_inputs,
+    mhc_layer_step,
 )
 from tile_kernels_aot import _custom_ops, mhc
 from tile_kernels_aot.modeling.mhc.ops import STASH
@@ -149,3 +151,15 @@ def test_the_ops_kernel_gets_the_public_arguments(case):
     with OpCalls() as recorded, pytest.raises(ValueError, match=rf'^{case.name.split("-")[0]}: \w+(\[\d+\])? must be on a CUDA device'):
         case.op(*case.args(case.tokens[0]))
     assert len(recorded.calls) == 1
+
+
+@pytest.mark.parametrize('case', MHC_ENGRAM_WRITING, ids=lambda c: c.name)
+def test_ops_that_write_inputs_compile_through_aot_autograd_on_meta(case, fresh_dynamo):
+    """AOTAutograd functionalises them (auto_functionalized, Tensor[] lists included) and writes the results back."""
+    graphs = Graphs()
+    compiled = torch.compile(lambda *args: case.op(*args), fullgraph=True, dynamic=True, backend=graphs.backend)
+    for num_tokens in case.tokens[:2]:
+        args = pytree.tree_map_only(torch.Tensor, lambda t: t.to('meta'), case.args(num_tokens))
+        compiled(*args)
+    assert len(graphs.forward) == 1
+    assert custom_ops(graphs.forward[0]) == {case.name.replace('-out', '_out')}
