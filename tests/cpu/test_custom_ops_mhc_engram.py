@@ -163,3 +163,25 @@ def test_ops_that_write_inputs_compile_through_aot_autograd_on_meta(case, fresh_
         compiled(*args)
     assert len(graphs.forward) == 1
     assert custom_ops(graphs.forward[0]) == {case.name.replace('-out', '_out')}
+
+
+def test_mhc_embedding_and_head_compile_forward_and_backward_on_meta(fresh_dynamo):
+    """expand_from_embedding and mhc_head (the padded fn, head_compute_mix) through the same ops, grad on."""
+    from tile_kernels_aot.modeling import mhc as modeling
+
+    def model(embedding, fn, scale, base):
+        return modeling.mhc_head(modeling.expand_from_embedding(embedding, MHC), fn, scale, base)
+
+    graphs = Graphs()
+    compiled = torch.compile(model, fullgraph=True, dynamic=True, backend=graphs.backend)
+    meta = {'device': 'meta', 'requires_grad': True}
+    for num_tokens in (40, 72):
+        leaves = (torch.empty(num_tokens, 2, MHC_HIDDEN, dtype=torch.bfloat16, **meta), torch.empty(MHC, MHC * MHC_HIDDEN, **meta),
+                  torch.empty(1, **meta), torch.empty(MHC, **meta))
+        out = compiled(*leaves)
+        assert _layout(out) == _layout(leaves[0])
+        out.float().sum().backward()
+        assert [_layout(t.grad) for t in leaves] == [_layout(t) for t in leaves]
+    assert (len(graphs.forward), len(graphs.backward)) == (1, 1)
+    assert custom_ops(graphs.forward[0]) == {'expand_to_mhc_fwd', 'mhc_pre_norm_fn_fwd', 'mhc_head_compute_mix_fwd', 'mhc_pre_apply_mix_fwd'}
+    assert custom_ops(graphs.backward[0]) == {'expand_to_mhc_bwd', 'mhc_pre_norm_fn_bwd', 'mhc_head_compute_mix_bwd', 'mhc_pre_apply_mix_bwd'}
