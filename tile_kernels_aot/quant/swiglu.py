@@ -354,8 +354,8 @@ def swiglu_backward_and_per_token_cast(
     if num_per_channels not in (32, 128):
         raise ValueError(f'{op}: num_per_channels must be 32 or 128, got {num_per_channels}')
     width = data.shape[-1]
-    if width % (2 * num_per_channels):
-        raise ValueError(f'{op}: x data must have 2 * hidden columns with hidden a multiple of num_per_channels '
+    if not width or width % (2 * num_per_channels):  # zero columns: no hidden size to view the rows by
+        raise ValueError(f'{op}: x data must have 2 * hidden columns with hidden a positive multiple of num_per_channels '
                          f'({num_per_channels}), got {width} columns')
     for name, t in (('x[0] (data)', data), ('x[1] (sf)', sf), ('grad_out', grad_out), ('weight', weight),
                     ('token_topk_to_pos', token_topk_to_pos)):

@@ -13,8 +13,8 @@ def _check_shapes(hidden_states, k, v) -> None:
         if not isinstance(t, torch.Tensor):
             raise TypeError(f'engram_gate: {name} must be a torch.Tensor, got {type(t).__name__}')
     shape = tuple(hidden_states.shape)
-    if len(shape) < 2 or tuple(k.shape) != shape or tuple(v.shape) != shape[:-2] + shape[-1:]:
-        raise ValueError(f'engram_gate: hidden_states must be [*, 4, H], k of its shape and v [*, H], got shapes {shape}, '
+    if len(shape) < 2 or 0 in shape[-2:] or tuple(k.shape) != shape or tuple(v.shape) != shape[:-2] + shape[-1:]:
+        raise ValueError(f'engram_gate: hidden_states must be [*, 4, H] (H > 0), k of its shape and v [*, H], got shapes {shape}, '
                          f'{tuple(k.shape)} and {tuple(v.shape)}')
 
 
