@@ -6,7 +6,8 @@
   offset view, a tensor on the meta device, a non-tensor, an integer out of range or of the wrong type, an unknown
   format string, a wrong flag) raises TypeError, ValueError, SpecNotPrebuiltError or NotImplementedError naming the
   op, never anything else; a mutation that can never be valid (a float64 or complex tensor, a non-tensor, a string
-  for an int) is refused before the device check.
+  for an int) is refused before the device check, except in a composite (another argument's device check may come
+  first) and for the arguments an op checks after it (Case.late: bounds from the arch package, or unused).
 * Nothing is ever launched: the loader's launch, its module load, the driver and the package lookup fail the test if
   reached (LaunchReached derives from BaseException, so no op's `except Exception` can swallow it).
 
