@@ -34,3 +34,28 @@ def built(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp('subset')
     build_subset(root)
     return root
+
+
+@pytest.fixture
+def record_launches(monkeypatch):
+    """record_launches(kernel_dir) -> list: load `kernel_dir`'s binaries as an H200's, let CPU tensors pass the device
+    check, and replace every launch by a record (kernel, bound dims, grids). What an op would launch is then bound
+    and checked against the built manifests (names, shapes, strides, dtypes, alignment) with no GPU."""
+    from tile_kernels_aot import _checks, _launch, _select
+
+    launched = []
+
+    def record(self, device, tensors, scalars=None):
+        env = self._plan.bind(tensors, scalars or {})
+        launched.append((self.entry.kernel, env, [tuple(axis(env) for axis in grid) for grid in self._grids]))
+
+    def start(kernel_dir: Path) -> list:
+        monkeypatch.setenv(_select.KERNEL_DIRS_ENV, str(kernel_dir))
+        monkeypatch.setattr(_select, 'device_facts', lambda index: ('NVIDIA H200', (9, 0)))
+        monkeypatch.setattr(_checks, 'on_one_cuda_device', lambda op, **tensors: 0)
+        monkeypatch.setattr(_launch.LoadedKernel, '__call__', record)
+        _select.reset()
+        return launched
+
+    yield start
+    _select.reset()

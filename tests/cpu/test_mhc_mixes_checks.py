@@ -271,23 +271,11 @@ def mixes_build(tmp_path_factory):
 
 
 @pytest.mark.build
-def test_ops_bind_their_tensors_to_the_built_entries(mixes_build, monkeypatch):
+def test_ops_bind_their_tensors_to_the_built_entries(mixes_build, record_launches):
     """Each op's tensors, names and scalars satisfy its binaries' manifests (shapes, strides, dtypes, alignment); the
     launch itself is replaced by a record of the bound dims and the grids. The Sinkhorn backward's repeat limit comes
     from its binary."""
-    from tile_kernels_aot import _launch
-
-    monkeypatch.setenv(_select.KERNEL_DIRS_ENV, str(mixes_build))
-    monkeypatch.setattr(_select, 'device_facts', lambda index: ('NVIDIA H200', (9, 0)))
-    monkeypatch.setattr(_checks, 'on_one_cuda_device', lambda op, **tensors: 0)
-    launched = []
-
-    def record(self, device, tensors, scalars=None):
-        env = self._plan.bind(tensors, scalars or {})
-        launched.append((self.entry.kernel, env, [tuple(axis(env) for axis in grid) for grid in self._grids]))
-
-    monkeypatch.setattr(_launch.LoadedKernel, '__call__', record)
-    _select.reset()
+    launched = record_launches(mixes_build)
     tokens = 2 * 2001
     try:
         mhc_pre_split_mixes_fwd(**split_fwd_args(mixes=torch.zeros(2, 2001, MHC3)))

@@ -258,25 +258,13 @@ def stream_build(tmp_path_factory):
 
 
 @pytest.mark.build
-def test_ops_bind_their_tensors_to_the_built_entries(stream_build, monkeypatch):
+def test_ops_bind_their_tensors_to_the_built_entries(stream_build, record_launches, monkeypatch):
     """Each op's tensors and names satisfy its binary's manifest (shapes, strides, dtypes, alignment); the launch
     itself is replaced by a record of the bound dims and the grid."""
-    from tile_kernels_aot import _launch
-
-    monkeypatch.setenv(_select.KERNEL_DIRS_ENV, str(stream_build))
-    monkeypatch.setattr(_select, 'device_facts', lambda index: ('NVIDIA H200', (9, 0)))
-    monkeypatch.setattr(_checks, 'on_one_cuda_device', lambda op, **tensors: 0)
-    launched = []
-
-    def record(self, device, tensors, scalars=None):
-        env = self._plan.bind(tensors, scalars or {})
-        launched.append((self.entry.kernel, env, [tuple(axis(env) for axis in grid) for grid in self._grids]))
-
-    monkeypatch.setattr(_launch.LoadedKernel, '__call__', record)
+    launched = record_launches(stream_build)
     # No pinned memory without a GPU: the tables stay on the host.
     monkeypatch.setattr(torch, 'tensor', lambda data, *, pin_memory=False, _tensor=torch.tensor, **kw: _tensor(data, **kw))
     monkeypatch.setattr(torch.Tensor, 'to', lambda self, *args, **kwargs: self)
-    _select.reset()
     try:
         expand_to_mhc_fwd(rows(), MHC)
         expand_to_mhc_bwd(streams())
