@@ -1,14 +1,17 @@
 """What the GPU tests share: the specs to cover (read from the installed manifest, so they follow the
-kernel declarations), the SM counts to run at, bitwise comparison, and allocator poisoning."""
+kernel declarations), the SM counts to run at, bitwise comparison, allocator poisoning, and a sample of ops
+from every family for the loader's tests (preload, several devices)."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import pytest
 import torch
 
-from tile_kernels_aot import config
+import tile_kernels_aot
+from tile_kernels_aot import config, reference
 
 TOKEN_COUNTS = (0, 1, 63, 4001, 8192)
 _NO_GPU = pytest.mark.skip(reason='needs a CUDA GPU')
@@ -94,3 +97,26 @@ def check_unbiased(dequantized: torch.Tensor, original: torch.Tensor) -> None:
         return
     below = (dequantized < original).sum().item() + (dequantized == original).sum().item() / 2
     assert abs(below / count - 0.5) < 10 / math.sqrt(count), f'{below / count:.4f} of values rounded down'
+
+
+def sample_inputs(num_tokens: int, device: int | None = None) -> tuple[torch.Tensor, ...]:
+    """The inputs of sample_ops on `device` (the current one when None): router scores and two bf16 activations."""
+    with torch.cuda.device(device) if device is not None else contextlib.nullcontext():
+        return (torch.randn(num_tokens, 256, device='cuda'), torch.randn(num_tokens, 7168, device='cuda').bfloat16(),
+                torch.randn(num_tokens, 7168, device='cuda').bfloat16())
+
+
+def sample_ops(scores: torch.Tensor, x_t: torch.Tensor, x_q: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """A routing, a counting, a transpose, a quantisation and a cast-back op: one binary of each family to load,
+    each output equal bit for bit to sample_references'."""
+    idx = tile_kernels_aot.moe.topk_gate(scores, 8)
+    q, sf = tile_kernels_aot.quant.per_token_cast(x_q, 'e4m3', 128)
+    return (idx, tile_kernels_aot.moe.group_count(idx, 256), tile_kernels_aot.transpose.transpose(x_t), q.view(torch.uint8), sf,
+            tile_kernels_aot.quant.cast_back((q, sf), 'bf16', (1, 128)))
+
+
+def sample_references(scores: torch.Tensor, x_t: torch.Tensor, x_q: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    idx = reference.stable_topk(scores, 8)
+    q, sf = reference.cast(x_q, 'e4m3', (1, 128))
+    return (idx, reference.group_count(idx, 256), reference.transpose(x_t), q.view(torch.uint8), sf,
+            reference.cast_back((q, sf), 'bf16', (1, 128)))

@@ -16,10 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import tile_kernels_aot
-from tile_kernels_aot import reference
-
-from .helpers import assert_bitwise_equal
+from .helpers import assert_bitwise_equal, sample_inputs, sample_ops as ops, sample_references as references
 
 pytestmark = [pytest.mark.gpu, pytest.mark.two_gpus]
 
@@ -27,23 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 
 
 def inputs_on(device: int, num_tokens: int) -> tuple[torch.Tensor, ...]:
-    with torch.cuda.device(device):
-        return (torch.randn(num_tokens, 256, device='cuda'), torch.randn(num_tokens, 7168, device='cuda').bfloat16(),
-                torch.randn(num_tokens, 7168, device='cuda').bfloat16())
-
-
-def ops(scores, x_t, x_q):
-    idx = tile_kernels_aot.moe.topk_gate(scores, 8)
-    q, sf = tile_kernels_aot.quant.per_token_cast(x_q, 'e4m3', 128)
-    return (idx, tile_kernels_aot.moe.group_count(idx, 256), tile_kernels_aot.transpose.transpose(x_t), q.view(torch.uint8), sf,
-            tile_kernels_aot.quant.cast_back((q, sf), 'bf16', (1, 128)))
-
-
-def references(scores, x_t, x_q):
-    idx = reference.stable_topk(scores, 8)
-    q, sf = reference.cast(x_q, 'e4m3', (1, 128))
-    return (idx, reference.group_count(idx, 256), reference.transpose(x_t), q.view(torch.uint8), sf,
-            reference.cast_back((q, sf), 'bf16', (1, 128)))
+    return sample_inputs(num_tokens, device)
 
 
 # Wrap the loader and the driver so that every module load is recorded with the device whose context was current, and
