@@ -3,9 +3,12 @@ before anything is allocated or launched."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 import torch
+
+FLOAT32_MAX = torch.finfo(torch.float32).max
 
 
 def tensor(op: str, name: str, t: object, *, ndim: int | Iterable[int], dtypes: Iterable[torch.dtype]) -> torch.Tensor:
@@ -27,6 +30,29 @@ def integer(op: str, name: str, value: object, *, low: int, high: int | None = N
         bound = f'>= {low}' if high is None else f'in [{low}, {high}]'
         raise ValueError(f'{op}: {name} must be {bound}, got {value}')
     return value
+
+
+def real(op: str, name: str, value: object, *, low: float = -math.inf) -> float:
+    """A Python number that reaches a kernel as a float32 argument: finite, in float32's range, and >= low."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f'{op}: {name} must be a float, got {type(value).__name__}')
+    if not math.isfinite(value) or abs(value) > FLOAT32_MAX or value < low:
+        bound = f' >= {low}' if low > -math.inf else ''
+        raise ValueError(f'{op}: {name} must be a finite float32 value{bound}, got {value}')
+    return float(value)
+
+
+def shape(op: str, name: str, t: torch.Tensor, expected: tuple[int, ...]) -> None:
+    if tuple(t.shape) != tuple(expected):
+        raise ValueError(f'{op}: {name} must have shape {tuple(expected)}, got {tuple(t.shape)}')
+
+
+def contiguous(op: str, name: str, t: torch.Tensor, alignment: int = 1) -> None:
+    """Contiguous, with its data pointer `alignment`-byte aligned (when it has elements)."""
+    if not t.is_contiguous():
+        raise ValueError(f'{op}: {name} must be contiguous, got strides {t.stride()} for shape {tuple(t.shape)}')
+    if t.numel() and t.data_ptr() % alignment:
+        raise ValueError(f'{op}: {name} must be {alignment}-byte aligned, got data pointer {t.data_ptr():#x}')
 
 
 def inner_contiguous(op: str, name: str, t: torch.Tensor) -> None:

@@ -15,7 +15,6 @@ k and v at run time; the gate kernels are built per hidden size H (kernel_src/mo
 
 from __future__ import annotations
 
-import math
 
 import torch
 from torch.compiler import is_compiling
@@ -26,26 +25,6 @@ from tile_kernels_aot.config import get_num_sms
 
 HC = 4  # streams (hc_mult) the kernels are built for
 VEC_BYTES = 16  # the gate kernels read and write every row in 16-byte vectors
-
-
-def _number(op: str, name: str, value: object, low: float = -math.inf) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f'{op}: {name} must be a float, got {type(value).__name__}')
-    if not math.isfinite(value) or value < low:
-        raise ValueError(f'{op}: {name} must be finite' + (f' and >= {low}' if low > -math.inf else '') + f', got {value}')
-    return float(value)
-
-
-def _shape(op: str, name: str, t: torch.Tensor, shape: tuple[int, ...]) -> None:
-    if tuple(t.shape) != tuple(shape):
-        raise ValueError(f'{op}: {name} must have shape {tuple(shape)}, got {tuple(t.shape)}')
-
-
-def _contiguous(op: str, name: str, t: torch.Tensor, alignment: int = 1) -> None:
-    if not t.is_contiguous():
-        raise ValueError(f'{op}: {name} must be contiguous, got strides {t.stride()} for shape {tuple(t.shape)}')
-    if t.numel() and t.data_ptr() % alignment:
-        raise ValueError(f'{op}: {name} must be {alignment}-byte aligned, got data pointer {t.data_ptr():#x}')
 
 
 def _rows(op: str, name: str, t: torch.Tensor) -> None:
@@ -107,12 +86,12 @@ def engram_hash(
     _checks.integer(op, 'max_ngram_size (ngram_token_ids.shape[1])', max_ngram_size, low=2)
     _checks.integer(op, 'num_ngram_layers (vocab_sizes.shape[0])', num_layers, low=1, high=65535)
     _checks.integer(op, 'num_embed_table_per_ngram (vocab_sizes.shape[2])', tables, low=1)
-    _shape(op, 'multipliers', multipliers, (num_layers, max_ngram_size))
-    _shape(op, 'vocab_sizes', vocab_sizes, (num_layers, max_ngram_size - 1, tables))
-    _shape(op, 'offsets', offsets, (num_layers, (max_ngram_size - 1) * tables))
+    _checks.shape(op, 'multipliers', multipliers, (num_layers, max_ngram_size))
+    _checks.shape(op, 'vocab_sizes', vocab_sizes, (num_layers, max_ngram_size - 1, tables))
+    _checks.shape(op, 'offsets', offsets, (num_layers, (max_ngram_size - 1) * tables))
     _checks.inner_contiguous(op, 'ngram_token_ids', ngram_token_ids)
     for name, t in (('multipliers', multipliers), ('vocab_sizes', vocab_sizes), ('offsets', offsets)):
-        _contiguous(op, name, t)
+        _checks.contiguous(op, name, t)
     device = _checks.on_one_cuda_device(op, ngram_token_ids=ngram_token_ids, multipliers=multipliers, vocab_sizes=vocab_sizes,
                                         offsets=offsets)
     kernel = find_kernel('engram.engram_hash', {'max_ngram_size': max_ngram_size, 'tables_per_ngram': tables}, device)
@@ -152,9 +131,9 @@ def _weights(op: str, weight_hidden: torch.Tensor, weight_embed: torch.Tensor, a
     _checks.tensor(op, 'weight_hidden', weight_hidden, ndim=2, dtypes=(torch.bfloat16,))
     _checks.tensor(op, 'weight_embed', weight_embed, ndim=2, dtypes=(torch.bfloat16,))
     _hc(op, 'weight_hidden', weight_hidden, 0)
-    _shape(op, 'weight_embed', weight_embed, tuple(weight_hidden.shape))
-    _contiguous(op, 'weight_hidden', weight_hidden, alignment)
-    _contiguous(op, 'weight_embed', weight_embed, alignment)
+    _checks.shape(op, 'weight_embed', weight_embed, tuple(weight_hidden.shape))
+    _checks.contiguous(op, 'weight_hidden', weight_hidden, alignment)
+    _checks.contiguous(op, 'weight_embed', weight_embed, alignment)
     return weight_hidden.shape[1]
 
 
@@ -170,21 +149,21 @@ def _gate_inputs(op: str, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, wei
     _checks.tensor(op, 'weight_fused', weight_fused, ndim=2, dtypes=(torch.float32,))
     num_tokens, _, hidden = x.shape
     _hc(op, 'hidden_states', x, 1)
-    _shape(op, 'k', k, tuple(x.shape))
-    _shape(op, 'v', v, (num_tokens, hidden))
-    _shape(op, 'weight_fused', weight_fused, (HC, hidden))
-    _contiguous(op, 'hidden_states', x, VEC_BYTES)
+    _checks.shape(op, 'k', k, tuple(x.shape))
+    _checks.shape(op, 'v', v, (num_tokens, hidden))
+    _checks.shape(op, 'weight_fused', weight_fused, (HC, hidden))
+    _checks.contiguous(op, 'hidden_states', x, VEC_BYTES)
     _rows(op, 'k', k)
     _rows(op, 'v', v)
-    _contiguous(op, 'weight_fused', weight_fused, VEC_BYTES)
+    _checks.contiguous(op, 'weight_fused', weight_fused, VEC_BYTES)
     return num_tokens, hidden
 
 
 def _saved(op: str, num_tokens: int, **tensors: torch.Tensor) -> None:
     for name, t in tensors.items():
         _checks.tensor(op, name, t, ndim=2, dtypes=(torch.float32,))
-        _shape(op, name, t, (num_tokens, HC))
-        _contiguous(op, name, t, 4)
+        _checks.shape(op, name, t, (num_tokens, HC))
+        _checks.contiguous(op, name, t, 4)
 
 
 def engram_gate_fwd(
@@ -216,8 +195,8 @@ def engram_gate_fwd(
         return _custom_ops.engram_gate_fwd(hidden_states, k, v, weight_fused, eps, clamp_value, save_for_backward)
     op = 'engram_gate_fwd'
     num_tokens, hidden = _gate_inputs(op, hidden_states, k, v, weight_fused)
-    eps = _number(op, 'eps', eps, low=0)
-    clamp_value = _number(op, 'clamp_value', clamp_value, low=0)
+    eps = _checks.real(op, 'eps', eps, low=0)
+    clamp_value = _checks.real(op, 'clamp_value', clamp_value, low=0)
     if not isinstance(save_for_backward, bool):
         raise TypeError(f'{op}: save_for_backward must be a bool, got {type(save_for_backward).__name__}')
     device = _checks.on_one_cuda_device(op, hidden_states=hidden_states, k=k, v=v, weight_fused=weight_fused)
@@ -263,10 +242,10 @@ def engram_gate_bwd(
     op = 'engram_gate_bwd'
     num_tokens, hidden = _gate_inputs(op, hidden_states, k, v, weight_fused)
     _checks.tensor(op, 'grad_out', grad_out, ndim=3, dtypes=(torch.bfloat16,))
-    _shape(op, 'grad_out', grad_out, tuple(hidden_states.shape))
-    _contiguous(op, 'grad_out', grad_out, VEC_BYTES)
+    _checks.shape(op, 'grad_out', grad_out, tuple(hidden_states.shape))
+    _checks.contiguous(op, 'grad_out', grad_out, VEC_BYTES)
     _saved(op, num_tokens, dot=dot, gate_score=gate_score, rstd_x=rstd_x, rstd_k=rstd_k)
-    clamp_value = _number(op, 'clamp_value', clamp_value, low=0)
+    clamp_value = _checks.real(op, 'clamp_value', clamp_value, low=0)
     device = _checks.on_one_cuda_device(op, grad_out=grad_out, hidden_states=hidden_states, k=k, v=v, weight_fused=weight_fused,
                                         dot=dot, gate_score=gate_score, rstd_x=rstd_x, rstd_k=rstd_k)
     kernel = find_kernel('engram.engram_gate_bwd', {'hidden': hidden}, device)
@@ -313,12 +292,12 @@ def grad_w_reduce(
     op = 'grad_w_reduce'
     _checks.tensor(op, 'grad_w_partial', grad_w_partial, ndim=3, dtypes=(torch.float32,))
     hidden = _weights(op, weight_hidden, weight_embed, alignment=8)
-    _shape(op, 'grad_w_partial', grad_w_partial, (grad_w_partial.shape[0], HC, hidden))
-    _contiguous(op, 'grad_w_partial', grad_w_partial, 16)
+    _checks.shape(op, 'grad_w_partial', grad_w_partial, (grad_w_partial.shape[0], HC, hidden))
+    _checks.contiguous(op, 'grad_w_partial', grad_w_partial, 16)
     for name, t in (('grad_weight_hidden', grad_weight_hidden), ('grad_weight_embed', grad_weight_embed)):
         _checks.tensor(op, name, t, ndim=2, dtypes=(torch.float32,))
-        _shape(op, name, t, (HC, hidden))
-        _contiguous(op, name, t, 16)
+        _checks.shape(op, name, t, (HC, hidden))
+        _checks.contiguous(op, name, t, 16)
     device = _checks.on_one_cuda_device(op, grad_w_partial=grad_w_partial, weight_hidden=weight_hidden, weight_embed=weight_embed,
                                         grad_weight_hidden=grad_weight_hidden, grad_weight_embed=grad_weight_embed)
     kernel = find_kernel('engram.grad_w_reduce', {'hc': HC}, device)

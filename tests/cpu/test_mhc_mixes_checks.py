@@ -58,9 +58,9 @@ BAD_SPLIT_FWD = [
     (dict(mhc_mult=4.0), TypeError, 'mhc_mult must be an int'),
     (dict(mhc_mult=0), ValueError, 'mhc_mult must be >= 1'),
     (dict(mhc_mult=2), ValueError, r'mixes must have shape \(\.\.\., 8\)'),
-    (dict(post_mult_value=math.inf), ValueError, 'post_mult_value must be finite'),
+    (dict(post_mult_value=math.inf), ValueError, 'post_mult_value must be a finite float32 value'),
     (dict(post_mult_value='2'), TypeError, 'post_mult_value must be a float'),
-    (dict(pre_eps=math.nan), ValueError, 'pre_eps must be finite'),
+    (dict(pre_eps=math.nan), ValueError, 'pre_eps must be a finite float32 value'),
     (dict(pre_eps=True), TypeError, 'pre_eps must be a float'),
 ]
 
@@ -80,7 +80,7 @@ BAD_SPLIT_BWD = [
     (dict(mixes=torch.zeros(2, T // 2, MHC3 - 1)), ValueError, r'mixes must have shape \(\.\.\., 24\)'),
     (dict(scale=torch.ones(4)), ValueError, 'scale must have 3 elements'),
     (dict(base=torch.zeros(MHC3, dtype=torch.bfloat16)), TypeError, 'base must be float32'),
-    (dict(post_mult_value=-math.inf), ValueError, 'post_mult_value must be finite'),
+    (dict(post_mult_value=-math.inf), ValueError, 'post_mult_value must be a finite float32 value'),
     (dict(mhc_mult=None), TypeError, 'mhc_mult must be an int'),
 ]
 
@@ -99,7 +99,7 @@ BAD_SINKHORN = [
     (dict(x=misaligned(torch.zeros(T, N, N))), ValueError, 'x must be 16-byte aligned'),
     (dict(repeat=0), ValueError, 'repeat must be in'),
     (dict(repeat=2.0), TypeError, 'repeat must be an int'),
-    (dict(eps=math.nan), ValueError, 'eps must be finite'),
+    (dict(eps=math.nan), ValueError, 'eps must be a finite float32 value'),
     (dict(eps=None), TypeError, 'eps must be a float'),
 ]
 
@@ -135,7 +135,7 @@ BAD_HEAD = [
 
 
 @pytest.mark.parametrize('change, error, message', BAD_HEAD + [
-    (dict(pre_eps=math.inf), ValueError, 'pre_eps must be finite'),
+    (dict(pre_eps=math.inf), ValueError, 'pre_eps must be a finite float32 value'),
     (dict(pre_eps='x'), TypeError, 'pre_eps must be a float'),
 ])
 def test_head_compute_mix_fwd_refuses(change, error, message):
@@ -177,10 +177,10 @@ BAD_BIG_FUSE = [
     (dict(fn=torch.zeros(MHC3, N * H + 8)), ValueError, r'fn must have shape \(24, 1024\)'),
     (dict(mhc_scale=torch.ones(1)), ValueError, 'mhc_scale must have 3 elements'),
     (dict(mhc_base=torch.zeros(N)), ValueError, 'mhc_base must have 24 elements'),
-    (dict(rms_eps=math.nan), ValueError, 'rms_eps must be finite'),
-    (dict(mhc_pre_eps=1e300), ValueError, 'mhc_pre_eps must be finite'),
+    (dict(rms_eps=math.nan), ValueError, 'rms_eps must be a finite float32 value'),
+    (dict(mhc_pre_eps=1e300), ValueError, 'mhc_pre_eps must be a finite float32 value'),
     (dict(mhc_sinkhorn_eps='1e-6'), TypeError, 'mhc_sinkhorn_eps must be a float'),
-    (dict(mhc_post_mult_value=math.inf), ValueError, 'mhc_post_mult_value must be finite'),
+    (dict(mhc_post_mult_value=math.inf), ValueError, 'mhc_post_mult_value must be a finite float32 value'),
     (dict(sinkhorn_repeat=0), ValueError, 'sinkhorn_repeat must be in'),
     (dict(sinkhorn_repeat=10.0), TypeError, 'sinkhorn_repeat must be an int'),
     (dict(n_splits=0), ValueError, 'n_splits must be in'),

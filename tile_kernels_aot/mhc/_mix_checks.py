@@ -3,22 +3,12 @@ tile_kernels_aot._checks: each raises TypeError / ValueError naming the op and t
 
 from __future__ import annotations
 
-import math
 
 import torch
 
 from tile_kernels_aot import _checks
 
 VECTOR_BYTES = 16  # the kernels move each token's row in 16-byte vectors
-FLOAT32_MAX = torch.finfo(torch.float32).max  # floats reach the kernels as float32 arguments
-
-
-def finite_float(op: str, name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f'{op}: {name} must be a float, got {type(value).__name__}')
-    if not math.isfinite(value) or abs(value) > FLOAT32_MAX:
-        raise ValueError(f'{op}: {name} must be finite (a float32 value), got {value}')
-    return float(value)
 
 
 def float32_rows(op: str, name: str, t: object, tail: tuple[int, ...], *, min_ndim: int | None = None) -> torch.Tensor:
@@ -33,11 +23,8 @@ def float32_rows(op: str, name: str, t: object, tail: tuple[int, ...], *, min_nd
     return t
 
 
-def contiguous_aligned(op: str, name: str, t: torch.Tensor, alignment: int = VECTOR_BYTES) -> None:
-    if not t.is_contiguous():
-        raise ValueError(f'{op}: {name} must be contiguous, got strides {t.stride()} for shape {tuple(t.shape)}')
-    if t.numel() and t.data_ptr() % alignment:
-        raise ValueError(f'{op}: {name} must be {alignment}-byte aligned, got data_ptr {t.data_ptr():#x}')
+def contiguous_aligned(op: str, name: str, t: torch.Tensor) -> None:
+    _checks.contiguous(op, name, t, VECTOR_BYTES)
 
 
 def vector(op: str, name: str, t: object, length: int) -> torch.Tensor:

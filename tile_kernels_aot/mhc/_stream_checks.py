@@ -30,11 +30,6 @@ def expect_shape(op: str, name: str, t: torch.Tensor, shape: tuple[int, ...], wh
         raise ValueError(f'{op}: {name} must have shape {tuple(shape)} ({what}), got {tuple(t.shape)}')
 
 
-def contiguous(op: str, name: str, t: torch.Tensor) -> None:
-    if not t.is_contiguous():
-        raise ValueError(f'{op}: {name} must be contiguous, got strides {t.stride()} for shape {tuple(t.shape)}')
-
-
 def streams(op: str, name: str, t: object) -> tuple[int, int]:
     """A bf16 (..., mhc, hidden) tensor: returns (mhc, hidden)."""
     tail_tensor(op, name, t, torch.bfloat16, 2)

@@ -30,12 +30,12 @@ def expand_to_mhc_fwd(hidden: torch.Tensor, mhc_mult: int, out: torch.Tensor | N
     op = 'expand_to_mhc_fwd'
     checks.tail_tensor(op, 'hidden', hidden, torch.bfloat16, 1)
     _checks.integer(op, 'mhc_mult', mhc_mult, low=1)
-    checks.contiguous(op, 'hidden', hidden)
+    _checks.contiguous(op, 'hidden', hidden)
     lead, h = tuple(hidden.shape[:-1]), hidden.shape[-1]
     if out is not None:
         checks.tail_tensor(op, 'out', out, torch.bfloat16, 2)
         checks.expect_shape(op, 'out', out, (*lead, mhc_mult, h), "hidden's shape with mhc_mult streams")
-        checks.contiguous(op, 'out', out)
+        _checks.contiguous(op, 'out', out)
         device = _checks.on_one_cuda_device(op, hidden=hidden, out=out)
     else:
         device = _checks.on_one_cuda_device(op, hidden=hidden)

@@ -40,7 +40,7 @@ def mhc_head_compute_mix_fwd(input_mix: torch.Tensor, scale: torch.Tensor, base:
     n, num_tokens = _input_mix(op, 'input_mix', input_mix)
     checks.vector(op, 'scale', scale, 1)
     checks.vector(op, 'base', base, n)
-    pre_eps = checks.finite_float(op, 'pre_eps', pre_eps)
+    pre_eps = _checks.real(op, 'pre_eps', pre_eps)
     device = _checks.on_one_cuda_device(op, input_mix=input_mix, scale=scale, base=base)
     out = torch.empty_like(input_mix)
     if num_tokens == 0:

@@ -50,7 +50,7 @@ def mhc_multilayer_recompute(
     op = 'mhc_multilayer_recompute'
     mhc, h = checks.streams(op, 'initial_residual', initial_residual)
     lead = checks.leading(initial_residual, 2)
-    checks.contiguous(op, 'initial_residual', initial_residual)
+    _checks.contiguous(op, 'initial_residual', initial_residual)
     lists = {name: _tensor_list(op, name, value) for name, value in (
         ('pre_mix_list', pre_mix_list), ('layer_output_list', layer_output_list), ('post_mix_list', post_mix_list),
         ('comb_mix_list', comb_mix_list), ('layer_input_list', layer_input_list), ('residual_list', residual_list))}
@@ -72,7 +72,7 @@ def mhc_multilayer_recompute(
             item = f'{name}[{i}]'
             checks.tail_tensor(op, item, t, dtype, len(tail))
             checks.expect_shape(op, item, t, (*lead, *tail), f"initial_residual's token dims, then {tail}")
-            checks.contiguous(op, item, t)
+            _checks.contiguous(op, item, t)
             devices[item] = t
     device = _checks.on_one_cuda_device(op, **devices)
     tokens = checks.num_tokens(lead)

@@ -39,26 +39,6 @@ def round_to_tf32(x: torch.Tensor) -> torch.Tensor:
     return (x.contiguous().view(torch.int32) + 0x1000).view(torch.float32)
 
 
-def _dense(op: str, name: str, t: torch.Tensor, alignment: int = ALIGNMENT) -> None:
-    if not t.is_contiguous():
-        raise ValueError(f'{op}: {name} must be contiguous, got strides {t.stride()} for shape {tuple(t.shape)}')
-    if t.numel() and t.data_ptr() % alignment:
-        raise ValueError(f'{op}: {name} must be {alignment}-byte aligned, got data pointer {t.data_ptr():#x}')
-
-
-def _shape(op: str, name: str, t: torch.Tensor, shape: tuple[int, ...]) -> None:
-    if tuple(t.shape) != tuple(shape):
-        raise ValueError(f'{op}: {name} must have shape {tuple(shape)}, got {tuple(t.shape)}')
-
-
-def _real(op: str, name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f'{op}: {name} must be a float, got {type(value).__name__}')
-    if not math.isfinite(value) or abs(value) > torch.finfo(torch.float32).max:
-        raise ValueError(f'{op}: {name} must be a finite float32 value, got {value}')
-    return float(value)
-
-
 def _mhc_of_rows(op: str, name: str, rows: int) -> int:
     """The stream count whose mhc * (mhc + 2) product rows fn has."""
     for mhc in range(1, MAX_MHC + 1):
@@ -76,13 +56,13 @@ def _residual(op: str, name: str, residual: torch.Tensor) -> tuple[int, int, int
     mhc, hidden = residual.shape[-2:]
     _checks.integer(op, f'{name}.shape[-2] (mhc)', mhc, low=1, high=MAX_MHC)
     _checks.integer(op, f'{name}.shape[-1] (hidden)', hidden, low=1)
-    _dense(op, name, residual)
+    _checks.contiguous(op, name, residual, ALIGNMENT)
     return math.prod(residual.shape[:-2]), mhc, hidden
 
 
 def _fn(op: str, name: str, fn: torch.Tensor, mhc: int, hidden: int) -> None:
     _checks.tensor(op, name, fn, ndim=2, dtypes=(torch.float32,))
-    _shape(op, name, fn, (mix_count(mhc), mhc * hidden))
+    _checks.shape(op, name, fn, (mix_count(mhc), mhc * hidden))
 
 
 def mhc_fn_normw_merge_fwd(fn: torch.Tensor, normw: torch.Tensor) -> torch.Tensor:
@@ -123,8 +103,8 @@ def mhc_fn_normw_merge_bwd(fn: torch.Tensor, normw: torch.Tensor, out_fn_grad: t
     mhc, width = _merge_operands(op, fn, normw)
     for name, t, like in (('out_fn_grad', out_fn_grad, fn), ('fn_grad', fn_grad, fn), ('normw_grad', normw_grad, normw)):
         _checks.tensor(op, name, t, ndim=like.dim(), dtypes=(torch.float32,))
-        _shape(op, name, t, tuple(like.shape))
-        _dense(op, name, t)
+        _checks.shape(op, name, t, tuple(like.shape))
+        _checks.contiguous(op, name, t, ALIGNMENT)
     device = _checks.on_one_cuda_device(op, fn=fn, normw=normw, out_fn_grad=out_fn_grad, fn_grad=fn_grad, normw_grad=normw_grad)
     if width:
         tensors = {'fn': fn, 'normw': normw, 'out_fn_grad': out_fn_grad, 'fn_grad': fn_grad, 'normw_grad': normw_grad}
@@ -137,10 +117,10 @@ def _merge_operands(op: str, fn: torch.Tensor, normw: torch.Tensor) -> tuple[int
     width = fn.shape[1]
     if width % COLUMN_MULTIPLE:
         raise ValueError(f'{op}: fn must have a multiple of {COLUMN_MULTIPLE} columns (the kernels take {COLUMN_MULTIPLE} a thread), got {width}')
-    _dense(op, 'fn', fn)
+    _checks.contiguous(op, 'fn', fn, ALIGNMENT)
     _checks.tensor(op, 'normw', normw, ndim=1, dtypes=(torch.float32,))
-    _shape(op, 'normw', normw, (width,))
-    _dense(op, 'normw', normw)
+    _checks.shape(op, 'normw', normw, (width,))
+    _checks.contiguous(op, 'normw', normw, ALIGNMENT)
     return mhc, width
 
 
@@ -168,7 +148,7 @@ def mhc_pre_norm_fn_gemm(residual_flat: torch.Tensor, fn_tf32: torch.Tensor, n_s
     _checks.tensor(op, 'residual_flat', residual_flat, ndim=3, dtypes=(torch.bfloat16,))
     num_tokens, mhc, hidden = _residual(op, 'residual_flat', residual_flat)
     _fn(op, 'fn_tf32', fn_tf32, mhc, hidden)
-    _dense(op, 'fn_tf32', fn_tf32)
+    _checks.contiguous(op, 'fn_tf32', fn_tf32, ALIGNMENT)
     _checks.integer(op, 'n_splits', n_splits, low=1, high=MAX_N_SPLITS)
     device = _checks.on_one_cuda_device(op, residual_flat=residual_flat, fn_tf32=fn_tf32)
     gemm = find_kernel(FWD_MUL, {'mhc': mhc, 'hidden': hidden}, device) if num_tokens else None
@@ -205,7 +185,7 @@ def mhc_pre_norm_fn_fwd(residual: torch.Tensor, fn: torch.Tensor, norm_eps: floa
     op = 'mhc_pre_norm_fn_fwd'
     num_tokens, mhc, hidden = _residual(op, 'residual', residual)
     _fn(op, 'fn', fn, mhc, hidden)
-    eps = _real(op, 'norm_eps', norm_eps)
+    eps = _checks.real(op, 'norm_eps', norm_eps)
     _checks.integer(op, 'n_splits', n_splits, low=1, high=MAX_N_SPLITS)
     device = _checks.on_one_cuda_device(op, residual=residual, fn=fn)
     if num_tokens:
@@ -248,20 +228,20 @@ def mhc_pre_norm_fn_bwd(out_grad: torch.Tensor, residual: torch.Tensor, fn_tf32:
     num_tokens, mhc, hidden = _residual(op, 'residual', residual)
     mhc3 = mix_count(mhc)
     _checks.tensor(op, 'out_grad', out_grad, ndim=residual.dim() - 1, dtypes=(torch.float32,))
-    _shape(op, 'out_grad', out_grad, (*residual.shape[:-2], mhc3))
-    _dense(op, 'out_grad', out_grad, 4)
+    _checks.shape(op, 'out_grad', out_grad, (*residual.shape[:-2], mhc3))
+    _checks.contiguous(op, 'out_grad', out_grad, 4)
     _fn(op, 'fn_tf32', fn_tf32, mhc, hidden)
-    _dense(op, 'fn_tf32', fn_tf32)
+    _checks.contiguous(op, 'fn_tf32', fn_tf32, ALIGNMENT)
     _checks.tensor(op, 'out_mul', out_mul, ndim=2, dtypes=(torch.float32,))
-    _shape(op, 'out_mul', out_mul, (num_tokens, mhc3))
-    _dense(op, 'out_mul', out_mul, 4)
+    _checks.shape(op, 'out_mul', out_mul, (num_tokens, mhc3))
+    _checks.contiguous(op, 'out_mul', out_mul, 4)
     _checks.tensor(op, 'sqrsum', sqrsum, ndim=1, dtypes=(torch.float32,))
-    _shape(op, 'sqrsum', sqrsum, (num_tokens,))
-    _dense(op, 'sqrsum', sqrsum, 4)
-    eps = _real(op, 'norm_eps', norm_eps)
+    _checks.shape(op, 'sqrsum', sqrsum, (num_tokens,))
+    _checks.contiguous(op, 'sqrsum', sqrsum, 4)
+    eps = _checks.real(op, 'norm_eps', norm_eps)
     _checks.tensor(op, 'x_grad', x_grad, ndim=residual.dim(), dtypes=(torch.bfloat16,))
-    _shape(op, 'x_grad', x_grad, tuple(residual.shape))
-    _dense(op, 'x_grad', x_grad)
+    _checks.shape(op, 'x_grad', x_grad, tuple(residual.shape))
+    _checks.contiguous(op, 'x_grad', x_grad, ALIGNMENT)
     device = _checks.on_one_cuda_device(op, out_grad=out_grad, residual=residual, fn_tf32=fn_tf32, out_mul=out_mul,
                                         sqrsum=sqrsum, x_grad=x_grad)
     if num_tokens == 0:

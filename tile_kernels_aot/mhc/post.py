@@ -24,7 +24,7 @@ def _inputs(op: str, x: object, residual: object, post_layer_mix: object, comb_r
     checks.tail_tensor(op, 'comb_res_mix', comb_res_mix, torch.float32, 2)
     checks.expect_shape(op, 'comb_res_mix', comb_res_mix, (*lead, mhc, mhc), "residual's token dims, then (mhc, mhc)")
     for name, t in (('x', x), ('residual', residual), ('post_layer_mix', post_layer_mix), ('comb_res_mix', comb_res_mix)):
-        checks.contiguous(op, name, t)
+        _checks.contiguous(op, name, t)
     return lead, mhc, h
 
 
@@ -58,7 +58,7 @@ def mhc_post_fwd(
     if out is not None:
         checks.tail_tensor(op, 'out', out, torch.bfloat16, 2)
         checks.expect_shape(op, 'out', out, tuple(residual.shape), "residual's shape")
-        checks.contiguous(op, 'out', out)
+        _checks.contiguous(op, 'out', out)
         tensors['out'] = out
     device = _checks.on_one_cuda_device(op, **tensors)
     tokens = checks.num_tokens(lead)

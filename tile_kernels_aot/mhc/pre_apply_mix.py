@@ -19,8 +19,8 @@ def _inputs(op: str, x: object, mix: object) -> tuple[tuple[int, ...], int, int]
     lead = checks.leading(x, 2)
     checks.tail_tensor(op, 'mix', mix, torch.float32, 2)
     checks.expect_shape(op, 'mix', mix, (*lead, mhc, 1), "x's token dims, then (mhc, 1)")
-    checks.contiguous(op, 'x', x)
-    checks.contiguous(op, 'mix', mix)
+    _checks.contiguous(op, 'x', x)
+    _checks.contiguous(op, 'mix', mix)
     return lead, mhc, h
 
 
@@ -43,7 +43,7 @@ def mhc_pre_apply_mix_fwd(x: torch.Tensor, mix: torch.Tensor, out: torch.Tensor 
     if out is not None:
         checks.tail_tensor(op, 'out', out, torch.bfloat16, 1)
         checks.expect_shape(op, 'out', out, (*lead, h), "x's token dims, then H")
-        checks.contiguous(op, 'out', out)
+        _checks.contiguous(op, 'out', out)
         device = _checks.on_one_cuda_device(op, x=x, mix=mix, out=out)
     else:
         device = _checks.on_one_cuda_device(op, x=x, mix=mix)
@@ -78,7 +78,7 @@ def mhc_pre_apply_mix_bwd(o_grad: torch.Tensor, x: torch.Tensor, mix: torch.Tens
     checks.expect_shape(op, 'o_grad', o_grad, (*lead, h), "x's token dims, then H")
     checks.tail_tensor(op, 'x_grad', x_grad, torch.bfloat16, 2)
     checks.expect_shape(op, 'x_grad', x_grad, tuple(x.shape), "x's shape")
-    checks.contiguous(op, 'x_grad', x_grad)
+    _checks.contiguous(op, 'x_grad', x_grad)
     device = _checks.on_one_cuda_device(op, o_grad=o_grad, x=x, mix=mix, x_grad=x_grad)
     tokens = checks.num_tokens(lead)
     if tokens == 0:

@@ -48,7 +48,7 @@ def mhc_pre_big_fuse(residual: torch.Tensor, fn: torch.Tensor, mhc_scale: torch.
         raise ValueError(f'{op}: fn must have shape ({mhc3}, {mhc * hidden}) for residual {tuple(residual.shape)}, got {tuple(fn.shape)}')
     checks.vector(op, 'mhc_scale', mhc_scale, 3)
     checks.vector(op, 'mhc_base', mhc_base, mhc3)
-    floats = {name: checks.finite_float(op, name, value) for name, value in (
+    floats = {name: _checks.real(op, name, value) for name, value in (
         ('rms_eps', rms_eps), ('mhc_pre_eps', mhc_pre_eps), ('mhc_sinkhorn_eps', mhc_sinkhorn_eps),
         ('mhc_post_mult_value', mhc_post_mult_value))}
     _checks.integer(op, 'sinkhorn_repeat', sinkhorn_repeat, low=1, high=2**31 - 1)

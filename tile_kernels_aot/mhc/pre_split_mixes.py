@@ -44,8 +44,8 @@ def mhc_pre_split_mixes_fwd(mixes: torch.Tensor, scale: torch.Tensor, base: torc
     mhc3, num_tokens = _mixes(op, mixes, mhc_mult)
     checks.vector(op, 'scale', scale, 3)
     checks.vector(op, 'base', base, mhc3)
-    post_mult_value = checks.finite_float(op, 'post_mult_value', post_mult_value)
-    pre_eps = checks.finite_float(op, 'pre_eps', pre_eps)
+    post_mult_value = _checks.real(op, 'post_mult_value', post_mult_value)
+    pre_eps = _checks.real(op, 'pre_eps', pre_eps)
     device = _checks.on_one_cuda_device(op, mixes=mixes, scale=scale, base=base)
     lead = tuple(mixes.shape[:-1])
     pre = mixes.new_empty((*lead, mhc_mult, 1))
@@ -89,7 +89,7 @@ def mhc_pre_split_mixes_bwd(pre_grad: torch.Tensor, post_grad: torch.Tensor, com
         checks.same_leading(op, ('mixes', name), mixes, t, 1, 2)
     checks.vector(op, 'scale', scale, 3)
     checks.vector(op, 'base', base, mhc3)
-    post_mult_value = checks.finite_float(op, 'post_mult_value', post_mult_value)
+    post_mult_value = _checks.real(op, 'post_mult_value', post_mult_value)
     device = _checks.on_one_cuda_device(op, pre_grad=pre_grad, post_grad=post_grad, comb_grad=comb_grad, mixes=mixes,
                                         post_mix=post_mix, scale=scale, base=base)
     if num_tokens == 0:

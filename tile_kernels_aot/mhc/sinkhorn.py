@@ -42,7 +42,7 @@ def mhc_sinkhorn_fwd(x: torch.Tensor, repeat: int, eps: float) -> torch.Tensor:
     op = 'mhc_sinkhorn_fwd'
     n, num_tokens = _matrices(op, 'x', x)
     _checks.integer(op, 'repeat', repeat, low=1, high=2**31 - 1)
-    eps = checks.finite_float(op, 'eps', eps)
+    eps = _checks.real(op, 'eps', eps)
     device = _checks.on_one_cuda_device(op, x=x)
     out = torch.empty_like(x)
     if num_tokens == 0:
@@ -72,7 +72,7 @@ def mhc_sinkhorn_bwd(grad_out: torch.Tensor, x: torch.Tensor, repeat: int, eps: 
     if grad_out.shape != x.shape:
         raise ValueError(f'{op}: grad_out must have x\'s shape {tuple(x.shape)}, got {tuple(grad_out.shape)}')
     _checks.integer(op, 'repeat', repeat, low=1, high=2**31 - 1)
-    eps = checks.finite_float(op, 'eps', eps)
+    eps = _checks.real(op, 'eps', eps)
     device = _checks.on_one_cuda_device(op, grad_out=grad_out, x=x)
     if num_tokens == 0:
         return torch.empty_like(x)
