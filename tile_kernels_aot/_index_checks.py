@@ -1,9 +1,11 @@
 """The opt-in host check of index tensors: TILE_KERNELS_AOT_CHECK_INDICES=1.
 
 The ops that read an index, a position or a count from a tensor (group_count, get_fused_mapping, expand_to_fused,
-reduce_fused, ...) trust its values on the device: a kernel either masks a bad one or stops at a device-side assert,
-which ends the process's CUDA context. With the variable set to 1 (or ``enable(True)``), each of those ops first
-checks its index tensors with torch ops on their own device and raises ValueError naming the op, the argument, the
+reduce_fused, ...) check its values on the device: a kernel skips the entries documented as padding and stops at a
+device-side assert on any other out-of-range one, which ends the process's CUDA context (kernel_src/bounds.py). The
+gating ops (topk_gate, topk_sum_and_topk_group_idx, top2_sum_gate) do the same on a NaN or infinite score, logit or
+bias. With the variable set to 1 (or ``enable(True)``), each of those ops first
+checks its index tensors (and the gating ops their scores) with torch ops on their own device and raises ValueError naming the op, the argument, the
 first bad position and its value, and the rule it breaks, before anything is launched. A serving engine that would
 rather have an exception than a lost context turns it on, for the price of a few small reductions and a host sync
 per call (so a checked call cannot be captured in a CUDA graph).
@@ -19,7 +21,6 @@ import os
 import torch
 
 CHECK_ENV = 'TILE_KERNELS_AOT_CHECK_INDICES'
-INT32_MIN = -2**31  # an int64 index below it would wrap to another value in the kernels that read it as int32
 
 
 def _from_environment() -> bool:
@@ -62,15 +63,11 @@ def _raise(op: str, name: str, t: torch.Tensor, flat: int, rule: str) -> None:
                      f'(checked before the launch: {CHECK_ENV})')
 
 
-def below(op: str, name: str, t: torch.Tensor, high: int, *, what: str, as_int32: bool = False) -> None:
+def below(op: str, name: str, t: torch.Tensor, high: int, *, what: str) -> None:
     """Every entry of `t` is below `high` (`what` names the bound, e.g. 'num_groups (256)'); negative entries mean
-    'none' to the kernel and pass. With `as_int32` (a kernel that reads an int64 tensor as int32), an entry must also
-    be at least -2**31, or it would wrap to another value."""
+    'none' to the kernel and pass (an int64 one of any size: the kernels narrow indices without wrapping)."""
     bad = t >= high
     rule = f'entries are below {what} (negative entries are skipped)'
-    if as_int32 and t.dtype == torch.int64:
-        bad |= t < INT32_MIN
-        rule = f'entries are below {what} and at least -2**31 (negative entries are skipped)'
     flat = _first(bad)
     if flat is not None:
         _raise(op, name, t, flat, rule)
@@ -85,6 +82,17 @@ def within(op: str, name: str, t: torch.Tensor, low: int, high: int, *, what: st
     flat = _first(bad)
     if flat is not None:
         _raise(op, name, t, flat, what)
+
+
+def finite(op: str, name: str, t: torch.Tensor, *, rows: torch.Tensor | None = None) -> None:
+    """Every entry of `t` (float) is finite: the gating kernels stop at a device-side assert on a NaN or infinite
+    score, logit or bias. With `rows` (bool, one per row of a 2-d `t`), only the rows where it is True are checked."""
+    bad = ~torch.isfinite(t)
+    if rows is not None:
+        bad &= rows.reshape(-1, *([1] * (t.dim() - 1)))
+    flat = _first(bad)
+    if flat is not None:
+        _raise(op, name, t, flat, 'gating inputs are finite (no NaN or infinity)')
 
 
 def fused_positions_fit(op: str, topk_idx: torch.Tensor, num_experts: int, alignment: int, num_expanded_tokens: int) -> None:

@@ -28,7 +28,8 @@ def topk_gate(scores: torch.Tensor, num_topk: int) -> torch.Tensor:
 
     Args:
         scores: ``[num_tokens, num_experts]`` float32 CUDA tensor, contiguous in the expert dimension
-            (the row stride is free). Larger is preferred. Scores should be finite: NaN ranks unspecified.
+            (the row stride is free). Larger is preferred. Every score must be finite: a NaN or infinity stops the
+            kernel at a device-side assert (TILE_KERNELS_AOT_CHECK_INDICES=1 raises ValueError before it instead).
         num_topk: experts per token, ``1 <= num_topk <= min(num_experts, 32)``.
 
     Returns:
@@ -44,6 +45,8 @@ def topk_gate(scores: torch.Tensor, num_topk: int) -> torch.Tensor:
     _checks.inner_contiguous(op, 'scores', scores)
     device = _checks.on_one_cuda_device(op, scores=scores)
     topk_idx = scores.new_empty((num_tokens, num_topk), dtype=torch.int64)
+    if _index_checks.enabled:
+        _index_checks.finite(op, 'scores', scores)
     if num_tokens == 0:
         return topk_idx
     kernel = find_kernel('moe.topk_gate', {'num_experts': num_experts, 'num_topk': num_topk}, device)
@@ -56,7 +59,9 @@ def topk_sum_and_topk_group_idx(scores: torch.Tensor, num_topk_sum: int, num_top
 
     Args:
         scores: ``[num_tokens, num_groups, experts_per_group]`` float32 CUDA tensor, contiguous in the last
-            two dimensions (the token stride is free); ``num_groups <= 32``.
+            two dimensions (the token stride is free); ``num_groups <= 32``. Every score must be finite: a NaN or
+            infinity stops the kernel at a device-side assert (TILE_KERNELS_AOT_CHECK_INDICES=1 raises ValueError before
+            it instead).
         num_topk_sum: 1 (a group's best score) or 2 (the sum of its two best).
         num_topk_groups: groups kept per token, at most ``num_groups``.
 
@@ -76,6 +81,8 @@ def topk_sum_and_topk_group_idx(scores: torch.Tensor, num_topk_sum: int, num_top
         raise ValueError(f'{op}: scores must be contiguous in its last two dimensions, got strides {scores.stride()}')
     device = _checks.on_one_cuda_device(op, scores=scores)
     out = scores.new_empty((num_tokens, num_topk_groups), dtype=torch.int64)
+    if _index_checks.enabled:
+        _index_checks.finite(op, 'scores', scores)
     if num_tokens == 0:
         return out
     params = dict(num_groups=num_groups, experts_per_group=per_group, num_topk_sum=num_topk_sum, num_topk_groups=num_topk_groups)
@@ -142,9 +149,9 @@ def top2_sum_gate(
     rows get ids -1 and weights 0.
 
     Args:
-        logits: ``[num_tokens, E]`` float32 CUDA tensor, contiguous, 16-byte aligned, finite (a
+        logits: ``[num_tokens, E]`` float32 CUDA tensor, contiguous, 16-byte aligned, finite on the routed rows (a
             device-side assert fires otherwise); ``E`` a multiple of 4, at most 1024.
-        bias: ``[E]`` float32, contiguous; used for ranking only.
+        bias: ``[E]`` float32, contiguous, finite; used for ranking only.
         num_topk: routed experts per token, ``num_topk + shared slots <= 32``.
         num_topk_groups, num_groups: both 0 (or equal) for no grouping; else ``num_groups <= 32`` dividing
             ``E`` into groups of at most 32 experts.
@@ -242,6 +249,9 @@ def top2_sum_gate(
         if num_extra + 1 > max_replicas:
             raise ValueError(f'{op}: to_physical_map may have at most {max_replicas} replicas per expert, got {num_extra + 1}')
     if _index_checks.enabled:
+        _index_checks.finite(op, 'logits', logits, rows=mask)  # the kernel scores the routed rows
+        if num_tokens and (mask is None or bool(mask.any())):
+            _index_checks.finite(op, 'bias', bias)
         if fix_routing_mask is not None:  # the rows that read unmapped_topk_idx: fixed and routed
             rows = fix_routing_mask if mask is None else fix_routing_mask & mask
             _index_checks.within(op, 'unmapped_topk_idx', unmapped_topk_idx, 0, num_experts, rows=rows,
@@ -325,7 +335,7 @@ def group_count(group_idx: torch.Tensor, num_groups: int) -> torch.Tensor:
     device = _checks.on_one_cuda_device(op, group_idx=group_idx)
     _checks.integer(op, 'num_groups', num_groups, low=1, high=kernel_constant('moe.group_count', 'max_bins', device))
     if _index_checks.enabled:
-        _index_checks.below(op, 'group_idx', group_idx, num_groups, what=f'num_groups ({num_groups})', as_int32=True)
+        _index_checks.below(op, 'group_idx', group_idx, num_groups, what=f'num_groups ({num_groups})')
     out = torch.zeros((num_groups,), dtype=torch.int32, device=group_idx.device)
     if group_idx.numel():
         kernel = find_kernel('moe.group_count', {'index_dtype': INDEX_DTYPES[group_idx.dtype]}, device)
@@ -355,7 +365,7 @@ def aux_fi(topk_idx: torch.Tensor, num_experts: int, num_aux_topk: int) -> torch
     device = _checks.on_one_cuda_device(op, topk_idx=topk_idx)
     _checks.integer(op, 'num_experts', num_experts, low=1, high=kernel_constant('moe.aux_fi', 'max_bins', device))
     if _index_checks.enabled:
-        _index_checks.below(op, 'topk_idx', topk_idx, num_experts, what=f'num_experts ({num_experts})', as_int32=True)
+        _index_checks.below(op, 'topk_idx', topk_idx, num_experts, what=f'num_experts ({num_experts})')
     num_tokens = topk_idx.shape[0]
     if num_tokens == 0:
         return torch.zeros((num_experts,), dtype=torch.float32, device=topk_idx.device)  # as upstream
@@ -382,7 +392,7 @@ def inplace_unique_group_indices(group_indices: torch.Tensor, num_groups: int) -
     _checks.integer(op, 'num_groups', num_groups, low=1, high=MAX_UNIQUE_GROUPS)
     device = _checks.on_one_cuda_device(op, group_indices=group_indices)
     if _index_checks.enabled:
-        _index_checks.below(op, 'group_indices', group_indices, num_groups, what=f'num_groups ({num_groups})', as_int32=True)
+        _index_checks.below(op, 'group_indices', group_indices, num_groups, what=f'num_groups ({num_groups})')
     if group_indices.numel():
         kernel = find_kernel('moe.inplace_unique_group_indices', {'index_dtype': INDEX_DTYPES[group_indices.dtype]}, device)
         kernel(device, {'group_indices': group_indices}, {'num_groups': num_groups})
@@ -505,7 +515,7 @@ def get_fused_mapping(
     device = _checks.on_one_cuda_device(op, topk_idx=topk_idx)
     _checks.integer(op, 'num_experts', num_experts, low=1, high=kernel_constant('moe.get_fused_mapping', 'max_experts', device))
     if _index_checks.enabled:
-        _index_checks.below(op, 'topk_idx', topk_idx, num_experts, what=f'num_experts ({num_experts})', as_int32=True)
+        _index_checks.below(op, 'topk_idx', topk_idx, num_experts, what=f'num_experts ({num_experts})')
         if num_expanded_tokens:
             _index_checks.fused_positions_fit(op, topk_idx, num_experts, alignment, num_expanded_tokens)
     should_sync = num_expanded_tokens == 0 and not force_no_sync

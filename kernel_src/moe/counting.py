@@ -7,8 +7,9 @@ round trip: each block adds `(1 << 32) + its count` to a 64-bit slot per expert 
 previous value back. The block whose add comes last on that slot sees `num_blocks - 1` arrivals in
 the high half and every other block's count in the low half, and writes
 f_e = count_e * E / (T * num_aux_topk) itself, one rounding per expert. (Upstream adds per-block
-fractions with float atomics, so its result depends on the block order; this one does not.) Indices of
--1 are padding and skipped; an index past the last expert fails a device assert. The top-k, the number
+fractions with float atomics, so its result depends on the block order; this one does not.) Negative
+indices are padding and skipped; an index past the last bin fails a device assert and is not counted
+(kernel_src/bounds.py). The top-k, the number
 of experts (up to MAX_BINS) and the block count are run-time arguments: one binary serves every model
 and every GPU size.
 """
@@ -16,6 +17,7 @@ and every GPU size.
 from tilelang import language as T
 from tvm import tirx  # after tilelang, which puts its bundled tvm on the path
 
+from kernel_src.bounds import device_assert, index_as_int32
 from kernel_src.decl import Arch, KernelDecl, KernelProgram
 from kernel_src.moe.common import INDEX_DTYPE_PARAMS, check_index_dtype, index_dtype_specs
 
@@ -57,16 +59,16 @@ def _count_in_shared(indices, local, num_bins, num_tokens, num_topk, num_blocks,
         for j in T.unroll(UNROLLED):
             values[j] = -1
             if j < num_topk:  # uniform: a small top-k skips the rest of the unrolled steps
-                values[j] = T.if_then_else(row < num_tokens, T.Cast('int32', indices[row, k]), -1)
+                values[j] = T.if_then_else(row < num_tokens, index_as_int32(indices[row, k], num_bins), -1)
                 row = row + rows_per_pass + T.if_then_else(k + ks_per_pass >= num_topk, 1, 0)
                 k = T.if_then_else(k + ks_per_pass >= num_topk, k + ks_per_pass - num_topk, k + ks_per_pass)
         for j in T.unroll(UNROLLED):
-            T.call_intrin('void', tirx.op.Op.get('tl.device_assert'), values[j] < num_bins)
+            device_assert(values[j] < num_bins)
             if values[j] >= 0 and values[j] < num_bins:
                 T.atomic_add(local[values[j]], 1)
         for j in T.serial(T.max(num_topk - UNROLLED, 0)):
-            index = T.if_then_else(row < num_tokens, T.Cast('int32', indices[row, k]), -1)
-            T.call_intrin('void', tirx.op.Op.get('tl.device_assert'), index < num_bins)
+            index = T.if_then_else(row < num_tokens, index_as_int32(indices[row, k], num_bins), -1)
+            device_assert(index < num_bins)
             if index >= 0 and index < num_bins:
                 T.atomic_add(local[index], 1)
             row = row + rows_per_pass + T.if_then_else(k + ks_per_pass >= num_topk, 1, 0)

@@ -11,7 +11,8 @@ over them run zero times.
 
 Grid: blocks [0, num_tokens) each own one token: the block loads a chunk of the row (VECTORS
 16-byte vectors per thread, all loads issued before any store) and stores it to each of the token's
-top-k positions, chunk after chunk; the positions sit in shared memory. The remaining
+top-k positions, chunk after chunk; the positions sit in shared memory. A negative position is skipped;
+one past the fused rows fails a device assert and is skipped too (kernel_src/bounds.py). The remaining
 ceil(N / ZERO_ROWS) blocks each own ZERO_ROWS fused rows and zero-fill those whose pos_to_expert is
 negative (stores only). Rows routed to by no pair and not marked as padding are left as they are,
 as upstream leaves them.
@@ -20,6 +21,7 @@ as upstream leaves them.
 import tilelang  # noqa: F401 - puts tilelang's bundled tvm on the path before `tvm` is imported
 from tilelang import language as T
 
+from kernel_src.bounds import device_assert
 from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
 
 THREADS = 128
@@ -64,10 +66,13 @@ def build(arch: Arch, elem_bytes: int, aligned: bool) -> KernelProgram:
                 T.assume(hidden % vec == 0)
             values = T.alloc_local((per_thread, vec), dtype)
             rows = T.alloc_shared((MAX_TOPK,), T.int32)  # a token's positions, or a zero block's row flags
+            pos_in = T.alloc_var(T.int32)
             num_chunks = T.truncdiv(hidden + chunk - 1, chunk)
             if bid < num_tokens:
                 if tid < num_topk:
-                    rows[tid] = token_topk_to_pos[bid, tid]
+                    pos_in = token_topk_to_pos[bid, tid]
+                    device_assert(pos_in < num_expanded)
+                    rows[tid] = T.if_then_else(pos_in < num_expanded, pos_in, -1)
                 T.sync_threads()
                 for c in T.serial(num_chunks):
                     for j in T.unroll(per_thread):

@@ -32,10 +32,9 @@ memory and 2048 threads per SM). The op therefore launches at most one block per
 checks the occupancy query too and refuses a grid that cannot be co-resident.
 """
 
-import tilelang  # noqa: F401 - puts tilelang's bundled tvm on the path before `tvm` is imported
 from tilelang import language as T
-from tvm import tirx
 
+from kernel_src.bounds import device_assert, index_as_int32
 from kernel_src.decl import Arch, KernelDecl, KernelProgram
 from kernel_src.moe.common import INDEX_DTYPE_PARAMS, check_index_dtype, index_dtype_specs
 
@@ -47,13 +46,10 @@ ROWS_IN_FLIGHT = 32  # rows of block_counts each thread has loading at once in p
 BATCH = 8  # rounds of 32 pairs a warp loads at once in phases 1 and 3
 
 
-def _device_assert(cond):
-    return T.call_intrin('void', tirx.op.Op.get('tl.device_assert'), cond)
-
-
-def _pair_expert(topk_idx, i, t, valid, num_tokens, num_topk):
-    """The expert of flat pair i (token t) as int32, or -1 where not `valid`; the load is predicated."""
-    return T.if_then_else(valid, T.Cast('int32', topk_idx[T.min(t, num_tokens - 1), T.max(i - t * num_topk, 0)]), -1)
+def _pair_expert(topk_idx, i, t, valid, num_tokens, num_topk, num_experts):
+    """The expert of flat pair i (token t) as int32 in [-1, num_experts], or -1 where not `valid`; the load is
+    predicated."""
+    return T.if_then_else(valid, index_as_int32(topk_idx[T.min(t, num_tokens - 1), T.max(i - t * num_topk, 0)], num_experts), -1)
 
 
 def build(arch: Arch, index_dtype: str) -> KernelProgram:
@@ -72,7 +68,7 @@ def build(arch: Arch, index_dtype: str) -> KernelProgram:
         for u in T.unroll(BATCH):
             pair = first + (r * BATCH + u) * 32 + lane
             token = T.truncdiv(pair, num_topk)
-            experts[u] = _pair_expert(topk_idx, pair, token, T.And(pair < numel, (r * BATCH + u) * 32 < chunk), num_tokens, num_topk)
+            experts[u] = _pair_expert(topk_idx, pair, token, T.And(pair < numel, (r * BATCH + u) * 32 < chunk), num_tokens, num_topk, num_experts)
 
     @T.prim_func
     def get_fused_mapping(
@@ -125,7 +121,7 @@ def build(arch: Arch, index_dtype: str) -> KernelProgram:
             for r in T.serial(T.truncdiv(T.truncdiv(chunk, 32) + BATCH - 1, BATCH)):
                 load_batch(topk_idx, experts, first, r, lane, chunk, numel)
                 for u in T.unroll(BATCH):
-                    _device_assert(experts[u] < num_experts)
+                    device_assert(experts[u] < num_experts)
                     if experts[u] >= 0 and experts[u] < num_experts:
                         T.atomic_add(warp_hist[warp, experts[u]], 1)
             T.sync_threads()
@@ -181,7 +177,7 @@ def build(arch: Arch, index_dtype: str) -> KernelProgram:
                 offset = offset + T.if_then_else(w < warp, warp_sums[w], 0)
                 used = used + warp_sums[w]
             if bid == 0 and tid == 0:
-                _device_assert(used <= num_expanded)  # num_expanded_tokens too small for this routing
+                device_assert(used <= num_expanded)  # num_expanded_tokens too small for this routing
             T.sync_threads()  # everyone has read seg before it is overwritten
             for s in T.unroll(SLOTS):
                 seg[tid * SLOTS + s] = offset + mine[s]

@@ -9,21 +9,18 @@ UNROLLED, if any, are compared with the unrolled ones and with the row's earlier
 memory: a repeat there may already read -1, but the first occurrence of its value is never
 overwritten, so the answer is the same. 32 threads per block spread the loads of 8192 tokens over
 every SM (the loads are one per index and lane, so their L1 cost grows with the warps per SM).
-Top-k and the group count are run-time arguments, so one binary serves every model.
+An index at or past num_groups fails a device assert (kernel_src/bounds.py). Top-k and the group count are
+run-time arguments, so one binary serves every model.
 """
 
 from tilelang import language as T
-from tvm import tirx  # after tilelang, which puts its bundled tvm on the path
 
+from kernel_src.bounds import device_assert, index_as_int32
 from kernel_src.decl import Arch, KernelDecl, KernelProgram
 from kernel_src.moe.common import INDEX_DTYPE_PARAMS, check_index_dtype, index_dtype_specs
 
 THREADS = 32
 UNROLLED = 16  # indices per row loaded together; covers the top-k of every model in kernel_src/models.py
-
-
-def _assert_below(index, num_groups):
-    return T.call_intrin('void', tirx.op.Op.get('tl.device_assert'), index < num_groups)
 
 
 def build(arch: Arch, index_dtype: str) -> KernelProgram:
@@ -40,10 +37,10 @@ def build(arch: Arch, index_dtype: str) -> KernelProgram:
             if row < num_tokens:
                 # min() keeps the address of a lane past the top-k inside the row; its value is unused.
                 for k in T.unroll(UNROLLED):
-                    first[k] = T.if_then_else(k < num_topk, T.Cast('int32', group_indices[row, T.min(k, num_topk - 1)]), -1)
+                    first[k] = T.if_then_else(k < num_topk, index_as_int32(group_indices[row, T.min(k, num_topk - 1)], num_groups), -1)
                 for k in T.unroll(UNROLLED):
                     if k < num_topk:
-                        _assert_below(first[k], num_groups)
+                        device_assert(first[k] < num_groups)
                         repeat = T.alloc_var(T.bool)
                         repeat = False
                         for j in T.unroll(k):
@@ -51,15 +48,15 @@ def build(arch: Arch, index_dtype: str) -> KernelProgram:
                         if first[k] >= 0 and repeat:
                             group_indices[row, k] = T.Cast(index_dtype, -1)
                 for k in T.serial(T.max(num_topk - UNROLLED, 0)):
-                    index = T.Cast('int32', group_indices[row, UNROLLED + k])
-                    _assert_below(index, num_groups)
+                    index = index_as_int32(group_indices[row, UNROLLED + k], num_groups)
+                    device_assert(index < num_groups)
                     if index >= 0:
                         repeat = T.alloc_var(T.bool)
                         repeat = False
                         for j in T.unroll(UNROLLED):
                             repeat = repeat or first[j] == index
                         for j in T.serial(k):
-                            repeat = repeat or T.Cast('int32', group_indices[row, UNROLLED + j]) == index
+                            repeat = repeat or index_as_int32(group_indices[row, UNROLLED + j], num_groups) == index
                         if repeat:
                             group_indices[row, UNROLLED + k] = T.Cast(index_dtype, -1)
 

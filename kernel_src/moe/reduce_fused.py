@@ -13,12 +13,14 @@ Grid (tokens, row slices): a block of THREADS threads owns VECTORS 16-byte vecto
 token's row, accumulated in registers. It walks the top-k slots TOPK_IN_FLIGHT at a time: the slots'
 positions, then every row load of those slots, then their FMAs in ascending k, so that a thread has
 TOPK_IN_FLIGHT * VECTORS loads in flight instead of one round trip per slot. Columns past the hidden
-size are masked.
+size are masked. A negative position is skipped; one past the rows of x fails a device assert and is skipped
+too (kernel_src/bounds.py).
 """
 
 import tilelang  # noqa: F401 - puts tilelang's bundled tvm on the path before `tvm` is imported
 from tilelang import language as T
 
+from kernel_src.bounds import device_assert
 from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
 
 # Chosen by the sweep of benchmarks/tuning.py (bf16, H 7168, K 8): 64 threads x 2 vectors (1024 bf16 columns a
@@ -83,6 +85,8 @@ def build(arch: Arch, in_dtype: str, out_dtype: str, threads: int = THREADS, vec
                     pos[u] = -1
                     if r * topk_in_flight + u < num_topk:
                         pos[u] = token_topk_to_pos[token, r * topk_in_flight + u]
+                        device_assert(pos[u] < num_expanded)
+                        pos[u] = T.if_then_else(pos[u] < num_expanded, pos[u], -1)
                 for u in T.unroll(topk_in_flight):
                     if pos[u] >= 0:
                         scale[u] = T.float32(1)

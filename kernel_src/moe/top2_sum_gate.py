@@ -3,7 +3,8 @@
 Lane l holds experts 128 i + 4 l + j (j < 4), loaded as float4 vectors, so a lane's experts ascend with
 its register index and a strict '>' while scanning them keeps the lower index on a tie. Per token:
 1. scores without bias, s: sigmoid, sqrt(softplus) or softmax (max-subtracted, warp-wide sum);
-   the ranking score r = s + bias, except softmax, which ranks on logits + bias.
+   the ranking score r = s + bias, except softmax, which ranks on logits + bias. A NaN or infinite logit
+   or bias fails a device assert (kernel_src/bounds.py has the rule).
 2. Group-limited routing (num_groups != num_topk_groups): every lane writes r to the warp's row of
    shared memory, lane g < num_groups scores group g by the sum of its two best r, counts the groups that
    beat it (a higher sum, or the same sum and a lower index) and keeps the group when fewer than
@@ -11,12 +12,13 @@ its register index and a strict '>' while scanning them keeps the lower index on
    groups are marked taken.
 3. Top-K by K rounds of: each lane's best untaken expert, a butterfly picking the largest score (the
    lower index on a tie), the owner marks it taken, lane k keeps the k-th winner. With fix_routing the
-   token's K indices come from unmapped_topk_idx instead.
+   token's K indices come from unmapped_topk_idx instead; one outside [0, E) fails a device assert.
 4. weights: w_k = s[idx_k] / (1e-20 + s[idx_0] + ... + s[idx_{K-1}]) * routed_scaling_factor, the sum
    taken in k order; s is read back from the warp's shared row.
 5. Lanes K .. K+S-1 carry the shared experts E .. E+S-1 with weight 1. Then the replica map
-   (duplicate (ep_rank + t * 23333) mod logical_count[id], in 64-bit so that it never wraps), then the
-   EP/TP masking of mask_indices_by_tp with per_rank = (E + extra experts) // num_ep_ranks.
+   (duplicate (ep_rank + t * 23333) mod logical_count[id], reduced so that no 32-bit product wraps; a count
+   outside [1, the map's width] fails a device assert), then the EP/TP masking of mask_indices_by_tp with
+   per_rank = (E + extra experts) // num_ep_ranks.
 
 What upstream specialises on besides the expert count and the top-k (the scoring function, the shared
 expert count and whether mask, fix_routing_mask, unmapped_topk_idx and to_physical_map are given) is a
@@ -25,9 +27,9 @@ shapes of their own dynamic dims, and the op passes a one-element placeholder fo
 """
 
 from tilelang import language as T
-from tvm import tirx  # after tilelang, which puts its bundled tvm on the path
 
 from kernel_src import models
+from kernel_src.bounds import device_assert, index_as_int32
 from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
 from kernel_src.moe.warp_select import NAN, rank_groups, warp_topk
 
@@ -52,11 +54,6 @@ def check(num_experts: int, num_topk: int, num_groups: int, num_topk_groups: int
         raise ValueError(f'num_groups must divide num_experts into groups of at most 32, got {num_experts} / {num_groups}')
     if num_topk_groups * (num_experts // num_groups) < num_topk:
         raise ValueError(f'the {num_topk_groups} kept groups hold fewer than num_topk={num_topk} experts')
-
-
-def _device_assert(cond):
-    # Returned, not just built: the script parser emits a call statement only for the value it gets back.
-    return T.call_intrin('void', tirx.op.Op.get('tl.device_assert'), cond)
 
 
 def build(arch: Arch, num_experts: int, num_topk: int, num_groups: int, num_topk_groups: int) -> KernelProgram:
@@ -152,7 +149,7 @@ def build(arch: Arch, num_experts: int, num_topk: int, num_groups: int, num_topk
                                 logit[v * VECTOR + j] = T.float32(0)
                                 offset[v * VECTOR + j] = T.float32(0)
                     for i in T.unroll(per_lane):
-                        _device_assert(T.isfinite(logit[i]))  # upstream's contract: finite logits
+                        device_assert(T.isfinite(logit[i]) and T.isfinite(offset[i]))  # finite logits and bias (kernel_src/bounds.py)
                     if scoring == 2:
                         row_max = -T.infinity(T.float32)
                         for i in T.unroll(per_lane):
@@ -193,8 +190,9 @@ def build(arch: Arch, num_experts: int, num_topk: int, num_groups: int, num_topk
                     winner[0] = 0
                     if fixed:
                         if lane < num_topk:
-                            winner[0] = T.Cast('int32', unmapped_topk_idx[token, lane])
-                            _device_assert(winner[0] >= 0 and winner[0] < num_experts)
+                            winner[0] = index_as_int32(unmapped_topk_idx[token, lane], num_experts)
+                            device_assert(winner[0] >= 0 and winner[0] < num_experts)
+                            winner[0] = T.max(T.min(winner[0], num_experts - 1), 0)  # masked: in bounds below
                     else:
                         # 2. Group-limited routing: experts of groups not kept become NaN.
                         if groups_in_registers:
@@ -246,7 +244,7 @@ def build(arch: Arch, num_experts: int, num_topk: int, num_groups: int, num_topk
                     # 4. Weights, normalised by the top-K sum in k order.
                     my_score = T.float32(0)
                     if lane < num_topk:
-                        my_score = plain_scores[warp, my_index]
+                        my_score = plain_scores[warp, T.min(my_index, num_experts - 1)]  # no_expert only after a failed assert
                     weight_sum = T.float32(1e-20)
                     for k in T.unroll(num_topk):
                         weight_sum = weight_sum + T.shfl_sync(my_score, k)
@@ -263,7 +261,8 @@ def build(arch: Arch, num_experts: int, num_topk: int, num_groups: int, num_topk
                             # (ep_rank + token * 23333) mod replicas, in 32 bits for any token count:
                             # replicas <= MAX_REPLICAS (checked by the op), so no product below overflows.
                             replicas = logical_count[my_index]
-                            _device_assert(replicas >= 1 and replicas <= num_replicas)
+                            device_assert(replicas >= 1 and replicas <= num_replicas)
+                            replicas = T.max(T.min(replicas, num_replicas), 1)  # masked: the replica indexes the map
                             replica = T.Cast('int32', (T.Cast('uint32', token) % T.Cast('uint32', replicas) * T.Cast('uint32', HASH_PRIME % replicas)
                                                        + T.Cast('uint32', ep_rank)) % T.Cast('uint32', replicas))
                             my_index = to_physical_map[my_index, replica]

@@ -2,12 +2,13 @@
 
 One warp per token. Lane l holds experts l, l + 32, l + 64, ... in registers (coalesced loads, padding
 marked NaN) and kernel_src/moe/warp_select.warp_topk picks the K winners; lanes 0 .. K-1 store them in
-one coalesced write.
+one coalesced write. A NaN or infinite score fails a device assert (kernel_src/bounds.py).
 """
 
 from tilelang import language as T
 
 from kernel_src import models
+from kernel_src.bounds import device_assert
 from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
 from kernel_src.moe.warp_select import NAN, warp_topk
 
@@ -46,6 +47,7 @@ def build(arch: Arch, num_experts: int, num_topk: int, warps_per_block: int = WA
             if token < num_tokens:
                 for i in T.unroll(per_lane):
                     values[i] = T.if_then_else(lane + 32 * i < num_experts, scores[token, T.min(lane + 32 * i, num_experts - 1)], T.float32(NAN))
+                    device_assert(lane + 32 * i >= num_experts or T.isfinite(values[i]))
                 warp_topk(values, per_lane, _expert_of, no_expert, num_topk, lane, winner)
                 if lane < num_topk:
                     topk_idx[token, lane] = T.int64(winner[0])

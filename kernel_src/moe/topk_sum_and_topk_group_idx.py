@@ -4,12 +4,14 @@ lower group index.
 
 One warp per token. The warp copies the token's scores to its row of shared memory in coalesced loads,
 then kernel_src/moe/warp_select.rank_groups has lane g < num_groups score group g and count the groups
-that beat it; the lanes whose rank is below num_topk_groups write their group index at that rank.
+that beat it; the lanes whose rank is below num_topk_groups write their group index at that rank. A NaN or
+infinite score fails a device assert (kernel_src/bounds.py).
 """
 
 from tilelang import language as T
 
 from kernel_src import models
+from kernel_src.bounds import device_assert
 from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
 from kernel_src.moe.warp_select import rank_groups
 
@@ -46,6 +48,7 @@ def build(arch: Arch, num_groups: int, experts_per_group: int, num_topk_sum: int
                 for i in T.unroll(per_lane):
                     if lane + 32 * i < num_experts:
                         rows[warp, lane + 32 * i] = scores[token, lane + 32 * i]
+                        device_assert(T.isfinite(rows[warp, lane + 32 * i]))
                 T.sync_warp()
                 rank_groups(rows, warp, lane, num_groups, experts_per_group, num_topk_sum, rank)
                 if lane < num_groups and rank[0] < num_topk_groups:

@@ -17,10 +17,9 @@ Layout: as quant.per_block_cast (`TileShape`), with 16 elements (8 input bytes, 
 for output blocks of one row each of a thread's rows is its own block and only lanes combine.
 """
 
-import tilelang  # noqa: F401  (tilelang before tvm)
 from tilelang import language as T
-from tvm import tirx
 
+from kernel_src.bounds import device_assert
 from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
 from kernel_src.quant.nibbles import CODE_MAGNITUDES, table_bytes_of_codes, table_word
 from kernel_src.quant.per_block_cast import NUM_THREADS, NUM_WARPS, SF_FORMATS, TileShape, block_max, store_sf
@@ -153,7 +152,7 @@ def build(arch: Arch, block_m: int, block_k: int, in_sf_format: str, sf_format: 
                 row = bx * tile.rows + tile.row(tid, j)
                 slack[0] = T.min(slack[0], T.if_then_else(row < num_tokens and col < hidden,
                                                           in_exp[j] + T.float32(MAX_SPAN) - out_exp[j], T.float32(0)))
-            T.call_intrin('void', tirx.op.Op.get('tl.device_assert'), slack[0] >= T.float32(0))
+            device_assert(slack[0] >= T.float32(0))
 
             words = T.view(data, (tile.vectors, VECTOR_ELEMS // 8), T.uint32)
             encoded = T.alloc_local((VECTOR_ELEMS // 4,), T.uint32)

@@ -7,8 +7,9 @@ power of two and the multiplier its exact inverse; out = e4m3_satfinite(x * mult
 
 The fused kernel also takes, at compile time, an e4m3 input with one float32 scale factor per token and
 128 channels (x = float(q) * sf, rounded to float32 once, as upstream's kernel and reference do) and a
-gather: output row r reads input row pos_to_token[r], or zeros where that is negative. The transposed
-kernel writes out[h, t] (bf16 input, no gather), with 32 or 128 tokens per block.
+gather: output row r reads input row pos_to_token[r], or zeros where that is negative; an entry past the input's
+rows fails a device assert and reads zeros too (kernel_src/bounds.py). The transposed kernel writes out[h, t]
+(bf16 input, no gather), with 32 or 128 tokens per block.
 
 Layout (Layout below): a CTA owns 128 tokens. In the fused kernel each thread loads a column of 8 tokens x one
 16-byte vector and keeps it in registers; a warp is 16 lanes along the channels by 2 along the tokens, and the
@@ -29,11 +30,10 @@ buffer dims (a whole 16-byte vector at a time: the op guarantees hidden is a mul
 
 from typing import NamedTuple
 
-import tilelang  # noqa: F401  (before tvm: it sets up the tvm that tilelang ships)
 from tilelang import language as T
-from tvm import tirx
 
 from kernel_src.cuda import prelude
+from kernel_src.bounds import device_assert
 from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
 from kernel_src.quant.common import block_scale
 
@@ -195,7 +195,8 @@ def build(arch: Arch, in_dtype: str, gather: bool, transpose: bool, num_per_toke
                     if row0 + i < num_tokens_out and col < hidden:
                         if gather:
                             src[i] = pos_to_token[row0 + i]
-                            T.call_intrin('void', tirx.op.Op.get('tl.device_assert'), src[i] < num_tokens)
+                            device_assert(src[i] < num_tokens)
+                            src[i] = T.if_then_else(src[i] < num_tokens, src[i], -1)
                         else:
                             src[i] = row0 + i
                 for i in T.unroll(rows):

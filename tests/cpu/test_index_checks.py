@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tile_kernels_aot import _index_checks
-from tile_kernels_aot._index_checks import CHECK_ENV, below, fused_positions_fit, within
+from tile_kernels_aot._index_checks import CHECK_ENV, below, finite, fused_positions_fit, within
 
 PACKAGE = Path(__file__).resolve().parents[2] / 'tile_kernels_aot'
 
@@ -35,18 +35,28 @@ def test_below_in_a_non_contiguous_view_names_the_view_s_position():
         below('op', 'idx', view, 10, what='10')
 
 
-def test_int64_entries_that_would_wrap_in_an_int32_read():
-    t = torch.tensor([[1, -2**31], [-2**31 - 1, 2]], dtype=torch.int64)
-    below('op', 'idx', t, 4, what='4')  # as an int64 index, only the upper bound applies
-    with pytest.raises(ValueError, match=r'idx\[1, 0\] = -2147483649 breaks the rule that entries are below 4 and at least -2\*\*31'):
-        below('op', 'idx', t, 4, what='4', as_int32=True)
-    huge = torch.tensor([2**32 + 1], dtype=torch.int64)  # would read as 1 in int32
-    with pytest.raises(ValueError, match=r'idx\[0\] = 4294967297 breaks'):
-        below('op', 'idx', huge, 4, what='4', as_int32=True)
+def test_int64_entries_of_any_size():
+    """The kernels narrow an int64 index to int32 without wrapping: every negative one is padding, and a huge
+    positive one is past the bound, however it would wrap."""
+    below('op', 'idx', torch.tensor([[1, -2**31], [-2**40, 2]], dtype=torch.int64), 4, what='4')
+    huge = torch.tensor([2**32 + 1], dtype=torch.int64)  # 1 if the kernel wrapped it
+    with pytest.raises(ValueError, match=r'idx\[0\] = 4294967297 breaks the rule that entries are below 4'):
+        below('op', 'idx', huge, 4, what='4')
+
+
+def test_finite_names_the_first_nan_or_infinity():
+    scores = torch.zeros(3, 4)
+    scores[2, 1] = float('inf')
+    scores[1, 3] = float('nan')
+    with pytest.raises(ValueError, match=r'^op: scores\[1, 3\] = nan breaks the rule that gating inputs are finite'):
+        finite('op', 'scores', scores)
+    finite('op', 'scores', scores, rows=torch.tensor([True, False, False]))
+    with pytest.raises(ValueError, match=r'scores\[2, 1\] = inf breaks'):
+        finite('op', 'scores', scores, rows=torch.tensor([True, False, True]))
 
 
 def test_empty_tensors_pass():
-    below('op', 'idx', torch.empty(0, 8, dtype=torch.int64), 1, what='1', as_int32=True)
+    below('op', 'idx', torch.empty(0, 8, dtype=torch.int64), 1, what='1')
     within('op', 'idx', torch.empty(0, dtype=torch.int32), 1, 2, what='x')
 
 
@@ -109,7 +119,7 @@ def test_enable_switches_the_flag():
 # _index_checks.enabled` (or `if ... and _index_checks.enabled`), so that with the checks off the op pays one flag read.
 COVERED = {
     'moe.py': {'group_count', 'aux_fi', 'inplace_unique_group_indices', 'mask_indices_by_tp', 'get_fused_mapping', 'expand_to_fused',
-               'expand_to_fused_with_sf', 'reduce_fused', 'top2_sum_gate'},
+               'expand_to_fused_with_sf', 'reduce_fused', 'top2_sum_gate', 'topk_gate', 'topk_sum_and_topk_group_idx'},
     'quant/per_channel.py': {'_per_channel_cast'},
     'quant/swiglu.py': {'swiglu_forward_and_per_token_cast', 'swiglu_backward_and_per_token_cast'},
 }

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.gpu
 moe, quant = tile_kernels_aot.moe, tile_kernels_aot.quant
 E, K, T = 256, 8, 64  # experts, top-k, tokens
 BAD_VALUES = [E, E + 1, 2**31 - 1]  # just past the end, and far past it
-HUGE_INT64 = [2**32 + 1, -2**31 - 1]  # would read as 1 and as 2**31 - 1 in a kernel that reads int32
+HUGE_INT64 = [2**32 + 1]  # 1 if a kernel wrapped it to int32
 
 
 @pytest.fixture
@@ -81,6 +81,29 @@ def test_counting_ops(checking, dtype, value):
             moe.mask_indices_by_tp(bad, E, 8, 0, 2)
     else:  # mask_indices_by_tp computes in the index's own type: any negative entry is padding
         moe.mask_indices_by_tp(bad, E, 8, 0, 2)
+
+
+def test_int64_negatives_of_any_size_are_padding(checking):
+    """The kernels narrow an int64 index without wrapping: -2**40 is padding, as -1 is."""
+    idx = routing()
+    padded = spoiled(idx, (3, 1), -1)
+    far = spoiled(idx, (3, 1), -2**40)
+    assert_bitwise_equal(moe.group_count(far, E), moe.group_count(padded, E))
+    assert_bitwise_equal(moe.aux_fi(far, E, K), moe.aux_fi(padded, E, K))
+    for a, b in zip(moe.get_fused_mapping(far, E, 0, 16)[:4], moe.get_fused_mapping(padded, E, 0, 16)[:4]):
+        assert_bitwise_equal(a, b)
+
+
+@pytest.mark.parametrize('value', [float('nan'), float('inf'), -float('inf')])
+def test_gating_ops_refuse_non_finite_scores(checking, value):
+    scores = torch.randn(T, E, device='cuda')
+    same_unchecked(lambda: moe.topk_gate(scores, K))
+    with refused('topk_gate', 'scores', (4, 7), value):
+        moe.topk_gate(spoiled(scores, (4, 7), value), K)
+    grouped = scores.view(T, 8, E // 8)
+    same_unchecked(lambda: moe.topk_sum_and_topk_group_idx(grouped, 2, 4))
+    with refused('topk_sum_and_topk_group_idx', 'scores', (4, 1, 3), value):
+        moe.topk_sum_and_topk_group_idx(spoiled(grouped, (4, 1, 3), value), 2, 4)
 
 
 def test_inplace_unique_and_mask_by_tp_accept_good_indices(checking):
@@ -193,6 +216,14 @@ def test_top2_sum_gate_index_inputs(checking):
     for value in (0, extra + 2, -5):
         with refused('top2_sum_gate', 'logical_count', (9,), value):
             moe.top2_sum_gate(*args, to_physical_map=physical_map, logical_count=spoiled(counts, (9,), value))
+    for value in (float('nan'), float('inf')):
+        with refused('top2_sum_gate', 'logits', (3, 4), value):
+            moe.top2_sum_gate(spoiled(logits, (3, 4), value), *args[1:])
+        routed[3] = False  # a masked-out row is not scored
+        moe.top2_sum_gate(spoiled(logits, (3, 4), value), *args[1:], mask=routed)
+        routed[3] = True
+        with refused('top2_sum_gate', 'bias', (4,), value):
+            moe.top2_sum_gate(logits, spoiled(bias, (4,), value), *args[2:])
 
 
 def test_with_the_checks_off_the_helpers_are_not_called(monkeypatch):

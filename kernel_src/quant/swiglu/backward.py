@@ -7,6 +7,7 @@ is a run-time argument (npc_log2).
 
 from tilelang import language as T
 
+from kernel_src.bounds import device_assert
 from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
 from kernel_src.quant.common import block_scale
 from kernel_src.quant.swiglu.common import E4M3_MAX, PASS_CONFIGS, clamp_or_inf, clamp_up, swiglu_prelude
@@ -140,6 +141,7 @@ def build_backward(arch: Arch, grad_dtype: str) -> KernelProgram:
             acc_before = T.alloc_local((1,), T.float32)  # acc at the start of the step, for its IEEE redo
             div_range = T.alloc_local((2,), T.float32)  # largest |clamped gate| and smallest nonzero one, less an ulp
             w_local = T.alloc_local((1,), T.float32)
+            index_local = T.alloc_local((1,), T.int32)
             sf_in = T.alloc_local((2,), T.float32)
             red = T.alloc_shared((num_warps,), T.float32)
             lanes_log2 = npc_log2 - 4  # lanes per block, log2: 1 (32 channels) or 3 (128)
@@ -151,7 +153,11 @@ def build_backward(arch: Arch, grad_dtype: str) -> KernelProgram:
                 if tid == 0 and token_topk_to_pos[pid] == -1:
                     weight_grad[pid] = T.float32(0)
             if pid < num_rows:  # uniform over the CTA
-                index = pos_to_token_topk[pid]
+                # An index past weight fails a device assert and is skipped, like a negative one (kernel_src/bounds.py).
+                index_local[0] = pos_to_token_topk[pid]
+                device_assert(index_local[0] < num_weights)
+                index_local[0] = T.if_then_else(index_local[0] < num_weights, index_local[0], -1)
+                index = index_local[0]
                 w_local[0] = T.if_then_else(index >= 0, weight[T.max(index, 0)], T.float32(0))
                 w = w_local[0]
                 acc[0] = T.float32(0)

@@ -1,9 +1,9 @@
 """SwiGLU forward + per-token cast to e4m3: quant.swiglu_forward_and_per_token_cast.
 
-v = act * w (w = topk_weights[pos_to_token_topk[row]], 0 for a negative index, 1 without weights), cast in blocks of
-(1, 128), or one block per row (per_row). Rows with pos_to_expert < 0 are neither read nor written. Clamp counts are
-summed per thread in int32, per CTA through shared memory, and added to the int64 counters with one atomic per CTA
-and counter.
+v = act * w (w = topk_weights[pos_to_token_topk[row]], 0 for a negative index, 1 without weights; an index past
+topk_weights stops the kernel, see forward_steps.read_weight), cast in blocks of (1, 128), or one block per row
+(per_row). Rows with pos_to_expert < 0 are neither read nor written. Clamp counts are summed per thread in int32, per
+CTA through shared memory, and added to the int64 counters with one atomic per CTA and counter.
 
 A persistent grid-stride loop deals the steps out (layout.py); each iteration brings one step in, computes it and
 stores it (forward_steps.py). The fp32 kernels load a step from x with its lookups issued an iteration ahead; the
@@ -61,9 +61,9 @@ def check_forward(in_dtype: str, sf_format: str, per_row: bool, row_threads: int
 
 
 def forward_prelude(layout: ForwardLayout) -> str:
-    """The kernel's CUDA helpers: the division, and for bf16 the word tests, the silu table and the stage; per_row
+    """The kernel's CUDA helpers: the division and the index check, and for bf16 the word tests, the silu table and the stage; per_row
     the row amax."""
-    headers = ['swiglu_div.cuh']
+    headers = ['swiglu_div.cuh', 'trap_unless.cuh']
     defines = {}
     if layout.words:
         headers += ['swiglu_words.cuh', 'swiglu_silu_table.cuh']
@@ -178,7 +178,7 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool, row_
             next_expert[0] = 0
             next_index[0] = 0
             lookup = StepLookup(next_row, next_block, next_live, next_expert, next_index)
-            routing = Routing(pos_to_token_topk, topk_weights, pos_to_expert, with_weight, with_pos_to_expert)
+            routing = Routing(pos_to_token_topk, topk_weights, num_weights, pos_to_expert, with_weight, with_pos_to_expert)
             grid = Grid(pid, tid, num_ctas, num_iters, num_rows, blocks_per_row, row_magic, row_shift, tpr_log2)
             if words:
                 # Two slots of the step's vectors for each thread, 128 KB beside the 42 KB table.

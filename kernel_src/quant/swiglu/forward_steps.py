@@ -32,11 +32,12 @@ class StagedStep:
 
 
 class Routing:
-    """The optional row inputs: pos_to_token_topk into topk_weights (with_weight), pos_to_expert (with_pos_to_expert)."""
+    """The optional row inputs: pos_to_token_topk into topk_weights (with_weight; num_weights entries), pos_to_expert
+    (with_pos_to_expert)."""
 
-    def __init__(self, pos_to_token_topk, topk_weights, pos_to_expert, with_weight, with_pos_to_expert):
-        self.pos_to_token_topk, self.topk_weights, self.pos_to_expert = pos_to_token_topk, topk_weights, pos_to_expert
-        self.with_weight, self.with_pos_to_expert = with_weight, with_pos_to_expert
+    def __init__(self, pos_to_token_topk, topk_weights, num_weights, pos_to_expert, with_weight, with_pos_to_expert):
+        self.pos_to_token_topk, self.topk_weights, self.num_weights = pos_to_token_topk, topk_weights, num_weights
+        self.pos_to_expert, self.with_weight, self.with_pos_to_expert = pos_to_expert, with_weight, with_pos_to_expert
 
 
 class Grid:
@@ -53,9 +54,14 @@ def step_is_live(lookup, routing):
     return T.Cast(T.int32, T.And(lookup.live[0] != 0, T.Or(routing.with_pos_to_expert == 0, lookup.expert[0] >= 0)))
 
 
-def weight_of(routing, index):
-    """A row's weight from its pos_to_token_topk entry: 0 for a negative index."""
-    return T.if_then_else(index >= 0, routing.topk_weights[T.max(index, 0)], T.float32(0))
+@T.macro
+def read_weight(routing, index, weight):
+    """weight[0] = a row's weight from its pos_to_token_topk entry: 0 for a negative index. An index past
+    topk_weights stops the kernel (tk_trap_unless, trap_unless.cuh: the bf16 loops have no register to spare for an
+    assert's call) and reads 0 meanwhile (kernel_src/bounds.py has the rule). The check comes where the weight is
+    read, an iteration after the entry's load was issued, so that it never waits for the load."""
+    T.evaluate(T.call_extern('void', 'tk_trap_unless', index < routing.num_weights))
+    weight[0] = T.if_then_else(T.And(index >= 0, index < routing.num_weights), routing.topk_weights[T.max(index, 0)], T.float32(0))
 
 
 @T.macro
@@ -176,7 +182,7 @@ def next_loaded_step(layout, t, x, gate, up, step_weight, lookup, routing, grid,
     if live != 0:
         load_from_x(layout, x, gate, up, row, block, lane, row_vectors)
         if routing.with_weight != 0:
-            step_weight[0] = weight_of(routing, index)
+            read_weight(routing, index, step_weight)
     look_up_step(layout, t, lookup, routing, grid)
 
 
@@ -200,7 +206,7 @@ def next_staged_step(layout, t, x, gate, up, step_weight, staged, lookup, routin
         if t > 0:  # (step 0 is copied before the table's build)
             stage_step(layout, staged.stage, x, t & 1, staged.row[0], staged.block[0], lane, row_vectors, grid.tid)
         if routing.with_weight != 0:
-            staged.weight[0] = weight_of(routing, index)
+            read_weight(routing, index, staged.weight)
     if t > 0:
         T.evaluate(T.call_extern('void', 'tk_stage_commit'))
         T.evaluate(T.call_extern('void', 'tk_stage_wait_previous'))

@@ -1,0 +1,35 @@
+"""Device-side checks of values a kernel reads from tensors: the package's one memory-safety rule.
+
+Every index, position or count read from a tensor is checked on the device before it addresses memory:
+
+- an entry the op documents as padding (a negative index or position) is skipped, as upstream does;
+- any other entry out of range stops the kernel at a device-side assert (PyTorch's convention for its own
+  indexing kernels: the launch fails with "device-side assert triggered" and the CUDA context is lost), and
+  is masked besides, so that no thread addresses memory with it while the trap reaches the rest of the grid.
+
+The gating kernels follow the same rule for the scores they rank: a NaN or infinite score or logit stops
+the kernel at a device-side assert (upstream's rule for top2_sum_gate), and the masking that follows keeps
+every access in bounds.
+
+`device_assert` is the assert; `index_as_int32` narrows an index read as int64 (or int32) to the int32
+the kernels compute with, so that no int64 value wraps to another valid index. One loop has no register
+to spare for an assert's call (the SwiGLU forward, at its register cap): it checks with a predicated trap
+instead (kernel_src/cuda/trap_unless.cuh), which ends the kernel the same way, without the message.
+"""
+
+import tilelang  # noqa: F401 - puts tilelang's bundled tvm on the path before `tvm` is imported
+from tilelang import language as T
+from tvm import tirx
+
+
+def device_assert(cond):
+    """A device-side assert of `cond` (CUDA `assert`, kept: the build does not define NDEBUG)."""
+    # Returned, not just built: the script parser emits a call statement only for the value it gets back.
+    return T.call_intrin('void', tirx.op.Op.get('tl.device_assert'), cond)
+
+
+def index_as_int32(value, bound):
+    """`value` clamped to [-1, bound] and cast to int32: a negative entry stays padding (-1), an entry at or
+    past `bound` reads as `bound` (which fails the caller's assert and mask), and an int64 entry never wraps
+    to another index."""
+    return T.Cast('int32', T.max(T.min(value, T.Cast(value.dtype, bound)), T.Cast(value.dtype, -1)))
