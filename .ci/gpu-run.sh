@@ -3,7 +3,7 @@
 # the GPU tests and the benchmarks from a copy of the checkout outside it (so that imports resolve to
 # the installed wheels, not to the source tree), leave every log under $OUT, and end by condensing them
 # into the run's record, $OUT/DATE-GPU.jsonl (benchmarks/record.py; copy it to docs/measurements/).
-#   COMMIT=SHA bash .ci/gpu-run.sh [tests] [bench] [tune] [cold] [pip] [host] [upstream] [profile] [ncu] [sanitize] [ep_moe]
+#   COMMIT=SHA bash .ci/gpu-run.sh [tests] [bench] [tune] [cold] [pip] [host] [upstream] [profile] [ncu] [sanitize] [adversarial] [ep_moe]
 # (default steps: tests bench tune cold). COMMIT names the commit the wheels were built from; without it the
 # script reads $DIST/COMMIT, and without that the record is left to `python -m benchmarks.record $OUT --commit SHA`.
 set -uo pipefail
@@ -95,11 +95,15 @@ for step in $steps; do
              [ $rc -ne 0 ] && { status=1; echo "## $tool: FAILED (exit $rc)" >> "$OUT/sanitize.log"; }
            done
            tail -n 60 "$OUT/sanitize.log" ;;
+    adversarial) # bad index and gating values, each case in its own process under memcheck (ADVERSARIAL_CASES: a glob)
+           timeout ${ADVERSARIAL_TIMEOUT:-560} python3 -m benchmarks.adversarial --all --cases "${ADVERSARIAL_CASES:-*}" \
+             --sanitizer ${ADVERSARIAL_SANITIZER:-memcheck} --out "$OUT/adversarial.jsonl" 2>&1 | tee "$OUT/adversarial.log" | tail -n 80
+           [ ${PIPESTATUS[0]} -ne 0 ] && status=1 ;;
     host)  timeout 120 python3 -m benchmarks.host_profile 2>&1 | tee "$OUT/host_profile.log" | head -n 45 ;;
   esac
 done
 # The record: what the steps measured, a few lines of JSON (benchmarks/record.py says which).
-if [ -f "$OUT/bench.jsonl" ] || [ -f "$OUT/upstream.jsonl" ] || [ -f "$OUT/junit.xml" ]; then
+if [ -f "$OUT/bench.jsonl" ] || [ -f "$OUT/upstream.jsonl" ] || [ -f "$OUT/junit.xml" ] || [ -f "$OUT/sanitize.log" ] || [ -f "$OUT/adversarial.jsonl" ]; then
   if [ "$COMMIT" = unknown ]; then
     echo "## no record written: COMMIT is unset; run python -m benchmarks.record OUT_DIR --commit SHA on the fetched output"
   else

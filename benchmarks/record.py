@@ -3,8 +3,8 @@
     python -m benchmarks.record OUT_DIR [--commit SHA] [--gpu h200] [--out docs/measurements/] [--note TEXT ...]
 
 OUT_DIR is what .ci/gpu-run.sh leaves: environment.txt, and where their steps ran bench.jsonl,
-upstream.jsonl, junit.xml or pytest.log, cold_start.log, sanitize.log and ep_moe.jsonl (the lines examples/ep_moe.py
-prints, one per torchrun launch). --out is a folder (the file is named
+upstream.jsonl, junit.xml or pytest.log, cold_start.log, sanitize.log, adversarial.jsonl (benchmarks/adversarial.py)
+and ep_moe.jsonl (the lines examples/ep_moe.py prints, one per torchrun launch). --out is a folder (the file is named
 DATE-GPU.jsonl, with -2, -3, ... when that name is taken) or a .jsonl path. The commit comes from --commit, else
 from environment.txt's `commit` line.
 
@@ -22,6 +22,8 @@ The record is one JSON object a line, each with a "type":
   cold_start   the processes of benchmarks/cold_start.py, ms
   tests        passed, failed, skipped and errors of the GPU tests (junit.xml, else pytest's last line)
   sanitizer    per compute-sanitizer tool: the kernel selection where logged, specs and cases run, errors, exit status
+  adversarial  per sanitizer (or none) of benchmarks.adversarial: bad-index cases run and held, invalid accesses reported,
+               the cases that did not hold
   ep_moe       one run of examples/ep_moe.py: ranks, tokens per rank, the layer's sizes, ms per step, tokens per second over
                all ranks, and the ms per step (and share of the step) in our kernels, NCCL and the expert GEMMs
   note         a sentence given with --note: what the run's output cannot say (why tests failed, what a later commit
@@ -139,6 +141,21 @@ def sanitizer_lines(text: str) -> list[dict]:
     return list(tools.values())
 
 
+def adversarial_lines(rows: list[dict]) -> list[dict]:
+    """One line per sanitizer of benchmarks/adversarial.py's records: cases run and held, invalid accesses seen, and
+    the names of the cases that did not hold."""
+    out: dict[str, dict] = {}
+    for row in rows:
+        line = out.setdefault(row['sanitizer'], {'type': 'adversarial', 'sanitizer': row['sanitizer'], 'cases': 0, 'held': 0,
+                                                 'invalid_accesses': 0, 'failed': []})
+        line['cases'] += 1
+        line['held'] += bool(row['passed'])
+        line['invalid_accesses'] += row['invalid_accesses']
+        if not row['passed']:
+            line['failed'].append(row['case'])
+    return list(out.values())
+
+
 EP_MOE_KINDS = ('kernels', 'nccl', 'experts')
 EP_MOE_LAYER = ('hidden', 'num_experts', 'num_topk', 'moe_intermediate', 'weight_sets')
 
@@ -193,6 +210,7 @@ def condense(out_dir: Path, commit: str | None = None, default_tokens: int = 819
     sanitize = out_dir / 'sanitize.log'
     if sanitize.is_file():
         lines += sanitizer_lines(sanitize.read_text())
+    lines += adversarial_lines(_lines(out_dir / 'adversarial.jsonl'))
     return lines
 
 

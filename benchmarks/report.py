@@ -1,4 +1,5 @@
-"""docs/benchmarks.md, the README's performance table and docs/benchmarks.png, from the records in docs/measurements.
+"""docs/benchmarks.md, the README's performance table, docs/benchmarks.png and the GPU-run table of docs/reliability.md,
+from the records in docs/measurements.
 
     python -m benchmarks.report [--check]
 
@@ -26,6 +27,9 @@ BENCHMARKS_PNG = REPO / 'docs' / 'benchmarks.png'
 README = REPO / 'README.md'
 BEGIN = '<!-- BEGIN GENERATED: performance (python -m benchmarks.report) -->'
 END = '<!-- END GENERATED: performance -->'
+RELIABILITY_MD = REPO / 'docs' / 'reliability.md'
+RELIABILITY_BEGIN = '<!-- BEGIN GENERATED: reliability (python -m benchmarks.report) -->'
+RELIABILITY_END = '<!-- END GENERATED: reliability -->'
 
 
 @dataclasses.dataclass(eq=False)  # compared and hashed by identity
@@ -153,11 +157,36 @@ def readme_region(sources: Sources) -> str:
     return '\n'.join([BEGIN, *table(['op', 'case', 'ours (us)', 'upstream (us)', 'of copy'], rows), '', wrap(caption), END])
 
 
-def replace_region(text: str, region: str) -> str:
-    start, end = text.find(BEGIN), text.find(END)
+def replace_region(text: str, region: str, begin: str = BEGIN, end_mark: str = END) -> str:
+    start, end = text.find(begin), text.find(end_mark)
     if start < 0 or end < start:
-        raise ValueError(f'README.md has no region between {BEGIN!r} and {END!r}')
-    return text[:start] + region + text[end + len(END):]
+        raise ValueError(f'no region between {begin!r} and {end_mark!r}')
+    return text[:start] + region + text[end + len(end_mark):]
+
+
+def adversarial_text(lines: list[dict]) -> str:
+    """'memcheck: 62 of 62 held, 0 invalid accesses' per sanitizer, with the cases that did not hold."""
+    parts = []
+    for a in lines:
+        text = f'{a["sanitizer"] or "no sanitizer"}: {a["held"]} of {a["cases"]} held, {a["invalid_accesses"]} invalid accesses'
+        parts.append(text + (f' (not held: {", ".join(a["failed"])})' if a['failed'] else ''))
+    return '; '.join(parts) or '—'
+
+
+def reliability_region(records: list[Record]) -> str:
+    """The GPU runs that recorded tests, compute-sanitizer or adversarial-index results, newest first."""
+    rows = []
+    for r in records:
+        tests = next(iter(r.of_type('tests')), None)
+        if not (tests or r.of_type('sanitizer') or r.of_type('adversarial')):
+            continue
+        rows.append([r.link, r.env['date'][:10], r.env['gpu'], r.commit,
+                     f'{tests["passed"]} passed, {tests["failed"]} failed, {tests["skipped"]} skipped' if tests else '—',
+                     sanitizer_text(r.of_type('sanitizer')), adversarial_text(r.of_type('adversarial'))])
+    body = (table(['record', 'date', 'GPU', 'commit', 'GPU tests', 'compute-sanitizer', 'adversarial indices'], rows)
+            if rows else ['No GPU run has recorded tests, sanitizer or adversarial-index results yet.'])
+    # The links are relative to docs/, where both this page and benchmarks.md live.
+    return '\n'.join([RELIABILITY_BEGIN, *body, RELIABILITY_END])
 
 
 METHOD = '''\
@@ -355,10 +384,12 @@ def plot(sources: Sources, path: Path) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('--check', action='store_true', help='write nothing; exit 1 if docs/benchmarks.md or the README region is stale')
+    parser.add_argument('--check', action='store_true', help='write nothing; exit 1 if a generated file or region is stale')
     args = parser.parse_args()
     sources = Sources.of(load_records())
-    generated = {BENCHMARKS_MD: benchmarks_md(sources), README: replace_region(README.read_text(), readme_region(sources))}
+    generated = {BENCHMARKS_MD: benchmarks_md(sources), README: replace_region(README.read_text(), readme_region(sources)),
+                 RELIABILITY_MD: replace_region(RELIABILITY_MD.read_text(), reliability_region(load_records()), RELIABILITY_BEGIN,
+                                                RELIABILITY_END)}
     if args.check:
         stale = [str(p.relative_to(REPO)) for p, text in generated.items() if p.read_text() != text]
         print('stale: ' + ', '.join(stale) + ' (run python -m benchmarks.report)' if stale else 'up to date')
