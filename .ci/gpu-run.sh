@@ -84,11 +84,11 @@ for step in $steps; do
                 --section SchedulerStats --section WarpStateStats --section InstructionStats \
                 python3 -m benchmarks.ncu_profile ${NCU_SELECT:-} ${NCU_UPSTREAM:+--upstream $NCU_UPSTREAM} > "$OUT/ncu.log" 2>&1
            grep -E "profiled:|Duration|DRAM Throughput|Memory Throughput|Issue Slots Busy|Registers Per|Achieved Occupancy|No Eligible" "$OUT/ncu.log" | tail -n 120 ;;
-    sanitize) # every spec once under compute-sanitizer: SANITIZE_TOOLS (default memcheck racecheck synccheck), SANITIZE_KERNELS (a glob)
+    sanitize) # every spec once under compute-sanitizer: SANITIZE_TOOLS (default memcheck racecheck synccheck initcheck), SANITIZE_KERNELS (a glob)
            : > "$OUT/sanitize.log"
-           for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck}; do
+           for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck initcheck}; do
              echo "## $tool, kernels ${SANITIZE_KERNELS:-*}" >> "$OUT/sanitize.log"
-             timeout 240 compute-sanitizer --tool $tool --error-exitcode 1 python3 -m benchmarks.sanitize --kernels "${SANITIZE_KERNELS:-*}" \
+             timeout ${SANITIZE_TIMEOUT:-240} compute-sanitizer --tool $tool --error-exitcode 1 python3 -m benchmarks.sanitize --kernels "${SANITIZE_KERNELS:-*}" \
                > /tmp/tk-sanitize.txt 2>&1
              rc=$?
              grep -v '^ran ' /tmp/tk-sanitize.txt | tail -n 20 >> "$OUT/sanitize.log"
@@ -99,11 +99,18 @@ for step in $steps; do
            timeout ${ADVERSARIAL_TIMEOUT:-560} python3 -m benchmarks.adversarial --all --cases "${ADVERSARIAL_CASES:-*}" \
              --sanitizer ${ADVERSARIAL_SANITIZER:-memcheck} --out "$OUT/adversarial.jsonl" 2>&1 | tee "$OUT/adversarial.log" | tail -n 80
            [ ${PIPESTATUS[0]} -ne 0 ] && status=1 ;;
-    host)  timeout 120 python3 -m benchmarks.host_profile 2>&1 | tee "$OUT/host_profile.log" | head -n 45 ;;
+    host)  # host time per call of every case: ours, torch.neg on its input, upstream's (from the upstream pack); then one
+           # call broken down by layer
+           [ -d /tmp/tk-up ] || { mkdir -p /tmp/tk-up && tar -xJf "$OLDPWD/.upstream/tk-upstream.tar.xz" -C /tmp/tk-up; }
+           PYTHONPATH=$SITE:/tmp/tk-up CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} TILELANG_CACHE_DIR=/tmp/tlcache TILELANG_PRINT_ON_COMPILATION=0 \
+              timeout ${HOST_TIMEOUT:-400} python3 -m benchmarks.host_overhead --kernels "$KERNELS" --out "$OUT/host.jsonl" 2>&1 | grep -v '^\[' \
+              | tee "$OUT/host.log" | tail -n 60 || status=1
+           timeout 120 python3 -m benchmarks.host_profile 2>&1 | tee "$OUT/host_profile.log" | head -n 45 ;;
   esac
 done
 # The record: what the steps measured, a few lines of JSON (benchmarks/record.py says which).
-if [ -f "$OUT/bench.jsonl" ] || [ -f "$OUT/upstream.jsonl" ] || [ -f "$OUT/junit.xml" ] || [ -f "$OUT/sanitize.log" ] || [ -f "$OUT/adversarial.jsonl" ]; then
+if [ -f "$OUT/bench.jsonl" ] || [ -f "$OUT/upstream.jsonl" ] || [ -f "$OUT/junit.xml" ] || [ -f "$OUT/sanitize.log" ] || [ -f "$OUT/adversarial.jsonl" ] \
+   || [ -f "$OUT/host.jsonl" ]; then
   if [ "$COMMIT" = unknown ]; then
     echo "## no record written: COMMIT is unset; run python -m benchmarks.record OUT_DIR --commit SHA on the fetched output"
   else

@@ -3,8 +3,8 @@
     python -m benchmarks.record OUT_DIR [--commit SHA] [--gpu h200] [--out docs/measurements/] [--note TEXT ...]
 
 OUT_DIR is what .ci/gpu-run.sh leaves: environment.txt, and where their steps ran bench.jsonl,
-upstream.jsonl, junit.xml or pytest.log, cold_start.log, sanitize.log, adversarial.jsonl (benchmarks/adversarial.py)
-and ep_moe.jsonl (the lines examples/ep_moe.py prints, one per torchrun launch). --out is a folder (the file is named
+upstream.jsonl, junit.xml or pytest.log, cold_start.log, sanitize.log, adversarial.jsonl (benchmarks/adversarial.py),
+host.jsonl (benchmarks/host_overhead.py) and ep_moe.jsonl (the lines examples/ep_moe.py prints, one per torchrun launch). --out is a folder (the file is named
 DATE-GPU.jsonl, with -2, -3, ... when that name is taken) or a .jsonl path. The commit comes from --commit, else
 from environment.txt's `commit` line.
 
@@ -22,6 +22,7 @@ The record is one JSON object a line, each with a "type":
   cold_start   the processes of benchmarks/cold_start.py, ms
   tests        passed, failed, skipped and errors of the GPU tests (junit.xml, else pytest's last line)
   sanitizer    per compute-sanitizer tool: the kernel selection where logged, specs and cases run, errors, exit status
+  host         one case of benchmarks.host_overhead: host us per call of ours, of torch.neg on its input, of upstream's
   adversarial  per sanitizer (or none) of benchmarks.adversarial: bad-index cases run and held, invalid accesses reported,
                the cases that did not hold
   ep_moe       one run of examples/ep_moe.py: ranks, tokens per rank, the layer's sizes, ms per step, tokens per second over
@@ -141,6 +142,12 @@ def sanitizer_lines(text: str) -> list[dict]:
     return list(tools.values())
 
 
+def host_line(row: dict) -> dict:
+    """A row of benchmarks.host_overhead, condensed."""
+    return {'type': 'host', 'kernel': row['kernel'], 'shape': row['shape'], 'tokens': row['tokens'], 'ours_us': _round(row['ours_us'], 2),
+            'torch_us': _round(row['torch_us'], 2), 'torch_op': row['torch_op'], 'upstream_us': _round(row.get('upstream_us'), 2)}
+
+
 def adversarial_lines(rows: list[dict]) -> list[dict]:
     """One line per sanitizer of benchmarks/adversarial.py's records: cases run and held, invalid accesses seen, and
     the names of the cases that did not hold."""
@@ -211,6 +218,7 @@ def condense(out_dir: Path, commit: str | None = None, default_tokens: int = 819
     if sanitize.is_file():
         lines += sanitizer_lines(sanitize.read_text())
     lines += adversarial_lines(_lines(out_dir / 'adversarial.jsonl'))
+    lines += [host_line(r) for r in _lines(out_dir / 'host.jsonl') if r.get('what') == 'host']
     return lines
 
 

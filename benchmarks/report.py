@@ -319,6 +319,21 @@ def ep_moe_table(record: Record) -> list[str]:
             *table(['ranks', 'tokens per rank', 'layer', 'step (ms)', 'tokens/s', 'our kernels, ms', 'NCCL, ms', 'expert GEMMs, ms'], rows), '']
 
 
+def host_table(record: Record) -> list[str]:
+    """benchmarks.host_overhead's cases in one record: host us per call, ours against torch and upstream."""
+    rows = []
+    for line in record.of_type('host'):
+        upstream = line.get('upstream_us')
+        rows.append([line['kernel'].split('.', 1)[1], line['shape'], f'{line["ours_us"]:.1f}', f'{line["torch_us"]:.1f}',
+                     f'{line["ours_us"] / line["torch_us"]:.2f}', f'{upstream:.1f}' if upstream else '—',
+                     f'{line["ours_us"] / upstream:.2f}' if upstream else '—'])
+    return ['## Host time per call', '',
+            wrap(f'benchmarks/host_overhead.py at {record.of_type("host")[0]["tokens"]} tokens: a loop of 2000 calls timed on the host, '
+                 'the lowest of three interleaved rounds; "torch" is torch.neg on the op\'s largest floating-point input, in the same '
+                 f'process. From {record.link}, {record.when}, commit {record.commit}.'), '',
+            *table(['op', 'case', 'ours (us)', 'torch (us)', 'ours / torch', 'upstream (us)', 'ours / upstream'], rows), '']
+
+
 def not_run(env: dict) -> str:
     """The arch whose binaries the record's GPU did not run (SM100 unless the GPU is compute capability 10.x)."""
     return 'SM90' if str(env.get('compute_capability') or '').startswith('10') else 'SM100'
@@ -347,6 +362,9 @@ def benchmarks_md(sources: Sources) -> str:
     cold = next((r for r in sources.records if r.of_type('cold_start')), None)
     if cold is not None:
         out += cold_start_table(cold)
+    host = next((r for r in sources.records if r.of_type('host')), None)
+    if host is not None:
+        out += host_table(host)
     ep_moe = next((r for r in sources.records if r.of_type('ep_moe')), None)
     if ep_moe is not None:
         out += ep_moe_table(ep_moe)

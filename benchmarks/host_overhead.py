@@ -1,0 +1,89 @@
+"""Host time per call of every op, against a torch op on the same tensors and against upstream, in one process.
+
+    python -m benchmarks.host_overhead [--out host.jsonl] [--kernels PATTERN] [--tokens 128]
+
+For each case of benchmarks.upstream (one or more per kernel), at a decode-sized token count: the host time per call
+of our op (a loop of 2000 calls timed on the host, benchmarks.run.Timer.host_us: at decode sizes the device keeps
+up, so the loop's time is the host's), of `torch.neg` on the largest floating-point tensor the case passes to the op (its input, so of the op's shape), and
+of upstream's op when `tile_kernels` is importable (after one call, its JIT compile). The three are timed
+interleaved, three rounds, and each takes its lowest. The rows go to --out as JSON Lines, which benchmarks.record
+condenses into 'host' lines; benchmarks.host_profile breaks one call down by layer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import sys
+
+import torch
+
+from benchmarks.run import Timer, cases_of, installed_kernels, select
+from benchmarks.upstream import CASES
+
+
+def _tensors_of(fn) -> list[torch.Tensor]:
+    """The tensors a case's lambda closes over (its inputs), through functools.partial and nested lambdas."""
+    found, seen, todo = [], set(), [fn]
+    while todo:
+        f = todo.pop()
+        if id(f) in seen:
+            continue
+        seen.add(id(f))
+        if isinstance(f, torch.Tensor):
+            found.append(f)
+        elif isinstance(f, (tuple, list)):
+            todo.extend(f)
+        elif hasattr(f, 'func') and hasattr(f, 'args'):  # functools.partial
+            todo.extend([f.func, *f.args, *f.keywords.values()])
+        elif inspect.isfunction(f):
+            values = inspect.getclosurevars(f).nonlocals.values()
+            todo.extend(v for v in values if isinstance(v, (torch.Tensor, tuple, list)) or callable(v))
+    return found
+
+
+def torch_reference(fn) -> tuple[str, object]:
+    """torch.neg on the largest floating-point tensor `fn` reads, else a same-size bf16 tensor of one row."""
+    floats = [t for t in _tensors_of(fn) if t.is_floating_point() and t.dtype.itemsize >= 2]
+    t = max(floats, key=torch.Tensor.numel) if floats else torch.randn(1, 7168, device='cuda').bfloat16()
+    return f'torch.neg {tuple(t.shape)} {str(t.dtype).removeprefix("torch.")}', lambda: torch.neg(t)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('--out', default=None)
+    parser.add_argument('--kernels', default='*')
+    parser.add_argument('--tokens', type=int, default=128)
+    args = parser.parse_args()
+    try:
+        import tile_kernels as tk  # upstream, for its host time; absent on most hosts
+    except ImportError:
+        tk = None
+    timer = Timer()
+    rows = []
+    kernels, _ = select(CASES, args.kernels, installed_kernels())
+    for kernel in kernels:
+        for label, mine, theirs, _, _ in cases_of(CASES[kernel], tk, args.tokens):
+            reference, torch_op = torch_reference(mine)
+            timed = {'ours': mine, 'torch': torch_op}
+            if tk is not None:
+                theirs()  # its JIT compile, outside the timing
+                timed['upstream'] = theirs
+            best: dict[str, float] = {}
+            for _ in range(3):  # interleaved rounds
+                for side, fn in timed.items():
+                    best[side] = min(best.get(side, float('inf')), timer.host_us(fn))
+            row = {'what': 'host', 'kernel': kernel, 'shape': label, 'tokens': args.tokens, 'ours_us': best['ours'], 'torch_us': best['torch'],
+                   'torch_op': reference, 'upstream_us': best.get('upstream')}
+            rows.append(row)
+            upstream = f'upstream {row["upstream_us"]:6.1f} us' if tk is not None else 'upstream -'
+            print(f'{kernel:34s} {label:38s} ours {row["ours_us"]:6.1f} us  {reference} {row["torch_us"]:6.1f} us  {upstream}', flush=True)
+    if args.out:
+        with open(args.out, 'w') as f:
+            f.writelines(json.dumps(r) + '\n' for r in rows)
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
