@@ -13,7 +13,7 @@ import tilelang  # noqa: F401 - puts tilelang's bundled tvm on the path before `
 from tilelang import language as T
 
 from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
-from kernel_src.mhc.row_slices import VEC, check_mhc_hidden, row_slices, stream_constants
+from kernel_src.mhc.row_slices import VEC, check_mhc_hidden, load_streams, row_slices, stream_constants
 
 VECTORS = 2  # 16-byte vectors of a row per thread
 PASS_CONFIGS = {'tl.disable_warp_specialized': True, 'tl.enable_lower_ldgstg': True}
@@ -60,12 +60,7 @@ def build_bwd(arch: Arch, mhc: int, hidden: int) -> KernelProgram:
             grads = T.alloc_local((rs.vectors, mhc, VEC), T.bfloat16)
             acc = T.alloc_local((VEC,), T.float32)
             result = T.alloc_local((VEC,), T.bfloat16)
-            for j in T.unroll(rs.vectors):
-                col = rs.column(s, tid, j)
-                if not rs.ragged or col < hidden:
-                    for m in T.unroll(mhc):
-                        for v in T.vectorized(VEC):
-                            grads[j, m, v] = out_grad[token, m, col + v]
+            load_streams(rs, grads, out_grad, token, s, tid, mhc)
             for j in T.unroll(rs.vectors):
                 col = rs.column(s, tid, j)
                 if not rs.ragged or col < hidden:

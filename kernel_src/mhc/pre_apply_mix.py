@@ -24,7 +24,7 @@ import tilelang  # noqa: F401 - puts tilelang's bundled tvm on the path before `
 from tilelang import language as T
 
 from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
-from kernel_src.mhc.row_slices import VEC, block_sum, check_mhc_hidden, load_row, mix_vector, row_slices, stream_constants
+from kernel_src.mhc.row_slices import VEC, block_sum, check_mhc_hidden, load_row, load_streams, mix_vector, row_slices, stream_constants
 
 FWD_VECTORS = 2  # 16-byte vectors of each stream per thread in the forward kernel: mhc * 32 bytes of loads in flight
 PASS_CONFIGS = {'tl.disable_warp_specialized': True, 'tl.enable_lower_ldgstg': True}
@@ -56,12 +56,7 @@ def build_fwd(arch: Arch, mhc: int, hidden: int) -> KernelProgram:
             streams = T.alloc_local((rs.vectors, mhc, VEC), T.bfloat16)
             acc = T.alloc_local((VEC,), T.float32)
             result = T.alloc_local((VEC,), T.bfloat16)
-            for j in T.unroll(rs.vectors):
-                col = rs.column(s, tid, j)
-                if not rs.ragged or col < hidden:
-                    for m in T.unroll(mhc):
-                        for v in T.vectorized(VEC):
-                            streams[j, m, v] = x[token, m, col + v]
+            load_streams(rs, streams, x, token, s, tid, mhc)
             load_row(weights, mix, token, mhc, mix_vector(mhc))
             for j in T.unroll(rs.vectors):
                 col = rs.column(s, tid, j)

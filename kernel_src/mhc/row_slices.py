@@ -93,6 +93,18 @@ def mix_vector(mhc: int) -> int:
 
 
 @T.macro
+def load_streams(rs, streams, src, token, s, tid, mhc):
+    """streams[j, m, :] = src[token, m, the j-th vector of thread `tid` in slice `s`] for every stream m: the
+    thread's vectors of a token's (mhc, hidden) rows, columns past hidden left as they are."""
+    for j in T.unroll(rs.vectors):
+        col = rs.column(s, tid, j)
+        if not rs.ragged or col < rs.hidden:
+            for m in T.unroll(mhc):
+                for v in T.vectorized(VEC):
+                    streams[j, m, v] = src[token, m, col + v]
+
+
+@T.macro
 def load_row(dst, src, token, count, width):
     """dst[0:count] = src[token, 0:count] (float32), `width` values a load."""
     for k in T.unroll(count // width):
