@@ -603,7 +603,8 @@ def expand_to_fused(x: torch.Tensor, token_topk_to_pos: torch.Tensor, pos_to_exp
     Args:
         x: ``[num_tokens, hidden]`` CUDA tensor of any 1-, 2- or 4-byte dtype, contiguous in ``hidden``
             (the row stride is free).
-        token_topk_to_pos: ``[num_tokens, num_topk]`` int32, contiguous, ``num_topk <= 64``.
+        token_topk_to_pos: ``[num_tokens, num_topk]`` int32, contiguous, ``num_topk <= 64``; -1 skips a slot, and
+            an entry of ``num_expanded_tokens`` or more fails a device-side assert.
         pos_to_expert: ``[num_expanded_tokens]`` int32, contiguous.
 
     Returns:
@@ -694,7 +695,8 @@ def reduce_fused(
         x: ``[num_expanded_tokens, hidden]`` float32 or bfloat16, contiguous in ``hidden`` with 16-byte
             aligned rows (hidden a multiple of 16 bytes), or ``(x, x_sf)`` with x_sf float32 ``[num_expanded_tokens]``.
         topk_weights: ``[num_tokens, num_topk]`` float32 contiguous in ``num_topk``, or None.
-        token_topk_to_pos: ``[num_tokens, num_topk]`` int32, contiguous; -1 skips a slot.
+        token_topk_to_pos: ``[num_tokens, num_topk]`` int32, contiguous; -1 skips a slot, and an entry past the
+            rows of ``x`` fails a device-side assert.
         fp8_format: ``''`` (output in x's dtype) or ``'e4m3'``.
         sf: float32 ``[1]`` output scale, only with ``fp8_format='e4m3'``.
         out: optional ``[num_tokens, hidden]`` output of that dtype, contiguous in ``hidden``, rows aligned like x's.

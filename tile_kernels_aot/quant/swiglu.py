@@ -117,8 +117,8 @@ def swiglu_forward_and_per_token_cast(
         num_per_channels: 128, or ``hidden`` (one scale factor per row; hidden at most 16384 for bfloat16
             and 8192 for float32 input).
         pos_to_token_topk: optional int32 ``[num_expanded_tokens]``: index into ``topk_weights.flatten()``
-            of each row's routing weight (negative: weight 0). Without it ``topk_weights`` is ignored,
-            as upstream.
+            of each row's routing weight (negative: weight 0; one past its end stops the kernel with a trap,
+            "unspecified launch failure"). Without it ``topk_weights`` is ignored, as upstream.
         topk_weights: float32 ``[num_tokens, num_topk]``, contiguous; required with ``pos_to_token_topk``.
         pos_to_expert: optional int32 ``[num_expanded_tokens]``; rows with a negative entry are skipped:
             neither their data nor their scale factors are written.
@@ -323,7 +323,8 @@ def swiglu_backward_and_per_token_cast(
             contiguous; sf float32 ``[num_expand_tokens, 2 * hidden / num_per_channels]``, contiguous.
         grad_out: bfloat16 ``[num_expand_tokens, hidden]`` (any shape with that many elements), contiguous.
         weight: float32 ``[num_tokens, num_topk]`` routing weights, contiguous.
-        pos_to_token_topk: int32 ``[num_expand_tokens]``: index into ``weight.flatten()`` (negative: weight 0).
+        pos_to_token_topk: int32 ``[num_expand_tokens]``: index into ``weight.flatten()`` (negative: weight 0; one
+            past its end fails a device-side assert).
         token_topk_to_pos: int32 ``[num_tokens, num_topk]``, contiguous; -1 marks a (token, topk) slot
             without a row (its weight gradient is 0).
         num_per_channels: 32 or 128 (the block width of both ``x`` and the returned cast); hidden must be a
