@@ -34,7 +34,7 @@ def main():
                                                 _checks.on_one_cuda_device('op', scores=scores))),
         'find_kernel (memoised)': per_call_us(lambda: find_kernel('moe.topk_gate', {'num_experts': 256, 'num_topk': 8}, 0)),
         'bind': per_call_us(lambda: kernel._plan.bind(tensors, {})),
-        'grid + fill': per_call_us(lambda: (tuple(g(env) for g in kernel._grids[0]), kernel._fill(launch, pack, tensors, env))),
+        'grid + fill': per_call_us(lambda: (kernel._grids[0](env), kernel._fill(launch, pack, tensors, env))),
         'current stream': per_call_us(lambda: _current_stream(0)),
         'cuLaunchKernel via ctypes': per_call_us(lambda: kernel._launch_one(0, launch, fn, (1, 1, 1), _current_stream(0), pack.pointers)),
         'LoadedKernel call': per_call_us(lambda: kernel(0, tensors)),

@@ -87,6 +87,9 @@ class Driver:
             fn.argtypes = argtypes
             fn.restype = CUresult
             setattr(self, '_' + name, fn)
+        # cuLaunchKernel once more, without a prototype, for launch(): see there.
+        self._launch_unprototyped = lib['cuLaunchKernel']
+        self._launch_unprototyped.restype = CUresult
         self.check('cuInit', self._cuInit(0))
 
     def error_text(self, code: int) -> tuple[str, str]:
@@ -104,8 +107,12 @@ class Driver:
         self.check(name, getattr(self, '_' + name)(*args))
 
     def launch(self, fn: CUfunction, grid: tuple[int, int, int], block: tuple[int, int, int], smem: int, stream: int, params) -> None:
-        """cuLaunchKernel, spelled out: this is the one driver call on every op's path."""
-        code = self._cuLaunchKernel(fn, grid[0], grid[1], grid[2], block[0], block[1], block[2], smem, stream, params, None)
+        """cuLaunchKernel, spelled out: this is the one driver call on every op's path. It calls the function without a
+        prototype, because ctypes' conversion of eleven prototyped arguments costs more than the rest of the call: the
+        grid, block and shared-memory sizes are ints below 2**31 (the caller checks the grid), which ctypes passes as C
+        ints (the same bits as the unsigned ints the driver reads), `fn` is a CUfunction, `params` the ctypes array of
+        argument pointers, and the stream goes as a c_void_p, all 64 bits of it."""
+        code = self._launch_unprototyped(fn, grid[0], grid[1], grid[2], block[0], block[1], block[2], smem, CUstream(stream), params, None)
         if code:
             self.check('cuLaunchKernel', code)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import torch
@@ -102,21 +102,27 @@ class _BindingPlan:
 class _ArgPack:
     """The kernel parameter block of one launch: a ctypes struct per argument, and the void* array
     that cuLaunchKernel reads, built once and refilled on every call (the driver copies the values
-    at launch, so reuse is safe, CUDA graphs included)."""
+    at launch, so reuse is safe, CUDA graphs included). The slots are grouped by what fills them:
+    `tensor_slots` (slot, tensor name), `scalar_slots` (slot, name, whether it is 32-bit) and `map_slots`."""
 
     def __init__(self, launch: Launch) -> None:
-        self.slots = []
         self.pointers = (ctypes.c_void_p * max(len(launch.args), 1))()
+        tensor_slots, scalar_slots, map_slots = [], [], []
         recipes = iter(launch.tma)
         for i, arg in enumerate(launch.args):
             if arg.kind == 'tma':
                 slot = _TmaSlot(next(recipes))
-                self.slots.append(slot)
+                map_slots.append(slot)
                 self.pointers[i] = slot.address
+            elif arg.kind == 'ptr':
+                slot = ctypes.c_void_p()
+                tensor_slots.append((slot, arg.name))
+                self.pointers[i] = ctypes.addressof(slot)
             else:
-                value = (ctypes.c_void_p if arg.kind == 'ptr' else _SCALAR_CTYPES[arg.kind])()
-                self.slots.append(value)
-                self.pointers[i] = ctypes.addressof(value)
+                slot = _SCALAR_CTYPES[arg.kind]()
+                scalar_slots.append((slot, arg.name, arg.kind == 'int32'))
+                self.pointers[i] = ctypes.addressof(slot)
+        self.tensor_slots, self.scalar_slots, self.map_slots = tuple(tensor_slots), tuple(scalar_slots), tuple(map_slots)
 
 
 class _TmaSlot:
@@ -153,7 +159,7 @@ class LoadedKernel:
         self._image: bytes | None = None
         self._functions: dict[int, list] = {}
         self._plan = _BindingPlan(entry)
-        self._grids = [tuple(compile_expr(g) for g in launch.grid) for launch in entry.launches]
+        self._grids = [_grid_function(launch.grid) for launch in entry.launches]
         self._lock = threading.Lock()
         self._packs = threading.local()  # argument blocks, one set per thread
         self._driver: _driver.Driver | None = None
@@ -253,8 +259,8 @@ class LoadedKernel:
         packs = self._packs.__dict__.get('value')
         if packs is None:
             packs = self._packs.value = [_ArgPack(launch) for launch in self.entry.launches]
-        for launch, fn, (gx, gy, gz), pack in zip(self.entry.launches, functions, self._grids, packs):
-            grid = (gx(env), gy(env), gz(env))
+        for launch, fn, grid_of, pack in zip(self.entry.launches, functions, self._grids, packs):
+            grid = grid_of(env)
             if not (grid[0] and grid[1] and grid[2]):
                 continue  # an empty grid: nothing to do
             if not (0 < grid[0] <= MAX_GRID[0] and 0 < grid[1] <= MAX_GRID[1] and 0 < grid[2] <= MAX_GRID[2]):
@@ -263,16 +269,15 @@ class LoadedKernel:
             self._launch_one(device, launch, fn, grid, stream, pack.pointers)
 
     def _fill(self, launch: Launch, pack: _ArgPack, tensors: Mapping[str, torch.Tensor], env: dict[str, int]) -> None:
-        for arg, slot in zip(launch.args, pack.slots):
-            if arg.kind == 'ptr':
-                slot.value = tensors[arg.name].data_ptr()
-            elif arg.kind == 'tma':
-                slot.encode(self._driver, tensors, env)
-            else:
-                number = env[arg.name]
-                if arg.kind == 'int32' and not -_INT32_MAX - 1 <= number <= _INT32_MAX:
-                    raise ValueError(f"{self.entry.kernel}: {arg.name} = {number} does not fit the kernel's 32-bit argument")
-                slot.value = number
+        for slot, name in pack.tensor_slots:
+            slot.value = tensors[name].data_ptr()
+        for slot, name, is_int32 in pack.scalar_slots:
+            number = env[name]
+            if is_int32 and not -_INT32_MAX - 1 <= number <= _INT32_MAX:
+                raise ValueError(f"{self.entry.kernel}: {name} = {number} does not fit the kernel's 32-bit argument")
+            slot.value = number
+        for slot in pack.map_slots:
+            slot.encode(self._driver, tensors, env)
 
     def _launch_one(self, device: int, launch: Launch, fn, grid: tuple[int, int, int], stream: int, params) -> None:
         drv = self._driver
@@ -300,6 +305,19 @@ class LoadedKernel:
         attr_array = (_driver.CUlaunchAttribute * len(attrs))(*attrs)
         config = _driver.CUlaunchConfig(*grid, *block, launch.dynamic_smem, stream, attr_array, len(attrs))
         drv.call('cuLaunchKernelEx', ctypes.byref(config), fn, params, None)
+
+
+def _grid_function(axes) -> Callable[[Mapping[str, int]], tuple[int, int, int]]:
+    """The grid of a launch as one function of the bound dims; the axes that are constants (most y and z) are not
+    evaluated on every call."""
+    x, y, z = (compile_expr(axis) for axis in axes)
+    if all(isinstance(axis, int) for axis in axes):
+        constant = tuple(axes)
+        return lambda env: constant
+    if isinstance(axes[1], int) and isinstance(axes[2], int):
+        cy, cz = axes[1], axes[2]
+        return lambda env: (x(env), cy, cz)
+    return lambda env: (x(env), y(env), z(env))
 
 
 def _blocks_per_sm(drv: _driver.Driver, fn, launch: Launch) -> int:
