@@ -184,6 +184,22 @@ def _gate(op: str, value: float) -> Callable[[], object]:
     return call
 
 
+def _engram_hash(value: int) -> Callable[[], object]:
+    from tile_kernels_aot import engram
+    from tile_kernels_aot._select import prebuilt_specs
+
+    def call():
+        spec = prebuilt_specs('engram.engram_hash', 0)[0]
+        n, m, layers = spec['max_ngram_size'], spec['tables_per_ngram'], 2
+        gen = torch.Generator(device='cuda').manual_seed(0)
+        ids = torch.randint(0, 2**20, (T, n), device='cuda', dtype=torch.int32, generator=gen)
+        multipliers = torch.randint(1, 2**40, (layers, n), device='cuda', dtype=torch.int64, generator=gen)
+        vocab = _spoiled(torch.randint(1000, 5000, (layers, n - 1, m), device='cuda', dtype=torch.int32, generator=gen), (1, 0, 0), value)
+        offsets = torch.zeros(layers, (n - 1) * m, device='cuda', dtype=torch.int32)
+        return engram.engram_hash(ids, multipliers, vocab, offsets)
+    return call
+
+
 def cases() -> dict[str, tuple[str, Callable[[], object]]]:
     """Every case by name: (the expected outcome, the call)."""
     out: dict[str, tuple[str, Callable[[], object]]] = {}
@@ -208,6 +224,8 @@ def cases() -> dict[str, tuple[str, Callable[[], object]]]:
         out[f'top2_sum_gate.unmapped_topk_idx.{value}'] = (ASSERT, _top2_fixed(value))
     for value in (0, 4, 2**31 - 1, -5):
         out[f'top2_sum_gate.logical_count.{value}'] = (ASSERT, _top2_counts(value))
+    for value in (0, -3):
+        out[f'engram_hash.vocab_sizes.{value}'] = (ASSERT, _engram_hash(value))
     for value in (float('nan'), float('inf'), -float('inf')):
         for which in ('logits', 'bias'):
             out[f'top2_sum_gate.{which}.{value}'] = (ASSERT, _top2_scores(value, which))

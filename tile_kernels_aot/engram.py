@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch.compiler import is_compiling
 
-from tile_kernels_aot import _checks, _custom_ops
+from tile_kernels_aot import _checks, _custom_ops, _index_checks
 from tile_kernels_aot._select import find_kernel
 from tile_kernels_aot.config import get_num_sms
 
@@ -63,7 +63,8 @@ def engram_hash(
     For layer l with ids id_0 .. id_{N-1} of a token: h_0 = id_0 * m[l, 0], h_n = h_{n-1} XOR (id_n * m[l, n]) in
     wrapping int64 arithmetic; for n >= 1 and table j: out[l, t, (n-1) * M + j] = (h_n mod vocab_sizes[l, n-1, j])
     + offsets[l, (n-1) * M + j], the modulus floored and the int32 sum wrapping as in torch. Every int32 id and
-    int64 multiplier is in range; vocab_sizes must be positive (a zero has no modulus).
+    int64 multiplier is in range; vocab_sizes must be positive: a size below 1 fails a device-side assert
+    (TILE_KERNELS_AOT_CHECK_INDICES=1 raises ValueError before it instead).
 
     Args:
         ngram_token_ids: ``[T, N]`` int32 CUDA tensor, contiguous in N (the row stride is free).
@@ -94,6 +95,8 @@ def engram_hash(
         _checks.contiguous(op, name, t)
     device = _checks.on_one_cuda_device(op, ngram_token_ids=ngram_token_ids, multipliers=multipliers, vocab_sizes=vocab_sizes,
                                         offsets=offsets)
+    if _index_checks.enabled:
+        _index_checks.within(op, 'vocab_sizes', vocab_sizes, 1, 2**31, what='table sizes are positive')
     kernel = find_kernel('engram.engram_hash', {'max_ngram_size': max_ngram_size, 'tables_per_ngram': tables}, device)
     output = ngram_token_ids.new_empty((num_layers, num_tokens, (max_ngram_size - 1) * tables))
     if num_tokens == 0:

@@ -4,7 +4,7 @@ For layer l and token t with ids id_0 .. id_{N-1}: h_0 = id_0 * m[l, 0] and h_n 
 in int64 arithmetic that wraps; for n >= 1 and table j < M, out[l, t, (n-1) * M + j] =
 int32(h_n mod vocab[l, n-1, j]) + offsets[l, (n-1) * M + j], the modulus floored (its sign follows the
 divisor) and the int32 sum wrapping, as torch computes them, so every int32 id and int64 multiplier gives
-torch's answer. vocab_sizes must be non-zero.
+torch's answer. A table size below 1 fails a device assert (kernel_src/bounds.py).
 
 One thread per token and layer: a CTA of THREADS threads takes THREADS consecutive tokens of one layer,
 reads the layer's multipliers, table sizes and offsets (the same addresses across the CTA: broadcast loads)
@@ -14,6 +14,7 @@ layer count L and the row stride of the ids are run-time.
 
 from tilelang import language as T
 
+from kernel_src.bounds import device_assert
 from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
 from kernel_src.models import engram_hash_shapes
 
@@ -49,8 +50,9 @@ def build(arch: Arch, max_ngram_size: int, tables_per_ngram: int) -> KernelProgr
                 for i in T.unroll(1, n):
                     mixed = T.bitwise_xor(mixed, T.Cast(T.int64, ids[i]) * multipliers[layer, i])
                     for j in T.unroll(m):
-                        out[(i - 1) * m + j] = T.Cast(T.int32, T.floormod(mixed, T.Cast(T.int64, vocab_sizes[layer, i - 1, j]))) \
-                            + offsets[layer, (i - 1) * m + j]
+                        device_assert(vocab_sizes[layer, i - 1, j] > 0)
+                        vocab = T.Cast(T.int64, T.max(vocab_sizes[layer, i - 1, j], 1))  # masked: no modulus by 0
+                        out[(i - 1) * m + j] = T.Cast(T.int32, T.floormod(mixed, vocab)) + offsets[layer, (i - 1) * m + j]
                 for c in T.unroll(cols // OUT_VEC):
                     for e in T.vectorized(OUT_VEC):
                         output[layer, token, c * OUT_VEC + e] = out[c * OUT_VEC + e]

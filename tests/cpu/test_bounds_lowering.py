@@ -27,6 +27,7 @@ CHECKS = {
     'quant.per_channel_cast_fused': r'device_assert\(.*num_tokens',
     'quant.swiglu_forward_and_per_token_cast': r'tk_trap_unless\(.*num_weights',
     'quant.swiglu_backward_and_per_token_cast': r'device_assert\(.*num_weights',
+    'engram.engram_hash': r'device_assert\(.*vocab_sizes',
 }
 
 

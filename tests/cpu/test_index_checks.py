@@ -122,6 +122,7 @@ COVERED = {
                'expand_to_fused_with_sf', 'reduce_fused', 'top2_sum_gate', 'topk_gate', 'topk_sum_and_topk_group_idx'},
     'quant/per_channel.py': {'_per_channel_cast'},
     'quant/swiglu.py': {'swiglu_forward_and_per_token_cast', 'swiglu_backward_and_per_token_cast'},
+    'engram.py': {'engram_hash'},
 }
 
 

@@ -226,6 +226,22 @@ def test_top2_sum_gate_index_inputs(checking):
             moe.top2_sum_gate(logits, spoiled(bias, (4,), value), *args[2:])
 
 
+def test_engram_hash_vocab_sizes(checking):
+    from tile_kernels_aot import engram
+    from tile_kernels_aot._select import prebuilt_specs
+
+    spec = prebuilt_specs('engram.engram_hash', 0)[0]
+    n, m = spec['max_ngram_size'], spec['tables_per_ngram']
+    ids = torch.randint(0, 2**20, (T, n), device='cuda', dtype=torch.int32)
+    multipliers = torch.randint(1, 2**40, (2, n), device='cuda', dtype=torch.int64)
+    vocab = torch.randint(1000, 5000, (2, n - 1, m), device='cuda', dtype=torch.int32)
+    offsets = torch.zeros(2, (n - 1) * m, device='cuda', dtype=torch.int32)
+    same_unchecked(lambda: engram.engram_hash(ids, multipliers, vocab, offsets))
+    for value in (0, -3):
+        with refused('engram_hash', 'vocab_sizes', (1, 0, 0), value):
+            engram.engram_hash(ids, multipliers, spoiled(vocab, (1, 0, 0), value), offsets)
+
+
 def test_with_the_checks_off_the_helpers_are_not_called(monkeypatch):
     monkeypatch.setattr(_index_checks, 'enabled', False)
     monkeypatch.setattr(_index_checks, 'below', lambda *a, **k: pytest.fail('checked with the checks off'))
