@@ -95,8 +95,9 @@ for step in $steps; do
              [ $rc -ne 0 ] && { status=1; echo "## $tool: FAILED (exit $rc)" >> "$OUT/sanitize.log"; }
            done
            tail -n 60 "$OUT/sanitize.log" ;;
-    adversarial) # bad index and gating values, each case in its own process under memcheck (ADVERSARIAL_CASES: a glob)
-           timeout ${ADVERSARIAL_TIMEOUT:-560} python3 -m benchmarks.adversarial --all --cases "${ADVERSARIAL_CASES:-*}" \
+    adversarial) # bad index and gating values, each case in its own process under memcheck (ADVERSARIAL_CASES: a glob;
+                 # ADVERSARIAL_SAMPLE=1: benchmarks.adversarial.sample() only)
+           timeout ${ADVERSARIAL_TIMEOUT:-560} python3 -m benchmarks.adversarial --all --cases "${ADVERSARIAL_CASES:-*}" ${ADVERSARIAL_SAMPLE:+--sample} \
              --sanitizer ${ADVERSARIAL_SANITIZER:-memcheck} --out "$OUT/adversarial.jsonl" 2>&1 | tee "$OUT/adversarial.log" | tail -n 80
            [ ${PIPESTATUS[0]} -ne 0 ] && status=1 ;;
     host)  # host time per call of every case: ours, torch.neg on its input, upstream's (from the upstream pack); then one

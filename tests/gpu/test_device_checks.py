@@ -1,6 +1,7 @@
-"""The kernels' own checks of index and gating values (kernel_src/bounds.py), with the host checks off: one case of
-benchmarks/adversarial.py per op and kind of bad value, each in a process of its own (a failed device assert ends
-the CUDA context), ends as the rule says. `.ci/gpu-run.sh adversarial` runs every case under memcheck."""
+"""The kernels' own checks of index and gating values (kernel_src/bounds.py), with the host checks off: each case of
+benchmarks/adversarial.sample() (each op, argument or dtype and outcome) runs in a process of its own (a failed
+device assert ends the CUDA context) and ends as the rule says. `.ci/gpu-run.sh adversarial` runs the cases under
+memcheck."""
 
 from __future__ import annotations
 
@@ -18,20 +19,7 @@ pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _sample() -> list[str]:
-    """The first case of each op, argument or dtype, and outcome, and every int64 value that a wrapping read would
-    turn into a valid index."""
-    seen, names = set(), []
-    for name, (expected, _) in adversarial.cases().items():
-        op, variant = name.split('.')[:2]
-        key = (op, variant, expected)
-        if key not in seen or name.endswith(f'.{2**32 + 1}'):
-            seen.add(key)
-            names.append(name)
-    return names
-
-
-@pytest.mark.parametrize('name', _sample())
+@pytest.mark.parametrize('name', adversarial.sample())
 def test_a_bad_value_ends_as_the_rule_says(name):
     expected, _ = adversarial.cases()[name]
     env = {k: v for k, v in os.environ.items() if k != 'TILE_KERNELS_AOT_CHECK_INDICES'}
