@@ -13,8 +13,11 @@ every access in bounds.
 
 `device_assert` is the assert; `index_as_int32` narrows an index read as int64 (or int32) to the int32
 the kernels compute with, so that no int64 value wraps to another valid index. One loop has no register
-to spare for an assert's call (the SwiGLU forward, at its register cap): it checks with a predicated trap
-instead (kernel_src/cuda/trap_unless.cuh), which ends the kernel the same way, without the message.
+to spare for an assert's call (the bf16 SwiGLU forward, at its register cap): it checks with a predicated
+trap instead (kernel_src/cuda/trap_unless.cuh), which ends the kernel the same way, without the message.
+
+Where a kernel's warps shuffle, it gathers its checks into a flag and asserts after the last shuffle: an
+assert (or trap) ahead of a shuffle makes ptxas compile the shuffle twice, once for a warp no longer whole.
 """
 
 import tilelang  # noqa: F401 - puts tilelang's bundled tvm on the path before `tvm` is imported

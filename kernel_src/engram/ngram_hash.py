@@ -43,16 +43,19 @@ def build(arch: Arch, max_ngram_size: int, tables_per_ngram: int) -> KernelProgr
             ids = T.alloc_local((n,), T.int32)
             out = T.alloc_local((cols,), T.int32)
             mixed = T.alloc_var(T.int64)
+            sizes_ok = T.alloc_var(T.bool)
             if token < num_tokens:
+                sizes_ok = True
                 for i in T.unroll(n):
                     ids[i] = ngram_token_ids[token, i]
                 mixed = T.Cast(T.int64, ids[0]) * multipliers[layer, 0]
                 for i in T.unroll(1, n):
                     mixed = T.bitwise_xor(mixed, T.Cast(T.int64, ids[i]) * multipliers[layer, i])
                     for j in T.unroll(m):
-                        device_assert(vocab_sizes[layer, i - 1, j] > 0)
+                        sizes_ok = sizes_ok and vocab_sizes[layer, i - 1, j] > 0
                         vocab = T.Cast(T.int64, T.max(vocab_sizes[layer, i - 1, j], 1))  # masked: no modulus by 0
                         out[(i - 1) * m + j] = T.Cast(T.int32, T.floormod(mixed, vocab)) + offsets[layer, (i - 1) * m + j]
+                device_assert(sizes_ok)
                 for c in T.unroll(cols // OUT_VEC):
                     for e in T.vectorized(OUT_VEC):
                         output[layer, token, c * OUT_VEC + e] = out[c * OUT_VEC + e]

@@ -62,8 +62,12 @@ def _count_in_shared(indices, local, num_bins, num_tokens, num_topk, num_blocks,
                 values[j] = T.if_then_else(row < num_tokens, index_as_int32(indices[row, k], num_bins), -1)
                 row = row + rows_per_pass + T.if_then_else(k + ks_per_pass >= num_topk, 1, 0)
                 k = T.if_then_else(k + ks_per_pass >= num_topk, k + ks_per_pass - num_topk, k + ks_per_pass)
+        in_range = T.alloc_var(T.bool)
+        in_range = True
         for j in T.unroll(UNROLLED):
-            device_assert(values[j] < num_bins)
+            in_range = in_range and values[j] < num_bins
+        device_assert(in_range)  # one assert for the unrolled indices
+        for j in T.unroll(UNROLLED):
             if values[j] >= 0 and values[j] < num_bins:
                 T.atomic_add(local[values[j]], 1)
         for j in T.serial(T.max(num_topk - UNROLLED, 0)):

@@ -85,8 +85,13 @@ def build(arch: Arch, in_dtype: str, out_dtype: str, threads: int = THREADS, vec
                     pos[u] = -1
                     if r * topk_in_flight + u < num_topk:
                         pos[u] = token_topk_to_pos[token, r * topk_in_flight + u]
-                        device_assert(pos[u] < num_expanded)
-                        pos[u] = T.if_then_else(pos[u] < num_expanded, pos[u], -1)
+                in_range = T.alloc_var(T.bool)
+                in_range = True
+                for u in T.unroll(topk_in_flight):
+                    in_range = in_range and pos[u] < num_expanded
+                device_assert(in_range)
+                for u in T.unroll(topk_in_flight):
+                    pos[u] = T.if_then_else(pos[u] < num_expanded, pos[u], -1)
                 for u in T.unroll(topk_in_flight):
                     if pos[u] >= 0:
                         scale[u] = T.float32(1)

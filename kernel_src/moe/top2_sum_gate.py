@@ -124,7 +124,11 @@ def build(arch: Arch, num_experts: int, num_topk: int, num_groups: int, num_topk
             my_score = T.alloc_var(T.float32)
             weight_sum = T.alloc_var(T.float32)
             replicas = T.alloc_var(T.int32)
+            # What the token's inputs break of kernel_src/bounds.py's rule, asserted once, after the warp's last
+            # shuffle: an assert before a shuffle makes ptxas compile the shuffle twice, for a warp no longer whole.
+            inputs_ok = T.alloc_var(T.bool)
             if token < num_tokens:
+                inputs_ok = True
                 routed = T.alloc_var(T.bool)
                 routed = True
                 if has_mask != 0:
@@ -149,7 +153,7 @@ def build(arch: Arch, num_experts: int, num_topk: int, num_groups: int, num_topk
                                 logit[v * VECTOR + j] = T.float32(0)
                                 offset[v * VECTOR + j] = T.float32(0)
                     for i in T.unroll(per_lane):
-                        device_assert(T.isfinite(logit[i]) and T.isfinite(offset[i]))  # finite logits and bias (kernel_src/bounds.py)
+                        inputs_ok = inputs_ok and T.isfinite(logit[i]) and T.isfinite(offset[i])
                     if scoring == 2:
                         row_max = -T.infinity(T.float32)
                         for i in T.unroll(per_lane):
@@ -191,8 +195,7 @@ def build(arch: Arch, num_experts: int, num_topk: int, num_groups: int, num_topk
                     if fixed:
                         if lane < num_topk:
                             winner[0] = index_as_int32(unmapped_topk_idx[token, lane], num_experts)
-                            device_assert(winner[0] >= 0 and winner[0] < num_experts)
-                            winner[0] = T.max(T.min(winner[0], num_experts - 1), 0)  # masked: in bounds below
+                            inputs_ok = inputs_ok and winner[0] >= 0 and winner[0] < num_experts
                     else:
                         # 2. Group-limited routing: experts of groups not kept become NaN.
                         if groups_in_registers:
@@ -240,11 +243,12 @@ def build(arch: Arch, num_experts: int, num_topk: int, num_groups: int, num_topk
                                     score[i] = T.float32(NAN)
                         # 3. Top-K.
                         warp_topk(score, per_lane, expert_of, no_expert, num_topk, lane, winner)
-                    my_index = winner[0]
+                    # Masked: a bad fixed index, or no_expert (left only by NaN scores), addresses expert 0 or E - 1.
+                    my_index = T.max(T.min(winner[0], num_experts - 1), 0)
                     # 4. Weights, normalised by the top-K sum in k order.
                     my_score = T.float32(0)
                     if lane < num_topk:
-                        my_score = plain_scores[warp, T.min(my_index, num_experts - 1)]  # no_expert only after a failed assert
+                        my_score = plain_scores[warp, my_index]
                     weight_sum = T.float32(1e-20)
                     for k in T.unroll(num_topk):
                         weight_sum = weight_sum + T.shfl_sync(my_score, k)
@@ -261,7 +265,7 @@ def build(arch: Arch, num_experts: int, num_topk: int, num_groups: int, num_topk
                             # (ep_rank + token * 23333) mod replicas, in 32 bits for any token count:
                             # replicas <= MAX_REPLICAS (checked by the op), so no product below overflows.
                             replicas = logical_count[my_index]
-                            device_assert(replicas >= 1 and replicas <= num_replicas)
+                            inputs_ok = inputs_ok and replicas >= 1 and replicas <= num_replicas
                             replicas = T.max(T.min(replicas, num_replicas), 1)  # masked: the replica indexes the map
                             replica = T.Cast('int32', (T.Cast('uint32', token) % T.Cast('uint32', replicas) * T.Cast('uint32', HASH_PRIME % replicas)
                                                        + T.Cast('uint32', ep_rank)) % T.Cast('uint32', replicas))
@@ -274,6 +278,8 @@ def build(arch: Arch, num_experts: int, num_topk: int, num_groups: int, num_topk
                                 my_index = my_index - tp_rank * experts_per_rank
                                 my_index = my_index - my_index // experts_per_dp * (experts_per_dp - experts_per_rank)
                                 my_index = T.if_then_else(my_index < 0, -1, my_index)
+                    device_assert(inputs_ok)
+                    if lane < num_slots:
                         topk_idx[token, lane] = T.Cast('int64', my_index)
                         topk_weights[token, lane] = my_score
 

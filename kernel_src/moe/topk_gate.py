@@ -43,12 +43,18 @@ def build(arch: Arch, num_experts: int, num_topk: int, warps_per_block: int = WA
             token = pid * warps_per_block + tid // 32
             values = T.alloc_local((per_lane,), T.float32)
             winner = T.alloc_local((1,), T.int32)
+            finite = T.alloc_var(T.bool)
             winner[0] = 0
             if token < num_tokens:
                 for i in T.unroll(per_lane):
                     values[i] = T.if_then_else(lane + 32 * i < num_experts, scores[token, T.min(lane + 32 * i, num_experts - 1)], T.float32(NAN))
-                    device_assert(lane + 32 * i >= num_experts or T.isfinite(values[i]))
+                finite = True
+                for i in T.unroll(per_lane):
+                    finite = finite and (lane + 32 * i >= num_experts or T.isfinite(values[i]))
                 warp_topk(values, per_lane, _expert_of, no_expert, num_topk, lane, winner)
+                # Asserted after the selection's shuffles: before them, the assert's possible exit would make ptxas
+                # compile every shuffle twice, for a warp that is no longer whole.
+                device_assert(finite)
                 if lane < num_topk:
                     topk_idx[token, lane] = T.int64(winner[0])
 

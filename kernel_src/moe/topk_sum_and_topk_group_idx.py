@@ -44,13 +44,17 @@ def build(arch: Arch, num_groups: int, experts_per_group: int, num_topk_sum: int
             token = pid * WARPS_PER_BLOCK + warp
             rows = T.alloc_shared((WARPS_PER_BLOCK, num_experts), T.float32)
             rank = T.alloc_local((1,), T.int32)
+            finite = T.alloc_var(T.bool)
             if token < num_tokens:
                 for i in T.unroll(per_lane):
                     if lane + 32 * i < num_experts:
                         rows[warp, lane + 32 * i] = scores[token, lane + 32 * i]
-                        device_assert(T.isfinite(rows[warp, lane + 32 * i]))
                 T.sync_warp()
+                finite = True
+                for i in T.unroll(per_lane):
+                    finite = finite and (lane + 32 * i >= num_experts or T.isfinite(rows[warp, lane + 32 * i]))
                 rank_groups(rows, warp, lane, num_groups, experts_per_group, num_topk_sum, rank)
+                device_assert(finite)  # after rank_groups' shuffles (see topk_gate)
                 if lane < num_groups and rank[0] < num_topk_groups:
                     group_topk_idx[token, rank[0]] = T.Cast('int64', lane)
 

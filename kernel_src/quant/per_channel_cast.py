@@ -195,10 +195,16 @@ def build(arch: Arch, in_dtype: str, gather: bool, transpose: bool, num_per_toke
                     if row0 + i < num_tokens_out and col < hidden:
                         if gather:
                             src[i] = pos_to_token[row0 + i]
-                            device_assert(src[i] < num_tokens)
-                            src[i] = T.if_then_else(src[i] < num_tokens, src[i], -1)
                         else:
                             src[i] = row0 + i
+                if gather:  # after all the loads, so that they are in flight together
+                    in_range = T.alloc_var(T.bool)
+                    in_range = True
+                    for i in T.unroll(rows):
+                        in_range = in_range and src[i] < num_tokens
+                    device_assert(in_range)
+                    for i in T.unroll(rows):
+                        src[i] = T.if_then_else(src[i] < num_tokens, src[i], -1)
                 for i in T.unroll(rows):
                     if src[i] >= 0:
                         for e in T.vectorized(epv):

@@ -1,6 +1,7 @@
 """Every kernel that reads an index, a position or a count from a tensor, and every gating kernel, lowers with its
-device-side check (kernel_src/bounds.py): an assert, or for the SwiGLU forward the predicated trap, on the bound the
-README's table names (tilelang, no GPU, one spec of each on one target)."""
+device-side check (kernel_src/bounds.py): an assert, or for the bf16 SwiGLU forward the predicated trap, on the bound
+the README's table names; kernels whose warps shuffle assert after the last shuffle (tilelang, no GPU, one spec of
+each on one target)."""
 
 from __future__ import annotations
 
@@ -13,22 +14,34 @@ from kernel_src.registry import DECLS
 
 pytestmark = pytest.mark.build
 
-# kernel -> a pattern the lowered source must hold: the check and the bound it compares with.
+# kernel -> the bounds (patterns) the lowered source compares with, each before a check or inside one.
 CHECKS = {
-    'moe.topk_gate': r'device_assert\(.*isfinite',
-    'moe.topk_sum_and_topk_group_idx': r'device_assert\(.*isfinite',
-    'moe.top2_sum_gate': r'device_assert\(.*isfinite[\s\S]*device_assert\(.*winner[\s\S]*device_assert\(.*num_replicas',
-    'moe.group_count': r'device_assert\(.*num_bins',
-    'moe.aux_fi': r'device_assert\(.*num_bins',
-    'moe.inplace_unique_group_indices': r'device_assert\(.*num_groups',
-    'moe.get_fused_mapping': r'device_assert\(.*num_experts',
-    'moe.expand_to_fused': r'device_assert\(.*num_expanded_tokens',
-    'moe.reduce_fused': r'device_assert\(.*num_expanded_tokens',
-    'quant.per_channel_cast_fused': r'device_assert\(.*num_tokens',
-    'quant.swiglu_forward_and_per_token_cast': r'tk_trap_unless\(.*num_weights',
-    'quant.swiglu_backward_and_per_token_cast': r'device_assert\(.*num_weights',
-    'engram.engram_hash': r'device_assert\(.*vocab_sizes',
+    'moe.topk_gate': ['isfinite'],
+    'moe.topk_sum_and_topk_group_idx': ['isfinite'],
+    'moe.top2_sum_gate': ['isfinite', r'winner\[0\] < ', 'replicas <= num_replicas'],
+    'moe.group_count': ['num_bins'],
+    'moe.aux_fi': ['num_bins'],
+    'moe.inplace_unique_group_indices': ['num_groups'],
+    'moe.get_fused_mapping': ['num_experts'],
+    'moe.expand_to_fused': ['num_expanded_tokens'],
+    'moe.reduce_fused': ['num_expanded_tokens'],
+    'quant.per_channel_cast_fused': ['num_tokens'],
+    'quant.swiglu_forward_and_per_token_cast': ['num_weights'],
+    'quant.swiglu_backward_and_per_token_cast': ['num_weights'],
+    'engram.engram_hash': ['vocab_sizes'],
 }
+CHECK = r'(?:device_assert|tk_trap_unless)\('
+
+
+def checked(source: str, bound: str) -> bool:
+    """Some check compares with `bound` itself, or tests a flag that an assignment compares with it."""
+    for check in re.finditer(rf'{CHECK}(.*)\);', source):
+        if re.search(bound, check[1]):
+            return True
+        for flag in set(re.findall(r'[A-Za-z_]\w*', check[1])):
+            if re.search(rf'\b{flag}\b(\[0\])? = .*{bound}', source):
+                return True
+    return False
 
 
 def _spec(kernel: str) -> dict:
@@ -43,5 +56,26 @@ def test_the_kernel_checks_what_it_reads(kernel):
     pytest.importorskip('tilelang')
     from build_tools.lower import lower
 
-    source = lower(DECLS[kernel], _spec(kernel), ARCHS[0]).source
-    assert re.search(CHECKS[kernel], source), f'{kernel}: no {CHECKS[kernel]!r} in the lowered source'
+    body = lower(DECLS[kernel], _spec(kernel), ARCHS[0]).source.split('extern "C" __global__')[-1]
+    for bound in CHECKS[kernel]:
+        assert checked(body, bound), f'{kernel}: no check of {bound!r} in the lowered kernel'
+
+
+def test_the_fp32_swiglu_forward_asserts_after_its_loop():
+    pytest.importorskip('tilelang')
+    from build_tools.lower import lower
+
+    spec = {'in_dtype': 'float32', 'sf_format': 'f32', 'per_row': False, 'row_threads': 0}
+    source = lower(DECLS['quant.swiglu_forward_and_per_token_cast'], spec, ARCHS[0]).source
+    assert 'tk_trap_unless' not in source.split('extern "C" __global__')[-1]
+    assert re.search(r'indices_ok\[0\] = .*num_weights', source) and re.search(r'device_assert\(.*indices_ok', source)
+
+
+@pytest.mark.parametrize('kernel', ['moe.topk_gate', 'moe.topk_sum_and_topk_group_idx', 'moe.top2_sum_gate',
+                                    'quant.swiglu_backward_and_per_token_cast'])
+def test_the_assert_comes_after_the_last_shuffle(kernel):
+    pytest.importorskip('tilelang')
+    from build_tools.lower import lower
+
+    body = lower(DECLS[kernel], _spec(kernel), ARCHS[0]).source.split('extern "C" __global__')[-1]
+    assert body.rfind('device_assert(') > body.rfind('__shfl'), f'{kernel}: an assert before a shuffle'

@@ -117,8 +117,8 @@ def swiglu_forward_and_per_token_cast(
         num_per_channels: 128, or ``hidden`` (one scale factor per row; hidden at most 16384 for bfloat16
             and 8192 for float32 input).
         pos_to_token_topk: optional int32 ``[num_expanded_tokens]``: index into ``topk_weights.flatten()``
-            of each row's routing weight (negative: weight 0; one past its end stops the kernel with a trap,
-            "unspecified launch failure"). Without it ``topk_weights`` is ignored, as upstream.
+            of each row's routing weight (negative: weight 0; one past its end fails a device-side assert, for
+            bfloat16 input a trap: "unspecified launch failure"). Without it ``topk_weights`` is ignored, as upstream.
         topk_weights: float32 ``[num_tokens, num_topk]``, contiguous; required with ``pos_to_token_topk``.
         pos_to_expert: optional int32 ``[num_expanded_tokens]``; rows with a negative entry are skipped:
             neither their data nor their scale factors are written.

@@ -153,10 +153,11 @@ def build_backward(arch: Arch, grad_dtype: str) -> KernelProgram:
                 if tid == 0 and token_topk_to_pos[pid] == -1:
                     weight_grad[pid] = T.float32(0)
             if pid < num_rows:  # uniform over the CTA
-                # An index past weight fails a device assert and is skipped, like a negative one (kernel_src/bounds.py).
+                # An index past weight is skipped like a negative one, and fails a device assert at the end (after
+                # the reduction's shuffles, which an assert before them would make ptxas compile twice).
                 index_local[0] = pos_to_token_topk[pid]
-                device_assert(index_local[0] < num_weights)
-                index_local[0] = T.if_then_else(index_local[0] < num_weights, index_local[0], -1)
+                index_ok = index_local[0] < num_weights
+                index_local[0] = T.if_then_else(index_ok, index_local[0], -1)
                 index = index_local[0]
                 w_local[0] = T.if_then_else(index >= 0, weight[T.max(index, 0)], T.float32(0))
                 w = w_local[0]
@@ -242,6 +243,7 @@ def build_backward(arch: Arch, grad_dtype: str) -> KernelProgram:
                     for k in T.unroll(1, num_warps):
                         total = total + red[k]
                     weight_grad[index] = total
+                device_assert(index_ok)
 
     alignment = {'x': 16, 'x_sf': 4, 'grad_out': 16, 'weight': 4, 'pos_to_token_topk': 4, 'token_topk_to_pos': 4, 'out': 16,
                  'x_grad_fp8': 16, 'x_grad_sf': 4, 'x_grad': 16, 'weight_grad': 4}

@@ -1,7 +1,7 @@
 """SwiGLU forward + per-token cast to e4m3: quant.swiglu_forward_and_per_token_cast.
 
 v = act * w (w = topk_weights[pos_to_token_topk[row]], 0 for a negative index, 1 without weights; an index past
-topk_weights stops the kernel, see forward_steps.read_weight), cast in blocks of (1, 128), or one block per row
+topk_weights fails the kernel, see forward_steps.read_weight), cast in blocks of (1, 128), or one block per row
 (per_row). Rows with pos_to_expert < 0 are neither read nor written. Clamp counts are summed per thread in int32, per
 CTA through shared memory, and added to the int64 counters with one atomic per CTA and counter.
 
@@ -13,6 +13,7 @@ lookups two iterations ahead.
 
 from tilelang import language as T
 
+from kernel_src.bounds import device_assert
 from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
 from kernel_src.quant.common import IN_DTYPES, SF_FORMATS
 from kernel_src.quant.swiglu.common import PASS_CONFIGS, clamp_or_inf, swiglu_prelude
@@ -178,7 +179,10 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool, row_
             next_expert[0] = 0
             next_index[0] = 0
             lookup = StepLookup(next_row, next_block, next_live, next_expert, next_index)
-            routing = Routing(pos_to_token_topk, topk_weights, num_weights, pos_to_expert, with_weight, with_pos_to_expert)
+            indices_ok = None if words else T.alloc_local((1,), T.bool)
+            if not words:
+                indices_ok[0] = True
+            routing = Routing(pos_to_token_topk, topk_weights, num_weights, pos_to_expert, with_weight, with_pos_to_expert, indices_ok)
             grid = Grid(pid, tid, num_ctas, num_iters, num_rows, blocks_per_row, row_magic, row_shift, tpr_log2)
             if words:
                 # Two slots of the step's vectors for each thread, 128 KB beside the 42 KB table.
@@ -240,6 +244,8 @@ def build_forward(arch: Arch, in_dtype: str, sf_format: str, per_row: bool, row_
                                num_sf_blocks, num_sf_words, lane, row_vectors, row, block)
             if count_clamp != 0:
                 count_into(layout, counts, clamped_count, red_counts, tid)
+            if not words:
+                device_assert(indices_ok[0])
 
     alignment = {'x': 16, 'out': 16, 'out_sf': 1 if packed else 4, 'pos_to_token_topk': 4, 'topk_weights': 4, 'pos_to_expert': 4,
                  'clamped_count': 8}

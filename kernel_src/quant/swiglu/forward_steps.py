@@ -33,11 +33,13 @@ class StagedStep:
 
 class Routing:
     """The optional row inputs: pos_to_token_topk into topk_weights (with_weight; num_weights entries), pos_to_expert
-    (with_pos_to_expert)."""
+    (with_pos_to_expert). `indices_ok`: a one-element local buffer that read_weight clears on an index past
+    topk_weights, for the kernel to assert after its loop; None where the loop has no register to spare for it."""
 
-    def __init__(self, pos_to_token_topk, topk_weights, num_weights, pos_to_expert, with_weight, with_pos_to_expert):
+    def __init__(self, pos_to_token_topk, topk_weights, num_weights, pos_to_expert, with_weight, with_pos_to_expert, indices_ok):
         self.pos_to_token_topk, self.topk_weights, self.num_weights = pos_to_token_topk, topk_weights, num_weights
         self.pos_to_expert, self.with_weight, self.with_pos_to_expert = pos_to_expert, with_weight, with_pos_to_expert
+        self.indices_ok = indices_ok
 
 
 class Grid:
@@ -56,11 +58,15 @@ def step_is_live(lookup, routing):
 
 @T.macro
 def read_weight(routing, index, weight):
-    """weight[0] = a row's weight from its pos_to_token_topk entry: 0 for a negative index. An index past
-    topk_weights stops the kernel (tk_trap_unless, trap_unless.cuh: the bf16 loops have no register to spare for an
-    assert's call) and reads 0 meanwhile (kernel_src/bounds.py has the rule). The check comes where the weight is
-    read, an iteration after the entry's load was issued, so that it never waits for the load."""
-    T.evaluate(T.call_extern('void', 'tk_trap_unless', index < routing.num_weights))
+    """weight[0] = a row's weight from its pos_to_token_topk entry: 0 for a negative index and for one past
+    topk_weights, which also fails the kernel (kernel_src/bounds.py has the rule): it clears routing.indices_ok, which
+    the kernel asserts after its loop (an assert before the loop's shuffles would make ptxas compile them twice), or,
+    where the loop has no register to spare for that (the bf16 kernels), traps here (trap_unless.cuh). The check
+    comes where the weight is read, an iteration after the entry's load was issued, so that it never waits for it."""
+    if routing.indices_ok is None:
+        T.evaluate(T.call_extern('void', 'tk_trap_unless', index < routing.num_weights))
+    else:
+        routing.indices_ok[0] = routing.indices_ok[0] and index < routing.num_weights
     weight[0] = T.if_then_else(T.And(index >= 0, index < routing.num_weights), routing.topk_weights[T.max(index, 0)], T.float32(0))
 
 
