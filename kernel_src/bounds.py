@@ -1,11 +1,12 @@
 """Device-side checks of values a kernel reads from tensors: the package's one memory-safety rule.
 
-Every index, position or count read from a tensor is checked on the device before it addresses memory:
+Every index, position or count read from a tensor is checked on the device:
 
 - an entry the op documents as padding (a negative index or position) is skipped, as upstream does;
 - any other entry out of range stops the kernel at a device-side assert (PyTorch's convention for its own
   indexing kernels: the launch fails with "device-side assert triggered" and the CUDA context is lost), and
-  is masked besides, so that no thread addresses memory with it while the trap reaches the rest of the grid.
+  is masked before it addresses memory, so that no thread reads or writes outside the tensors before the
+  assert ends the grid.
 
 The gating kernels follow the same rule for the scores they rank: a NaN or infinite score or logit stops
 the kernel at a device-side assert (upstream's rule for top2_sum_gate), and the masking that follows keeps
