@@ -6,6 +6,9 @@
 #   COMMIT=SHA bash .ci/gpu-run.sh [tests] [bench] [tune] [cold] [pip] [host] [upstream] [profile] [ncu] [sanitize] [adversarial] [ep_moe]
 # (default steps: tests bench tune cold). COMMIT names the commit the wheels were built from; without it the
 # script reads $DIST/COMMIT, and without that the record is left to `python -m benchmarks.record $OUT --commit SHA`.
+# Test dependencies the GPU host lacks (hypothesis and sortedcontainers, for tests/gpu/test_fuzz_ops.py) are installed
+# from .whl/ when it is carried there (`pip download hypothesis --no-deps --python-version 3.12 --only-binary=:all:
+# -d .whl`, and likewise sortedcontainers).
 set -uo pipefail
 OUT=${OUT:-/tmp/tk-out}
 SITE=/tmp/tk-site

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures.threads import run_in_threads
 from tile_kernels_aot import _launch, _select, errors, targets
 from tile_kernels_aot.errors import CudaDriverError
 from tile_kernels_aot.manifest import KernelInfo, Manifest, ParamSchema, entry_from_plain, manifest_to_json
@@ -106,24 +107,15 @@ def test_16_threads_first_calls_load_each_module_once_per_device(package, round_
     _, drv = package
     barrier = threading.Barrier(16)
     results: dict[tuple[int, str], list] = {}
-    failures: list[BaseException] = []
 
     def worker(i: int) -> None:
-        try:
-            device = i % 2
-            order = KERNELS[i % 4:] + KERNELS[:i % 4]  # every thread starts with another kernel
-            barrier.wait()
-            for name in order:
-                results[(i, name)] = load(name, device)
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            failures.append(exc)
+        device = i % 2
+        order = KERNELS[i % 4:] + KERNELS[:i % 4]  # every thread starts with another kernel
+        barrier.wait()
+        for name in order:
+            results[(i, name)] = load(name, device)
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(16)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not failures, failures
+    run_in_threads(worker)
     assert drv.loads_by_kernel() == {(name, device): 1 for name in KERNELS for device in (0, 1)}
     for name in KERNELS:
         for device in (0, 1):
@@ -134,15 +126,11 @@ def test_a_kernel_found_from_many_threads_is_one_object(package):
     barrier = threading.Barrier(16)
     found: list = []
 
-    def worker() -> None:
+    def worker(i: int) -> None:
         barrier.wait()
         found.append(_select.find_kernel('demo.a', {'h': 64}, 0))
 
-    threads = [threading.Thread(target=worker) for _ in range(16)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_in_threads(worker)
     assert len(found) == 16 and len({id(k) for k in found}) == 1
 
 

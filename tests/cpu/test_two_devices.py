@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import tile_kernels_aot
+from tests.fixtures.threads import run_in_threads
 from tile_kernels_aot import _driver, _launch, _preload, _select
 from tile_kernels_aot._launch import LoadedKernel
 
@@ -123,25 +124,16 @@ def test_a_call_runs_in_its_devices_context_whatever_is_current(fake):
 def test_first_calls_from_threads_on_both_devices(fake):
     kernels = [LoadedKernel(ENTRY, root=Path('unused')) for _ in range(3)]
     barrier = threading.Barrier(16)
-    errors = []
 
     def work(i: int) -> None:
         device = i % 2
-        try:
-            if i // 2 % 2:
-                fake.make_current(1 - device)  # the other device current; the rest of the threads have none yet
-            barrier.wait()
-            for kernel in kernels:
-                call(kernel, device)
-        except BaseException as exc:  # reported below
-            errors.append(repr(exc))
+        if i // 2 % 2:
+            fake.make_current(1 - device)  # the other device current; the rest of the threads have none yet
+        barrier.wait()
+        for kernel in kernels:
+            call(kernel, device)
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(16)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
+    run_in_threads(work)
     assert Counter(fake.loads) == {0: 3, 1: 3}  # each binary once per device
     for kernel in kernels:
         assert sorted(kernel._functions) == [0, 1]

@@ -26,6 +26,7 @@ import pytest
 import torch
 
 import tile_kernels_aot
+from tests.fixtures.threads import run_in_threads
 from tile_kernels_aot import _driver, _select, errors, reference, targets
 
 from .helpers import assert_bitwise_equal
@@ -190,32 +191,23 @@ def test_16_threads_first_calls_load_each_module_once_per_device(fresh_loader, m
     torch.cuda.synchronize()
     barrier = threading.Barrier(16)
     results: dict[int, tuple] = {}
-    failures: list[BaseException] = []
 
     def worker(i: int) -> None:
-        try:
-            device = devices[i % len(devices)]
-            with torch.cuda.device(device):
-                barrier.wait()
-                if i % 2:  # half the threads call the ops in reverse order
-                    out = four_ops(inputs[device])
-                else:
-                    scores, idx, _, x_t, x_q = inputs[device][3]
-                    q = tile_kernels_aot.quant.per_token_cast(x_q, 'e4m3', 128)
-                    t = tile_kernels_aot.transpose.transpose(x_t)
-                    c = tile_kernels_aot.moe.group_count(idx, 256)
-                    out = (tile_kernels_aot.moe.topk_gate(scores, 8), c, t, *q)
-                torch.cuda.synchronize(device)
-                results[i] = out
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            failures.append(exc)
+        device = devices[i % len(devices)]
+        with torch.cuda.device(device):
+            barrier.wait()
+            if i % 2:  # half the threads call the ops in reverse order
+                out = four_ops(inputs[device])
+            else:
+                scores, idx, _, x_t, x_q = inputs[device][3]
+                q = tile_kernels_aot.quant.per_token_cast(x_q, 'e4m3', 128)
+                t = tile_kernels_aot.transpose.transpose(x_t)
+                c = tile_kernels_aot.moe.group_count(idx, 256)
+                out = (tile_kernels_aot.moe.topk_gate(scores, 8), c, t, *q)
+            torch.cuda.synchronize(device)
+            results[i] = out
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(16)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not failures, failures
+    run_in_threads(worker)
     assert module_loads.counts and all(n == 1 for n in module_loads.counts.values()), module_loads.counts
     per_device = {d: {image for image, dev in module_loads.counts if dev == d} for d in devices}
     assert all(len(images) >= 4 for images in per_device.values()), per_device  # 4 ops: at least 4 kernels each
