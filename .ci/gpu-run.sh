@@ -16,7 +16,7 @@ WORK=/tmp/tk-work
 steps=${*:-tests bench tune cold}
 DIST=${DIST:-dist}          # the wheels to install
 TESTS=${TESTS:-tests/gpu tests/test_readme.py}   # pytest selection (the README blocks run on the GPU too)
-KERNELS=${KERNELS:-*}       # benchmark selection (a glob over kernel names)
+KERNELS=${KERNELS:-*}       # benchmark selection (globs over kernel names, comma-separated)
 COMMIT=${COMMIT:-$(cat "$DIST/COMMIT" 2>/dev/null || echo unknown)}
 # A warm machine keeps /tmp between calls, and pip --target skips packages already there: start clean.
 rm -rf "$SITE" "$WORK"

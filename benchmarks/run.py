@@ -130,8 +130,10 @@ def installed_kernels() -> list[str]:
 
 
 def select(cases: dict, pattern: str, kernels: list[str]) -> tuple[list[str], list[str]]:
-    """The kernels of `kernels` that match `pattern` and have a case in `cases`, and those that match but have none."""
-    chosen = [k for k in kernels if fnmatch.fnmatchcase(k, pattern)]
+    """The kernels of `kernels` that match `pattern` (globs, comma-separated) and have a case in `cases`, and those
+    that match but have none."""
+    globs = pattern.split(',')
+    chosen = [k for k in kernels if any(fnmatch.fnmatchcase(k, g) for g in globs)]
     return [k for k in chosen if k in cases], [k for k in chosen if k not in cases]
 
 
@@ -517,7 +519,7 @@ CASES = {
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--out', default=None, help='write one JSON object per line here')
-    parser.add_argument('--kernels', default='*')
+    parser.add_argument('--kernels', default='*', help='globs over kernel names, comma-separated')
     parser.add_argument('--tokens', type=int, default=8192)
     parser.add_argument('--decode', action='store_true', help='also time decode sizes (graph replay and host time)')
     args = parser.parse_args()

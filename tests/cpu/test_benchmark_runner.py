@@ -67,3 +67,12 @@ def test_a_case_that_never_returns_ends_the_run_and_keeps_the_rows_before_it(tmp
     assert done.returncode != 0
     assert 'Timeout' in done.stderr and 'device_times' in done.stderr
     assert [r.get('shape') for r in rows] == [None, 'returns']
+
+
+def test_the_kernel_selection_takes_comma_separated_globs():
+    from benchmarks.run import select
+
+    cases = {'moe.topk_gate': None, 'moe.reduce_fused': None, 'quant.per_token_cast': None}
+    installed = ['moe.topk_gate', 'moe.reduce_fused', 'quant.per_token_cast', 'engram.engram_hash']
+    assert select(cases, 'moe.topk_gate,quant.*', installed) == (['moe.topk_gate', 'quant.per_token_cast'], [])
+    assert select(cases, '*', installed) == (['moe.topk_gate', 'moe.reduce_fused', 'quant.per_token_cast'], ['engram.engram_hash'])
