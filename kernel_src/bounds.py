@@ -8,9 +8,11 @@ Every index, position or count read from a tensor is checked on the device:
   is masked before it addresses memory, so that no thread reads or writes outside the tensors before the
   assert ends the grid.
 
-The gating kernels follow the same rule for the scores they rank: a NaN or infinite score or logit stops
-the kernel at a device-side assert (upstream's rule for top2_sum_gate), and the masking that follows keeps
-every access in bounds.
+The gating kernels follow the same rule for the scores they rank: an input that would make a ranking value
+NaN stops the kernel at a device-side assert, and the masking that follows keeps every access in bounds.
+That is a NaN score anywhere, and an infinite one where the kernel adds scores or applies a scoring function
+(topk_sum_and_topk_group_idx, and top2_sum_gate, upstream's rule there); topk_gate only compares its scores,
+so it ranks infinities as numbers.
 
 `device_assert` is the assert; `index_as_int32` narrows an index read as int64 (or int32) to the int32
 the kernels compute with, so that no int64 value wraps to another valid index. One loop has no register

@@ -3,8 +3,8 @@
 The ops that read an index, a position or a count from a tensor (group_count, get_fused_mapping, expand_to_fused,
 reduce_fused, ...) check its values on the device: a kernel skips the entries documented as padding and stops at a
 device-side assert on any other out-of-range one, which ends the process's CUDA context (kernel_src/bounds.py). The
-gating ops (topk_gate, topk_sum_and_topk_group_idx, top2_sum_gate) do the same on a NaN or infinite score, logit or
-bias. With the variable set to 1 (or ``enable(True)``), each of those ops first
+gating ops do the same on a NaN score, and on an infinite one where they add scores or apply a scoring function to
+them (topk_sum_and_topk_group_idx, top2_sum_gate; topk_gate ranks infinities as numbers). With the variable set to 1 (or ``enable(True)``), each of those ops first
 checks its index tensors (and the gating ops their scores) with torch ops on their own device and raises ValueError naming the op, the argument, the
 first bad position and its value, and the rule it breaks, before anything is launched. A serving engine that would
 rather have an exception than a lost context turns it on, for the price of a few small reductions and a host sync
@@ -84,15 +84,16 @@ def within(op: str, name: str, t: torch.Tensor, low: int, high: int, *, what: st
         _raise(op, name, t, flat, what)
 
 
-def finite(op: str, name: str, t: torch.Tensor, *, rows: torch.Tensor | None = None) -> None:
-    """Every entry of `t` (float) is finite: the gating kernels stop at a device-side assert on a NaN or infinite
-    score, logit or bias. With `rows` (bool, one per row of a 2-d `t`), only the rows where it is True are checked."""
-    bad = ~torch.isfinite(t)
+def finite(op: str, name: str, t: torch.Tensor, *, rows: torch.Tensor | None = None, infinities: bool = False) -> None:
+    """Every entry of `t` (float) is finite, or with `infinities` not NaN: the gating kernels stop at a device-side
+    assert on a NaN score, and on an infinite one where they add scores or apply a scoring function to them. With
+    `rows` (bool, one per row of a 2-d `t`), only the rows where it is True are checked."""
+    bad = torch.isnan(t) if infinities else ~torch.isfinite(t)
     if rows is not None:
         bad &= rows.reshape(-1, *([1] * (t.dim() - 1)))
     flat = _first(bad)
     if flat is not None:
-        _raise(op, name, t, flat, 'gating inputs are finite (no NaN or infinity)')
+        _raise(op, name, t, flat, 'scores are not NaN' if infinities else 'gating inputs are finite (no NaN or infinity)')
 
 
 def fused_positions_fit(op: str, topk_idx: torch.Tensor, num_experts: int, alignment: int, num_expanded_tokens: int) -> None:

@@ -28,8 +28,8 @@ def topk_gate(scores: torch.Tensor, num_topk: int) -> torch.Tensor:
 
     Args:
         scores: ``[num_tokens, num_experts]`` float32 CUDA tensor, contiguous in the expert dimension
-            (the row stride is free). Larger is preferred. Every score must be finite: a NaN or infinity stops the
-            kernel at a device-side assert (TILE_KERNELS_AOT_CHECK_INDICES=1 raises ValueError before it instead).
+            (the row stride is free). Larger is preferred; infinities rank as numbers. A NaN score stops the kernel
+            at a device-side assert (TILE_KERNELS_AOT_CHECK_INDICES=1 raises ValueError before it instead).
         num_topk: experts per token, ``1 <= num_topk <= min(num_experts, 32)``.
 
     Returns:
@@ -46,7 +46,7 @@ def topk_gate(scores: torch.Tensor, num_topk: int) -> torch.Tensor:
     device = _checks.on_one_cuda_device(op, scores=scores)
     topk_idx = scores.new_empty((num_tokens, num_topk), dtype=torch.int64)
     if _index_checks.enabled:
-        _index_checks.finite(op, 'scores', scores)
+        _index_checks.finite(op, 'scores', scores, infinities=True)
     if num_tokens == 0:
         return topk_idx
     kernel = find_kernel('moe.topk_gate', {'num_experts': num_experts, 'num_topk': num_topk}, device)

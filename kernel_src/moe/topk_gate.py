@@ -2,7 +2,7 @@
 
 One warp per token. Lane l holds experts l, l + 32, l + 64, ... in registers (coalesced loads, padding
 marked NaN) and kernel_src/moe/warp_select.warp_topk picks the K winners; lanes 0 .. K-1 store them in
-one coalesced write. A NaN or infinite score fails a device assert (kernel_src/bounds.py).
+one coalesced write. A NaN score fails a device assert (kernel_src/bounds.py); infinities rank as numbers.
 """
 
 from tilelang import language as T
@@ -43,18 +43,18 @@ def build(arch: Arch, num_experts: int, num_topk: int, warps_per_block: int = WA
             token = pid * warps_per_block + tid // 32
             values = T.alloc_local((per_lane,), T.float32)
             winner = T.alloc_local((1,), T.int32)
-            finite = T.alloc_var(T.bool)
+            numbers = T.alloc_var(T.bool)
             winner[0] = 0
             if token < num_tokens:
                 for i in T.unroll(per_lane):
                     values[i] = T.if_then_else(lane + 32 * i < num_experts, scores[token, T.min(lane + 32 * i, num_experts - 1)], T.float32(NAN))
-                finite = True
+                numbers = True
                 for i in T.unroll(per_lane):
-                    finite = finite and (lane + 32 * i >= num_experts or T.isfinite(values[i]))
+                    numbers = numbers and (lane + 32 * i >= num_experts or not T.isnan(values[i]))
                 warp_topk(values, per_lane, _expert_of, no_expert, num_topk, lane, winner)
                 # Asserted after the selection's shuffles: before them, the assert's possible exit would make ptxas
                 # compile every shuffle twice, for a warp that is no longer whole.
-                device_assert(finite)
+                device_assert(numbers)
                 if lane < num_topk:
                     topk_idx[token, lane] = T.int64(winner[0])
 

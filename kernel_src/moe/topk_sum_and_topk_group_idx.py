@@ -5,7 +5,7 @@ lower group index.
 One warp per token. The warp copies the token's scores to its row of shared memory in coalesced loads,
 then kernel_src/moe/warp_select.rank_groups has lane g < num_groups score group g and count the groups
 that beat it; the lanes whose rank is below num_topk_groups write their group index at that rank. A NaN or
-infinite score fails a device assert (kernel_src/bounds.py).
+infinite score fails a device assert (kernel_src/bounds.py): a group's sum of +inf and -inf would be NaN.
 """
 
 from tilelang import language as T

@@ -53,6 +53,9 @@ def test_finite_names_the_first_nan_or_infinity():
     finite('op', 'scores', scores, rows=torch.tensor([True, False, False]))
     with pytest.raises(ValueError, match=r'scores\[2, 1\] = inf breaks'):
         finite('op', 'scores', scores, rows=torch.tensor([True, False, True]))
+    finite('op', 'scores', scores, rows=torch.tensor([True, False, True]), infinities=True)
+    with pytest.raises(ValueError, match=r'scores\[1, 3\] = nan breaks the rule that scores are not NaN'):
+        finite('op', 'scores', scores, infinities=True)
 
 
 def test_empty_tensors_pass():
