@@ -26,7 +26,8 @@ def test_committed_records_are_records():
         env = lines[0]
         assert env['type'] == 'environment' and env['format'] == record.FORMAT, path
         assert path.stem.startswith(env['date'][:10]) and env['commit'] and env['gpu'], path
-        assert {line['type'] for line in lines[1:]} <= {'case', 'upstream', 'error', 'cold_start', 'tests', 'sanitizer', 'note', 'ep_moe'}, path
+        assert {line['type'] for line in lines[1:]} <= {'case', 'upstream', 'error', 'cold_start', 'tests', 'sanitizer', 'note', 'ep_moe',
+                                                    'adversarial', 'host'}, path
 
 
 ENVIRONMENT = '''2026-12-24T10:00:00Z
