@@ -929,9 +929,10 @@ def names(case: Case) -> str:
 
 def named(case: Case, message: str) -> bool:
     """Whether the first line of an error message names one of the case's ops ('op:', 'op(fmt=...):' or the binary's
-    'kernel.op[spec]:')."""
+    'kernel.op[spec]:'), or is a SpecNotPrebuiltError's, which names the binary the op asked for ('kernel has no
+    prebuilt ...': an mHC op's binaries carry the family's names, e.g. mhc.pre_apply_mix_fwd)."""
     first = message.split('\n')[0]
-    return any(f'{n}{mark}' in first for n in case.names for mark in (':', '(', '['))
+    return any(f'{n}{mark}' in first for n in case.names for mark in (':', '(', '[')) or ' has no prebuilt ' in first
 
 
 # A string argument whose mutation may stay valid ('' is reduce_fused's default fp8_format).

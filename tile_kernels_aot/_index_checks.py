@@ -73,10 +73,10 @@ def below(op: str, name: str, t: torch.Tensor, high: int, *, what: str) -> None:
         _raise(op, name, t, flat, rule)
 
 
-def within(op: str, name: str, t: torch.Tensor, low: int, high: int, *, what: str, rows: torch.Tensor | None = None) -> None:
-    """Every entry of `t` is in [low, high) (`what` says so in words); with `rows` (bool, one per row of a 2-d `t`),
-    only the rows where it is True are checked."""
-    bad = (t < low) | (t >= high)
+def within(op: str, name: str, t: torch.Tensor, low: int, high: int | None, *, what: str, rows: torch.Tensor | None = None) -> None:
+    """Every entry of `t` is in [low, high) (`what` says so in words; no upper bound with `high` None); with `rows`
+    (bool, one per row of a 2-d `t`), only the rows where it is True are checked."""
+    bad = t < low if high is None else (t < low) | (t >= high)
     if rows is not None:
         bad &= rows.reshape(-1, *([1] * (t.dim() - 1)))
     flat = _first(bad)

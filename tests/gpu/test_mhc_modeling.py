@@ -18,7 +18,9 @@ ROWS = MHC * (MHC + 2)
 
 
 def hidden_sizes() -> list:
-    return installed_values('mhc.pre_apply_mix_fwd', 'hidden')
+    """The hidden sizes every kernel of a layer step is built for (pre_apply_mix also has upstream's extra sizes)."""
+    kernels = ('mhc.pre_apply_mix_fwd', 'mhc.pre_norm_fn_fwd_mul', 'mhc.pre_big_fuse', 'mhc.post_fwd')
+    return sorted(set.intersection(*(set(installed_values(k, 'hidden')) for k in kernels)))
 
 
 def layer_params(hidden: int, seed: int = 0) -> dict:
