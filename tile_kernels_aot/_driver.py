@@ -66,8 +66,6 @@ _SIGNATURES: dict[str, tuple[Any, ...]] = {
     'cuModuleGetFunction': (ctypes.POINTER(CUfunction), CUmodule, ctypes.c_char_p),
     'cuFuncSetAttribute': (CUfunction, ctypes.c_int, ctypes.c_int),
     'cuOccupancyMaxActiveBlocksPerMultiprocessor': (ctypes.POINTER(ctypes.c_int), CUfunction, ctypes.c_int, ctypes.c_size_t),
-    'cuLaunchKernel': (CUfunction, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint,
-                       ctypes.c_uint, CUstream, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p)),
     'cuLaunchKernelEx': (ctypes.POINTER(CUlaunchConfig), CUfunction, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p)),
     'cuTensorMapEncodeTiled': (ctypes.POINTER(CUtensorMap), ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p,
                                ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint32),
@@ -87,7 +85,7 @@ class Driver:
             fn.argtypes = argtypes
             fn.restype = CUresult
             setattr(self, '_' + name, fn)
-        # cuLaunchKernel once more, without a prototype, for launch(): see there.
+        # cuLaunchKernel without a prototype, for launch(): see there.
         self._launch_unprototyped = lib['cuLaunchKernel']
         self._launch_unprototyped.restype = CUresult
         self.check('cuInit', self._cuInit(0))
