@@ -75,7 +75,7 @@ for step in $steps; do
     upstream) # Upstream TileKernels (JIT) on the same inputs, from the pack of ../shared/tools/pack-upstream-for-device.sh.
            mkdir -p /tmp/tk-up && tar -xJf "$OLDPWD/.upstream/tk-upstream.tar.xz" -C /tmp/tk-up \
            && PYTHONPATH=$SITE:/tmp/tk-up CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} TILELANG_CACHE_DIR=/tmp/tlcache TILELANG_PRINT_ON_COMPILATION=0 \
-              timeout 300 python3 -m benchmarks.upstream --kernels "$KERNELS" --out "$OUT/upstream.jsonl" 2>&1 | grep -v '^\[' | tee "$OUT/upstream.log" | tail -n 30 || status=1 ;;
+              timeout ${UPSTREAM_TIMEOUT:-300} python3 -m benchmarks.upstream --kernels "$KERNELS" --out "$OUT/upstream.jsonl" 2>&1 | grep -v '^\[' | tee "$OUT/upstream.log" | tail -n 30 || status=1 ;;
     profile) # per-launch device times, ours and upstream's (needs the upstream step's unpacked /tmp/tk-up)
            PYTHONPATH=$SITE:/tmp/tk-up CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} TILELANG_CACHE_DIR=/tmp/tlcache TILELANG_PRINT_ON_COMPILATION=0 \
               timeout 200 python3 -m benchmarks.profile_kernels --kernels "$KERNELS" 2>&1 | grep -v '^\[' | tee "$OUT/profile.log" | tail -n 40 ;;

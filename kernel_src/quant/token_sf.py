@@ -85,9 +85,10 @@ def store_token_sf_flat(out_sf_flat, packed: bool, row, col, value, npc_log2, hi
                         sf_block_step):
     """store_token_sf of the block holding column col of row, through sf_flat_view's view by an unsigned 32-bit index
     (see unsigned_index): for scale factors the op allocates, whose every index stays below the element count of
-    the data, which the ops keep under 2^31."""
-    if row < num_tokens and col < hidden:
-        block = col >> npc_log2
+    the data, which the ops keep under 2^31. A column past hidden in a row's last, partial, block still names that
+    block: the lane that stores a block's scale factor may hold one of its padding vectors."""
+    block = col >> npc_log2
+    if row < num_tokens and (block << npc_log2) < hidden:
         if packed:
             if (block >> 2) < num_sf_words:
                 store_block_sf_flat(out_sf_flat, packed, row, block, value, ((block + 1) << npc_log2) >= hidden, sf_row_step, sf_block_step)

@@ -17,6 +17,16 @@ pytestmark = pytest.mark.gpu
 HC = 4
 TOKENS = (0, 1, 4001, 8192)
 EPS, CLAMP = 1e-20, 1e-6  # upstream's test values
+UPSTREAM_TOKENS = 4001  # the fewest tokens upstream's tests run
+
+
+def assert_within_one_bf16_ulp(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    """Every element of bfloat16 `actual` within one bfloat16 ulp of `expected` (8 significant bits: 2^-7 of its
+    magnitude at most)."""
+    a, e = actual.float(), expected.float()
+    error = (a - e).abs()
+    ulp = torch.ldexp(torch.ones_like(e), torch.frexp(e).exponent - 8)
+    assert bool((error <= ulp).all()), f'{int((error > ulp).sum())} elements off by more than one bf16 ulp, up to {float(error.max()):.3g}'
 ops = tile_kernels_aot.engram
 
 
@@ -78,7 +88,13 @@ def test_engram_gate_fwd(spec, num_tokens, strided, restore_num_sms):
         if not save:
             assert got[1:] == (None,) * 4
         for name, a, b in zip(('out', 'dot', 'gate', 'rstd_x', 'rstd_k'), got, expected):
-            if a is not None and num_tokens:
+            if a is None or not num_tokens:
+                continue
+            if name == 'out' and num_tokens < UPSTREAM_TOKENS:
+                # Upstream's bound holds over its 4001 and 8001 tokens; over one token's 4 x hidden values a single
+                # bf16 rounding flip exceeds it, so a small output is held to one bf16 ulp an element instead.
+                assert_within_one_bf16_ulp(a, b)
+            else:
                 assert calc_diff(a, b) < 2e-10, name
         if first is None:
             first = got
@@ -182,7 +198,8 @@ def test_training_steps_match_the_reference(hidden, main_grad):
         if main_grad:
             assert ours.weight_hidden.grad is None and ours.weight_embed.grad is None
         for a, p in zip(weight_grads, (theirs.weight_hidden, theirs.weight_embed)):
-            assert calc_diff(a, p.grad) < 1e-6, step
+            # main_grad is float32, the reference's gradient bf16 as its weight: compared at the reference's precision
+            assert calc_diff(a.to(p.grad.dtype), p.grad) < 1e-6, step
         with torch.no_grad():  # plain SGD; main_grad, where present, holds the weights' gradients
             for model in (ours, theirs):
                 for p in model.parameters():

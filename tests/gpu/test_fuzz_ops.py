@@ -57,7 +57,9 @@ def assert_matches(case: fz.Case, actual, expected) -> None:
             assert a == e, f'{case.name}: output {i} is {a!r}, the reference gives {e!r}'
             continue
         assert isinstance(a, torch.Tensor), f'{case.name}: output {i} is {type(a).__name__}, not a tensor'
-        if case.exact:
+        if case.output_tol and i in case.output_tol:
+            torch.testing.assert_close(a, e.to(a.device), **case.output_tol[i], msg=lambda m, i=i: f'{case.name}: output {i}: {m}')
+        elif case.exact:
             assert_bitwise_equal(a, e.to(a.device))
         elif case.tol and 'calc_diff' in case.tol:
             assert a.shape == e.shape and a.dtype == e.dtype, (case.name, i, a.shape, e.shape, a.dtype, e.dtype)

@@ -67,6 +67,8 @@ def _sf_values(sf: torch.Tensor) -> torch.Tensor:
     """float32 scale factors of a float32 or packed UE8M0 (int32 words) tensor, one per block."""
     if sf.dtype == torch.float32:
         return sf
+    if sf.numel() == 0:  # an empty tensor's strides need not allow the byte view below
+        return torch.empty((sf.shape[0], sf.shape[1] * 4), dtype=torch.float32, device=sf.device)
     exponents = sf.T.contiguous().view(torch.uint8).view(sf.shape[1], sf.shape[0], 4).permute(1, 0, 2).reshape(sf.shape[0], sf.shape[1] * 4)
     return (exponents.to(torch.int32) << 23).view(torch.float32)
 
