@@ -262,6 +262,48 @@ def upstream_big_fuse_case(tk, tokens):
              (lambda: theirs_op(residual, fn, scale, base, *args, 1)), compare, moved) for n in (16, 1)]
 
 
+def upstream_mhc_pre_case(tk, tokens):
+    """mhc_pre of one layer (H 7168, repeat 20) through each package's modeling API: grad off (one fused kernel), grad
+    on (norm_fn, split, Sinkhorn, apply_mix, saving for the backward), and grad on with mhc_post and the backward of
+    both, as a training step runs them (mhc_post's backward leaves the pre ops' fused gradient stash)."""
+    from tile_kernels.modeling.mhc import mhc_pre as their_pre
+    from tile_kernels.modeling.mhc.ops import mhc_post as their_post
+    from tile_kernels_aot.modeling.mhc import mhc_post, mhc_pre
+
+    hidden = 7168
+    residual, fn, scale, base = _big_fuse_inputs(4, hidden, tokens)
+    kwargs = dict(norm_eps=EPS, pre_eps=EPS, sinkhorn_eps=EPS, post_mult_value=POST_MULT, sinkhorn_repeat=20)
+    stream_grad = torch.randn(tokens, 4, hidden, device='cuda').bfloat16()
+
+    def grad_off(pre):
+        with torch.no_grad():
+            layer_input, (post, comb) = pre(residual, fn, scale, base, **kwargs)
+        return layer_input, post, comb
+
+    def grad_on(pre):
+        leaf = residual.clone().requires_grad_()
+        layer_input, (post, comb) = pre(leaf, fn.clone().requires_grad_(), scale.clone().requires_grad_(), base.clone().requires_grad_(), **kwargs)
+        return layer_input.detach(), post.detach(), comb.detach()
+
+    def step(pre, post_op):
+        leaf = residual.clone().requires_grad_()
+        weights = [t.clone().requires_grad_() for t in (fn, scale, base)]
+        layer_input, (post, comb) = pre(leaf, *weights, **kwargs)
+        # The sublayer is the identity, so only the mHC ops' own work is timed.
+        post_op(layer_input, leaf, post, comb).backward(stream_grad)
+        return leaf.grad, *[w.grad for w in weights]
+
+    moved = nbytes(residual) + tokens * hidden * 2
+    loose = _close_to(1e-2, 1e-2)
+    return [(f'H {hidden} grad off', lambda: grad_off(mhc_pre), lambda: grad_off(their_pre), loose, moved),
+            (f'H {hidden} grad on', lambda: grad_on(mhc_pre), lambda: grad_on(their_pre), loose, moved),
+            (f'H {hidden} grad on, with mhc_post and backward', lambda: step(mhc_pre, mhc_post), lambda: step(their_pre, their_post),
+             _close_to(5e-2, 5e-2), 3 * moved)]
+
+
+# Public ops that run several kernels: benchmarks.upstream times them by these names, which are not kernels.
+UPSTREAM_COMPOSITES = {'mhc.mhc_pre': upstream_mhc_pre_case}
+
 UPSTREAM_CASES = {
     'mhc.pre_split_mixes_fwd': upstream_split_fwd_case,
     'mhc.pre_split_mixes_bwd': upstream_split_bwd_case,

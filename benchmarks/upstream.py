@@ -7,7 +7,7 @@ onto PYTHONPATH). For each case it checks that both give the same result (bit fo
 own tests compare bit for bit) and times both with benchmarks.run's Timer, interleaved, so that clock
 and thermal drift hit both alike: each side's time is the lowest of three interleaved medians. Upstream's
 first call (its JIT compile) is timed too. The kernels are those installed for the GPU (benchmarks.run.select);
-one without a case here is an error row.
+one without a case here is an error row. Composite ops (mhc_pre) are timed under their own names.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import torch
 import tile_kernels_aot as ours
 from benchmarks.run import Timer, cases_of, copy_bandwidth, installed_kernels, nbytes, no_case_row, select
 from benchmarks.mhc_stream import UPSTREAM_CASES as MHC_STREAM_CASES
-from benchmarks.mhc_mixes import UPSTREAM_CASES as MHC_MIXES_CASES
+from benchmarks.mhc_mixes import UPSTREAM_CASES as MHC_MIXES_CASES, UPSTREAM_COMPOSITES as MHC_COMPOSITES
 from benchmarks.engram import UPSTREAM_CASES as ENGRAM_CASES
 from benchmarks.mhc_norm_fn import UPSTREAM_CASES as MHC_NORM_FN_CASES
 
@@ -335,6 +335,7 @@ CASES = {
     **MHC_NORM_FN_CASES,
     **MHC_MIXES_CASES,
     **MHC_STREAM_CASES,
+    **MHC_COMPOSITES,
 }
 
 
@@ -365,8 +366,21 @@ def main() -> int:
           f'copy bandwidth {copy_gbs:.0f} GB/s')
     rows = [{'kernel': 'copy', 'gbs': copy_gbs, 'upstream_import_s': import_s, 'tilelang': tilelang.__version__,
              'upstream_version': getattr(tk, '__version__', None)}]
-    kernels, missing = select(CASES, args.kernels, installed_kernels())
+    kernels, missing = select(CASES, args.kernels, installed_kernels() + list(MHC_COMPOSITES))
     rows += [no_case_row(kernel, 'benchmarks/upstream.py') for kernel in missing]
+    # Rows are written as they come, so that a run cut short by its time limit keeps the cases it finished.
+    out = open(args.out, 'w') if args.out else None
+    written = 0
+
+    def flush():
+        nonlocal written
+        if out:
+            for row in rows[written:]:
+                out.write(json.dumps(row) + '\n')
+            out.flush()
+        written = len(rows)
+
+    flush()
     for kernel in kernels:
         label = ''
         try:
@@ -388,10 +402,9 @@ def main() -> int:
                       f'upstream {row["upstream_us"]:8.1f} us ({100 * row["upstream_of_copy"]:5.1f}%)  first call {first_call_s:.2f} s', flush=True)
         except Exception as exc:  # report and go on: one upstream failure must not hide the other kernels
             rows.append(error_row(kernel, exc, label))
-    if args.out:
-        with open(args.out, 'w') as f:
-            for row in rows:
-                f.write(json.dumps(row) + '\n')
+        flush()
+    if out:
+        out.close()
     return 0 if all(r.get('same_result', True) and 'error' not in r for r in rows) else 1
 
 
