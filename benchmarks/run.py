@@ -131,9 +131,10 @@ def installed_kernels() -> list[str]:
 
 def select(cases: dict, pattern: str, kernels: list[str]) -> tuple[list[str], list[str]]:
     """The kernels of `kernels` that match `pattern` (globs, comma-separated) and have a case in `cases`, and those
-    that match but have none."""
+    that match but have none, in the order of the first glob each matches."""
     globs = pattern.split(',')
-    chosen = [k for k in kernels if any(fnmatch.fnmatchcase(k, g) for g in globs)]
+    first_glob = {k: next((i for i, g in enumerate(globs) if fnmatch.fnmatchcase(k, g)), None) for k in kernels}
+    chosen = sorted((k for k in kernels if first_glob[k] is not None), key=first_glob.get)
     return [k for k in chosen if k in cases], [k for k in chosen if k not in cases]
 
 
