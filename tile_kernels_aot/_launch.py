@@ -18,9 +18,11 @@ from pathlib import Path
 import torch
 
 from tile_kernels_aot import _driver
-from tile_kernels_aot.cubin import cubin_sm, target_sm
+from tile_kernels_aot.cubin import check_layout, cubin_sm, target_sm
 from tile_kernels_aot.manifest import Entry, Launch, compile_expr, format_expr
-from tile_kernels_aot.errors import CubinArchError, CubinChecksumError, CubinLoadError, CubinMissingError, CudaDriverError, TileKernelsAOTError
+from tile_kernels_aot.errors import (
+    CubinArchError, CubinChecksumError, CubinLoadError, CubinMissingError, CubinTruncatedError, CudaDriverError, TileKernelsAOTError,
+)
 
 TORCH_DTYPES = {
     'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16,
@@ -174,7 +176,7 @@ class LoadedKernel:
                     expected_sha256=self.entry.sha256, found_sha256=found_sha256)
 
     def image(self) -> bytes:
-        """The cubin's bytes, read once: its sha256 (unless verification is off) and its ELF arch checked."""
+        """The cubin's bytes, read once: its sha256 (unless verification is off), its ELF arch and layout checked."""
         if self._image is None:
             try:
                 data = self.path.read_bytes()
@@ -189,6 +191,10 @@ class LoadedKernel:
                 raise CubinArchError(None, f'{exc}, not a cubin', **self._fields(found)) from exc
             if sm != target_sm(self.entry.target):
                 raise CubinArchError(sm, f'ELF is for sm_{sm}, the manifest says {self.entry.target}', **self._fields(found))
+            try:
+                check_layout(data)
+            except ValueError as exc:
+                raise CubinTruncatedError(len(data), str(exc), **self._fields(found)) from exc
             self._image = data
         return self._image
 

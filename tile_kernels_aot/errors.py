@@ -140,6 +140,16 @@ class CubinArchError(KernelIntegrityError):
         super().__init__(f'{fields["file"]}: {detail}', **fields)
 
 
+class CubinTruncatedError(KernelIntegrityError):
+    """The cubin's ELF tables or sections reach past its end (a truncated or malformed file), found before the driver
+    sees it: with sha256 verification off, cuModuleLoadData may crash the process on such an image rather than refuse
+    it. ``size`` is the file's length in bytes; ``detail`` says what reaches past it."""
+
+    def __init__(self, size: int, detail: str, **fields) -> None:
+        self.size, self.detail = size, detail
+        super().__init__(f'{fields["file"]}: {detail}', **fields)
+
+
 class CubinLoadError(KernelIntegrityError, CudaDriverError):
     """The driver refused the cubin (cuModuleLoadData) or its entry symbol (cuModuleGetFunction): with sha256
     verification off (TILE_KERNELS_AOT_VERIFY_SHA256=0) this is how a damaged cubin shows. Carries the file and

@@ -1,7 +1,7 @@
 """Every way an installed artifact can be damaged raises a named ArtifactError with structured fields.
 
-The arch packages here are synthetic (a manifest written by manifest_to_json, a few-hundred-byte ELF header
-as the cubin), so no build is needed; the CUDA driver is faked where a test reaches it.
+The arch packages here are synthetic (a manifest written by manifest_to_json, a few-hundred-byte ELF header and
+section header table as the cubin), so no build is needed; the CUDA driver is faked where a test reaches it.
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from tile_kernels_aot import _launch, _select, targets
+from tile_kernels_aot.cubin import check_layout
 from tile_kernels_aot.errors import (
-    ArchPackageMissingError, ArtifactError, CubinArchError, CubinChecksumError, CubinLoadError, CubinMissingError,
+    ArchPackageMissingError, ArtifactError, CubinArchError, CubinChecksumError, CubinLoadError, CubinMissingError, CubinTruncatedError,
     CudaDriverError, KernelDirError, KernelIntegrityError, ManifestError, ManifestSchemaError, TileKernelsAOTError,
     UnsupportedDeviceError,
 )
@@ -26,11 +27,18 @@ CUBIN = 'cubins/demo.copy/h64.cubin'
 
 
 def fake_cubin(sm: int, size: int = 512) -> bytes:
-    """The header fields the loader reads (64-bit ELF, EM_CUDA, SM in e_flags) and filler bytes."""
+    """The header fields the loader reads (64-bit ELF, EM_CUDA, SM in e_flags), a section header table of two
+    sections at bytes 256-383 (a null one, and one of bytes 64-255) and filler bytes."""
     data = bytearray(bytes(range(256)) * (size // 256 + 1))[:size]
     data[:5] = b'\x7fELF\x02'
+    data[32:64] = bytes(32)
     struct.pack_into('<H', data, 18, 190)
     struct.pack_into('<I', data, 48, sm << 8)
+    struct.pack_into('<Q', data, 40, 256)  # e_shoff
+    struct.pack_into('<HHHH', data, 54, 0, 0, 64, 2)  # e_phentsize, e_phnum, e_shentsize, e_shnum
+    data[256:384] = bytes(128)
+    struct.pack_into('<I', data, 320 + 4, 1)  # section 1: PROGBITS
+    struct.pack_into('<QQ', data, 320 + 24, 64, 192)  # its bytes: 64-255
     return bytes(data)
 
 
@@ -72,8 +80,10 @@ class FakeDriver:
 
     def __init__(self, good: bytes, refusal: str = 'CUDA_ERROR_INVALID_IMAGE') -> None:
         self.good, self.refusal = good, refusal
+        self.loads = 0  # images it was handed
 
     def load_module(self, image: bytes):
+        self.loads += 1
         if image != self.good:
             raise CudaDriverError('cuModuleLoadData', 200 if self.refusal == 'CUDA_ERROR_INVALID_IMAGE' else 2, self.refusal, 'refused')
         return 1
@@ -280,7 +290,33 @@ def test_damaged_cubin_with_sha256_verification(package, damage):
     assert f'expected {e.expected_sha256}, found {e.found_sha256}' in str(e) and str(package / CUBIN) in str(e)
 
 
-@pytest.mark.parametrize('damage', [lambda p: truncate(p, 300), flip], ids=['truncated', 'flipped'])
+@pytest.mark.parametrize('keep', [300, 200])  # the section header table cut; that and a section's bytes
+def test_truncated_cubin_without_verification_never_reaches_the_driver(package, monkeypatch, fake_driver, keep):
+    """The driver may crash the process on a truncated image rather than refuse it: the loader's layout check
+    refuses it first."""
+    drv = fake_driver((package / CUBIN).read_bytes())
+    truncate(package / CUBIN, keep)
+    monkeypatch.setenv(_select.VERIFY_ENV, '0')
+    _select.reset()
+    with pytest.raises(CubinTruncatedError) as info:
+        load().functions(0)
+    e = info.value
+    assert fields(e) == expected_fields(package) and e.found_sha256 is None and e.size == keep
+    assert str(package / CUBIN) in str(e) and f'of {keep}: the file is truncated' in str(e)
+    assert isinstance(e, KernelIntegrityError) and drv.loads == 0
+
+
+def test_a_sound_cubin_passes_the_layout_check():
+    check_layout(fake_cubin(90))
+    with pytest.raises(ValueError, match='section header table ends at byte 384 of 300'):
+        check_layout(fake_cubin(90)[:300])
+    long_section = bytearray(fake_cubin(90))
+    struct.pack_into('<QQ', long_section, 320 + 24, 384, 200)  # section 1's bytes said to run to byte 584
+    with pytest.raises(ValueError, match='section 1 ends at byte 584 of 512'):
+        check_layout(bytes(long_section))
+
+
+@pytest.mark.parametrize('damage', [flip, lambda p: flip(p, 100)], ids=['flipped-last-byte', 'flipped-section-byte'])
 def test_damaged_cubin_without_verification_names_the_file_when_the_driver_refuses_it(package, monkeypatch, fake_driver, damage):
     good = (package / CUBIN).read_bytes()
     damage(package / CUBIN)

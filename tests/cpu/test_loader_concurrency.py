@@ -164,6 +164,20 @@ def _provoke(error: str, root: Path, drv: CountingDriver, monkeypatch) -> None:
             load('demo.a')
         finally:
             cubin.write_bytes(data)
+    elif error == 'CubinTruncatedError':
+        # a cubin cut short whose sha256 the manifest records: the layout check refuses it before the driver
+        data = cubin.read_bytes()
+        text = manifest.read_text()
+        cut = data[:300]
+        cubin.write_bytes(cut)
+        manifest.write_text(text.replace(hashlib.sha256(data).hexdigest(), hashlib.sha256(cut).hexdigest()))
+        _select.reset()
+        try:
+            load('demo.a')
+        finally:
+            cubin.write_bytes(data)
+            manifest.write_text(text)
+            _select.reset()
     elif error == 'CubinArchError':
         # a cubin for another SM whose sha256 the manifest records: the ELF header check refuses it
         data = cubin.read_bytes()
@@ -215,7 +229,8 @@ ERROR_TYPES = sorted(name for name, cls in vars(errors).items()
 
 def test_every_error_type_is_provoked():
     assert set(ERROR_TYPES) == {
-        'ArchPackageMissingError', 'CubinArchError', 'CubinChecksumError', 'CubinLoadError', 'CubinMissingError', 'CudaDriverError',
+        'ArchPackageMissingError', 'CubinArchError', 'CubinChecksumError', 'CubinLoadError', 'CubinMissingError', 'CubinTruncatedError',
+        'CudaDriverError',
         'KernelDirError', 'ManifestError', 'ManifestSchemaError', 'SpecNotPrebuiltError', 'UnsupportedDeviceError',
     }, 'a new error type: add a way to provoke it to _provoke'
 

@@ -271,6 +271,14 @@ def _flip(path: Path, at: int) -> None:
     path.write_bytes(bytes(data))
 
 
+def _rename(path: Path, old: bytes, new: bytes) -> None:
+    """Every occurrence of `old` (a symbol, and the section names built from it) replaced by `new`, of the same
+    length: the ELF stays whole, and cuModuleGetFunction finds no entry of the manifest's name."""
+    data = path.read_bytes()
+    assert len(old) == len(new) and old in data
+    path.write_bytes(data.replace(old, new))
+
+
 def _cut(path: Path) -> None:
     data = path.read_bytes()
     path.write_bytes(data[:len(data) // 2])
@@ -310,8 +318,12 @@ def test_the_ops_keep_working_after_each_error(error, tmp_path, monkeypatch):
             use_copy(lambda copy: (copy / cubin_rel).unlink())
         elif error == 'CubinChecksumError':
             use_copy(lambda copy: _flip(copy / cubin_rel, 200))
-        elif error == 'CubinLoadError':  # verification off: the driver refuses a cubin cut in half
+        elif error == 'CubinTruncatedError':  # verification off: the layout check refuses a cubin cut in half
             use_copy(lambda copy: _cut(copy / cubin_rel), verify=False)
+        elif error == 'CubinLoadError':  # verification off: a sound ELF whose entry symbol is renamed everywhere
+            symbol = kernel.entry.launches[0].symbol.encode()
+            use_copy(lambda copy: _rename(copy / cubin_rel, symbol, symbol[:-1] + (b'Y' if symbol.endswith(b'X') else b'X')),
+                     verify=False)
         elif error == 'CubinArchError':  # the ELF header names another SM
             use_copy(lambda copy: _flip(copy / cubin_rel, 49), verify=False)
         elif error == 'ManifestError':
