@@ -272,8 +272,9 @@ def upstream_mhc_pre_case(tk, tokens):
 
     hidden = 7168
     residual, fn, scale, base = _big_fuse_inputs(4, hidden, tokens)
+    residual = residual.unsqueeze(0)  # (1, T, mhc, H): upstream's grad-on path asserts two leading dims
     kwargs = dict(norm_eps=EPS, pre_eps=EPS, sinkhorn_eps=EPS, post_mult_value=POST_MULT, sinkhorn_repeat=20)
-    stream_grad = torch.randn(tokens, 4, hidden, device='cuda').bfloat16()
+    stream_grad = torch.randn(1, tokens, 4, hidden, device='cuda').bfloat16()
 
     def grad_off(pre):
         with torch.no_grad():

@@ -34,3 +34,29 @@ def test_cases_are_matched_and_judged_by_the_median_ratio(tmp_path, capsys, monk
     monkeypatch.setattr('sys.argv', ['compare', str(base), str(record), '--limit', '1.001'])
     assert compare.main() == 1
     assert 'above 1.001' in capsys.readouterr().out
+
+
+def test_overlay_serves_the_build_s_kernels_and_the_base_s_others(tmp_path, monkeypatch):
+    """The "after" side of an A/B: the base package with one kernel's binaries from a build; the loader, pointed at
+    the overlay, finds the build's cubin for that kernel and verifies every sha256."""
+    from benchmarks.overlay import overlay
+    from tile_kernels_aot import _select
+
+    from .test_artifact_faults import CUBIN, KERNEL, fake_cubin, make_package
+
+    base = make_package(tmp_path / 'base')
+    build = make_package(tmp_path / 'build', cubin=fake_cubin(90, size=640))
+    assert overlay(base, build, tmp_path / 'out') == [KERNEL]
+    with pytest.raises(FileExistsError):
+        overlay(base, build, tmp_path / 'out')
+    monkeypatch.setenv(_select.KERNEL_DIRS_ENV, str(tmp_path / 'out'))
+    monkeypatch.setattr(_select, 'device_facts', lambda index: ('NVIDIA H200', (9, 0)))
+    monkeypatch.setattr(_select, 'find_arch_package', lambda target: None)
+    _select.reset()
+    try:
+        assert _select.find_kernel(KERNEL, {'h': 64}, 0).image() == (build / CUBIN).read_bytes()
+    finally:
+        _select.reset()
+    other = make_package(tmp_path / 'sm100', target='sm_100f')
+    with pytest.raises(ValueError, match='is for sm_100f'):
+        overlay(base, other, tmp_path / 'out2')
