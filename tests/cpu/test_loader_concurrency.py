@@ -142,6 +142,22 @@ def _flip(path: Path) -> bytes:
     return data
 
 
+def _load_with_recorded_cubin(cubin: Path, manifest: Path, damage) -> None:
+    """Load demo.a with its cubin replaced by damage(its bytes) and the manifest recording the new bytes' sha256, so
+    that a check past the sha256 one refuses it; then put both back."""
+    data, text = cubin.read_bytes(), manifest.read_text()
+    damaged = damage(data)
+    cubin.write_bytes(damaged)
+    manifest.write_text(text.replace(hashlib.sha256(data).hexdigest(), hashlib.sha256(damaged).hexdigest()))
+    _select.reset()
+    try:
+        load('demo.a')
+    finally:
+        cubin.write_bytes(data)
+        manifest.write_text(text)
+        _select.reset()
+
+
 def _provoke(error: str, root: Path, drv: CountingDriver, monkeypatch) -> None:
     """Raise the package's error `error` through the loader, then repair what caused it (as an operator would)."""
     cubin = root / 'cubins/demo.a/h64.cubin'
@@ -164,34 +180,10 @@ def _provoke(error: str, root: Path, drv: CountingDriver, monkeypatch) -> None:
             load('demo.a')
         finally:
             cubin.write_bytes(data)
-    elif error == 'CubinTruncatedError':
-        # a cubin cut short whose sha256 the manifest records: the layout check refuses it before the driver
-        data = cubin.read_bytes()
-        text = manifest.read_text()
-        cut = data[:300]
-        cubin.write_bytes(cut)
-        manifest.write_text(text.replace(hashlib.sha256(data).hexdigest(), hashlib.sha256(cut).hexdigest()))
-        _select.reset()
-        try:
-            load('demo.a')
-        finally:
-            cubin.write_bytes(data)
-            manifest.write_text(text)
-            _select.reset()
-    elif error == 'CubinArchError':
-        # a cubin for another SM whose sha256 the manifest records: the ELF header check refuses it
-        data = cubin.read_bytes()
-        text = manifest.read_text()
-        other = fake_cubin(100)[:-16] + b'demo.a'.ljust(16, b'\0')
-        cubin.write_bytes(other)
-        manifest.write_text(text.replace(hashlib.sha256(data).hexdigest(), hashlib.sha256(other).hexdigest()))
-        _select.reset()
-        try:
-            load('demo.a')
-        finally:
-            cubin.write_bytes(data)
-            manifest.write_text(text)
-            _select.reset()
+    elif error == 'CubinTruncatedError':  # the layout check refuses a cut cubin before the driver
+        _load_with_recorded_cubin(cubin, manifest, lambda data: data[:300])
+    elif error == 'CubinArchError':  # the ELF header check refuses a cubin for another SM
+        _load_with_recorded_cubin(cubin, manifest, lambda data: fake_cubin(100)[:-16] + b'demo.a'.ljust(16, b'\0'))
     elif error in ('ManifestError', 'ManifestSchemaError'):
         text = manifest.read_text()
         manifest.write_text(text[:50] if error == 'ManifestError' else json.dumps({**json.loads(text), 'schema': 999}))
