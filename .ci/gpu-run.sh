@@ -3,7 +3,7 @@
 # the GPU tests and the benchmarks from a copy of the checkout outside it (so that imports resolve to
 # the installed wheels, not to the source tree), leave every log under $OUT, and end by condensing them
 # into the run's record, $OUT/DATE-GPU.jsonl (benchmarks/record.py; copy it to docs/measurements/).
-#   COMMIT=SHA bash .ci/gpu-run.sh [tests] [bench] [tune] [cold] [pip] [host] [upstream] [profile] [ncu] [sanitize] [adversarial] [ep_moe]
+#   COMMIT=SHA bash .ci/gpu-run.sh [tests] [bench] [tune] [cold] [pip] [host] [upstream] [profile] [ncu] [sanitize] [adversarial] [ep_moe] [ab]
 # (default steps: tests bench tune cold). COMMIT names the commit the wheels were built from; without it the
 # script reads $DIST/COMMIT, and without that the record is left to `python -m benchmarks.record $OUT --commit SHA`.
 # Test dependencies the GPU host lacks (hypothesis and sortedcontainers, for tests/gpu/test_fuzz_ops.py) are installed
@@ -103,6 +103,18 @@ for step in $steps; do
            timeout ${ADVERSARIAL_TIMEOUT:-560} python3 -m benchmarks.adversarial --all --cases "${ADVERSARIAL_CASES:-*}" ${ADVERSARIAL_SAMPLE:+--sample} \
              --sanitizer ${ADVERSARIAL_SANITIZER:-memcheck} --out "$OUT/adversarial.jsonl" 2>&1 | tee "$OUT/adversarial.log" | tail -n 80
            [ ${PIPESTATUS[0]} -ne 0 ] && status=1 ;;
+    ab)    # A/B of a build of some kernels (AB_BUILD, e.g. build-bf/sm_90a, carried): the installed package against the same
+           # with AB_BUILD's kernels in place (benchmarks.overlay); KERNELS timed on each, back to back, then compared;
+           # AB_TESTS (a pytest selection) run on the overlay.
+           rm -rf /tmp/tk-ab && python3 -m benchmarks.overlay "$SITE/tile_kernels_aot_sm90a" "$OLDPWD/$AB_BUILD" /tmp/tk-ab | tee "$OUT/ab.log"
+           timeout ${AB_TIMEOUT:-150} python3 -m benchmarks.run --kernels "$KERNELS" --out "$OUT/ab-base.jsonl" >> "$OUT/ab.log" 2>&1
+           TILE_KERNELS_AOT_KERNEL_DIRS=/tmp/tk-ab timeout ${AB_TIMEOUT:-150} python3 -m benchmarks.run --kernels "$KERNELS" --out "$OUT/ab-new.jsonl" >> "$OUT/ab.log" 2>&1
+           python3 -m benchmarks.compare "$OUT/ab-base.jsonl" "$OUT/ab-new.jsonl" 2>&1 | tee "$OUT/ab-compare.txt" | tail -n 30
+           if [ -n "${AB_TESTS:-}" ]; then
+             TILE_KERNELS_AOT_KERNEL_DIRS=/tmp/tk-ab timeout ${AB_TESTS_TIMEOUT:-200} python3 -m pytest $AB_TESTS -q -p no:cacheprovider -rfEs 2>&1 \
+               | tee "$OUT/ab-pytest.log" | tail -n 15
+             [ ${PIPESTATUS[0]} -ne 0 ] && status=1
+           fi ;;
     host)  # host time per call of every case: ours, torch.neg on its input, upstream's (from the upstream pack); then one
            # call broken down by layer
            [ -d /tmp/tk-up ] || { mkdir -p /tmp/tk-up && tar -xJf "$OLDPWD/.upstream/tk-upstream.tar.xz" -C /tmp/tk-up; }
