@@ -10,20 +10,12 @@ from __future__ import annotations
 
 import torch
 
+from benchmarks.common import calc_diff, nbytes
+
 HC = 4
 EPS, CLAMP = 1e-20, 1e-6
 HIDDEN = 7168
 UPSTREAM_HIDDEN = (7168, 4096)
-
-
-def nbytes(*tensors) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
-
-
-def _calc_diff(a, b) -> float:
-    a, b = a.double(), b.double()
-    denominator = (a * a + b * b).sum()
-    return float(1 - 2 * (a * b).sum() / denominator) if denominator != 0 else 0.0
 
 
 def _gate_inputs(tokens, hidden):
@@ -140,7 +132,7 @@ def upstream_gate_fwd_case(tk, tokens):
     import tile_kernels_aot as ours
 
     def compare(a, b):  # upstream's test: calc_diff < 2e-10 for every output
-        return all(_calc_diff(x, y) < 2e-10 for x, y in zip(a, b) if x is not None)
+        return all(calc_diff(x, y) < 2e-10 for x, y in zip(a, b) if x is not None)
 
     cases = []
     for hidden in UPSTREAM_HIDDEN:
@@ -160,7 +152,7 @@ def upstream_gate_bwd_case(tk, tokens):
     import tile_kernels_aot as ours
 
     def compare(a, b):
-        return all(_calc_diff(x, y) < 1e-8 for x, y in zip(a[:3], b[:3])) and _calc_diff(a[3].sum(0), b[3].sum(0)) < 1e-10
+        return all(calc_diff(x, y) < 1e-8 for x, y in zip(a[:3], b[:3])) and calc_diff(a[3].sum(0), b[3].sum(0)) < 1e-10
 
     cases = []
     for hidden in UPSTREAM_HIDDEN:
@@ -192,7 +184,7 @@ def upstream_grad_w_reduce_case(tk, tokens):
         tk.engram.grad_w_reduce(partial, wh, we, *their_grads)
         return their_grads
 
-    compare = lambda a, b: all(_calc_diff(x, y) < 1e-10 for x, y in zip(a, b))
+    compare = lambda a, b: all(calc_diff(x, y) < 1e-10 for x, y in zip(a, b))
     return f'P=132, H={HIDDEN}', mine, theirs, compare, nbytes(partial, wh, we) + 2 * nbytes(*mine_grads)
 
 

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import torch
 
+from benchmarks.common import nbytes
+
 REPEATS = (20, 10)
 EPS = 1e-6
 POST_MULT = 2.0
 HIDDEN_FOR_BIG_FUSE = 7168
 
-
-def nbytes(*tensors) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def _split_inputs(mhc, tokens):

@@ -14,13 +14,12 @@ from functools import partial
 
 import torch
 
+from benchmarks.common import nbytes
+
 EPS = 1e-6
 N_SPLITS = (16, 1)
 MERGE_HIDDEN = 7168
 
-
-def nbytes(*tensors) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def _kernel(name, spec):

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import torch
 
+from benchmarks.common import nbytes
+
 LAYERS = 10
 UPSTREAM_HIDDEN = (7168, 4096)
 MHC = 4
 
-
-def nbytes(*tensors) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def _bf16(*shape):

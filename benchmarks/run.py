@@ -28,6 +28,7 @@ import torch
 import tile_kernels_aot
 from tile_kernels_aot._select import package_for_device, prebuilt_specs
 from tile_kernels_aot.quant.per_token import per_token_requant_spec
+from benchmarks.common import nbytes
 from benchmarks.mhc_stream import RUN_CASES as MHC_STREAM_CASES
 from benchmarks.mhc_mixes import RUN_CASES as MHC_MIXES_CASES
 from benchmarks.engram import RUN_CASES as ENGRAM_CASES
@@ -143,9 +144,6 @@ def no_case_row(kernel: str, where: str) -> dict:
     print(f'{kernel}: {row["error"]}', file=sys.stderr, flush=True)
     return row
 
-
-def nbytes(*tensors) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 # -- one case builder per kernel: spec -> (label, fn, bytes moved) at a token count, or a list of them where a spec
