@@ -1,7 +1,10 @@
-"""What every benchmark module measures with: bytes moved and upstream's measure of agreement. Its own module, since
-benchmarks.run imports the family modules (mhc_*, engram) for their cases and they cannot import it back."""
+"""What every benchmark module measures and writes with: bytes moved, upstream's measure of agreement, and rows of
+JSON Lines. Its own module, since benchmarks.run imports the family modules (mhc_*, engram) for their cases and they
+cannot import it back."""
 
 from __future__ import annotations
+
+import json
 
 import torch
 
@@ -17,3 +20,20 @@ def calc_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     a, b = a.double(), b.double()
     denominator = (a * a + b * b).sum()
     return float(1 - 2 * (a * b).sum() / denominator) if denominator != 0 else 0.0
+
+
+class RowWriter:
+    """Rows written to a JSON Lines file as they come, each flushed, so that a run cut short (a time limit, a hung
+    kernel) keeps the rows it finished; with no path, rows go nowhere."""
+
+    def __init__(self, path: str | None) -> None:
+        self._file = open(path, 'w') if path else None
+
+    def __call__(self, row: dict) -> None:
+        if self._file:
+            self._file.write(json.dumps(row) + '\n')
+            self._file.flush()
+
+    def close(self) -> None:
+        if self._file:
+            self._file.close()

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import argparse
 import inspect
-import json
 import sys
 
 import torch
 
+from benchmarks.common import RowWriter
 from benchmarks.run import Timer, cases_of, installed_kernels, select
 from benchmarks.upstream import CASES
 
@@ -61,7 +61,7 @@ def main() -> int:
     except ImportError:
         tk = None
     timer = Timer()
-    out = open(args.out, 'w') if args.out else None  # rows as they come: a run cut short keeps what it finished
+    record = RowWriter(args.out)
     kernels, _ = select(CASES, args.kernels, installed_kernels())
     for kernel in kernels:
         for label, mine, theirs, _, _ in cases_of(CASES[kernel], tk, args.tokens):
@@ -76,13 +76,10 @@ def main() -> int:
                     best[side] = min(best.get(side, float('inf')), timer.host_us(fn))
             row = {'what': 'host', 'kernel': kernel, 'shape': label, 'tokens': args.tokens, 'ours_us': best['ours'], 'torch_us': best['torch'],
                    'torch_op': reference, 'upstream_us': best.get('upstream')}
-            if out:
-                out.write(json.dumps(row) + '\n')
-                out.flush()
+            record(row)
             upstream = f'upstream {row["upstream_us"]:6.1f} us' if tk is not None else 'upstream -'
             print(f'{kernel:34s} {label:38s} ours {row["ours_us"]:6.1f} us  {reference} {row["torch_us"]:6.1f} us  {upstream}', flush=True)
-    if out:
-        out.close()
+    record.close()
     return 0
 
 

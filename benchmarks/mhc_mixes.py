@@ -17,7 +17,6 @@ POST_MULT = 2.0
 HIDDEN_FOR_BIG_FUSE = 7168
 
 
-
 def _split_inputs(mhc, tokens):
     mhc3 = mhc * (mhc + 2)
     mixes = torch.randn(tokens, mhc3, device='cuda')

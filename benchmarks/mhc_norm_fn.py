@@ -21,7 +21,6 @@ N_SPLITS = (16, 1)
 MERGE_HIDDEN = 7168
 
 
-
 def _kernel(name, spec):
     from tile_kernels_aot._select import find_kernel
 

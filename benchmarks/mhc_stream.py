@@ -17,7 +17,6 @@ UPSTREAM_HIDDEN = (7168, 4096)
 MHC = 4
 
 
-
 def _bf16(*shape):
     return torch.randn(*shape, device='cuda').bfloat16()
 

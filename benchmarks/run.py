@@ -28,7 +28,7 @@ import torch
 import tile_kernels_aot
 from tile_kernels_aot._select import package_for_device, prebuilt_specs
 from tile_kernels_aot.quant.per_token import per_token_requant_spec
-from benchmarks.common import nbytes
+from benchmarks.common import RowWriter, nbytes
 from benchmarks.mhc_stream import RUN_CASES as MHC_STREAM_CASES
 from benchmarks.mhc_mixes import RUN_CASES as MHC_MIXES_CASES
 from benchmarks.engram import RUN_CASES as ENGRAM_CASES
@@ -143,7 +143,6 @@ def no_case_row(kernel: str, where: str) -> dict:
     row = {'kernel': kernel, 'error': f'no benchmark case: {kernel} is installed but {where} has no entry for it in CASES'}
     print(f'{kernel}: {row["error"]}', file=sys.stderr, flush=True)
     return row
-
 
 
 # -- one case builder per kernel: spec -> (label, fn, bytes moved) at a token count, or a list of them where a spec
@@ -298,7 +297,6 @@ def mask_by_tp_case(spec, tokens):
     idx = routing_indices(tokens).to(getattr(torch, spec['index_dtype']))
     fn = lambda: tile_kernels_aot.moe.mask_indices_by_tp(idx, 256, 8, 1, 2)  # noqa: E731
     return f'T={tokens}, K=8', fn, nbytes(idx, fn())
-
 
 
 def _fused_routing(tokens, num_topk=8, num_experts=256, alignment=128):
@@ -528,13 +526,7 @@ def main() -> int:
     same_size_copy = SameSizeCopy(timer)
     gpu = torch.cuda.get_device_name(0)
     print(f'# {gpu}, torch {torch.__version__}, tile_kernels_aot {tile_kernels_aot.__version__}; copy bandwidth {copy_gbs:.0f} GB/s')
-    out = open(args.out, 'w') if args.out else None  # a row at a time: what ran survives a case that hangs
-
-    def record(row):
-        if out:
-            out.write(json.dumps(row) + '\n')
-            out.flush()
-
+    record = RowWriter(args.out)  # what ran survives a case that hangs
     record({'kernel': 'copy', 'gbs': copy_gbs, 'gpu': gpu})
     kernels, missing = select(CASES, args.kernels, installed_kernels())
     for kernel in missing:
@@ -558,8 +550,7 @@ def main() -> int:
                 del fn
                 torch.cuda.empty_cache()
             faulthandler.cancel_dump_traceback_later()
-    if out:
-        out.close()
+    record.close()
     return 1 if missing else 0
 
 

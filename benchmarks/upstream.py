@@ -13,7 +13,6 @@ one without a case here is an error row. Composite ops (mhc_pre) are timed under
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from functools import partial
@@ -21,6 +20,7 @@ from functools import partial
 import torch
 
 import tile_kernels_aot as ours
+from benchmarks.common import RowWriter
 from benchmarks.run import Timer, cases_of, copy_bandwidth, installed_kernels, nbytes, no_case_row, select
 from benchmarks.mhc_stream import UPSTREAM_CASES as MHC_STREAM_CASES
 from benchmarks.mhc_mixes import UPSTREAM_CASES as MHC_MIXES_CASES, UPSTREAM_COMPOSITES as MHC_COMPOSITES
@@ -364,23 +364,18 @@ def main() -> int:
     copy_gbs = copy_bandwidth(timer)
     print(f'# upstream tile_kernels from {tk.__file__} (import {import_s:.1f} s, tilelang {tilelang.__version__}); '
           f'copy bandwidth {copy_gbs:.0f} GB/s')
-    rows = [{'kernel': 'copy', 'gbs': copy_gbs, 'upstream_import_s': import_s, 'tilelang': tilelang.__version__,
-             'upstream_version': getattr(tk, '__version__', None)}]
+    rows = []
+    writer = RowWriter(args.out)
+
+    def record(row: dict) -> None:
+        rows.append(row)
+        writer(row)
+
+    record({'kernel': 'copy', 'gbs': copy_gbs, 'upstream_import_s': import_s, 'tilelang': tilelang.__version__,
+            'upstream_version': getattr(tk, '__version__', None)})
     kernels, missing = select(CASES, args.kernels, installed_kernels() + list(MHC_COMPOSITES))
-    rows += [no_case_row(kernel, 'benchmarks/upstream.py') for kernel in missing]
-    # Rows are written as they come, so that a run cut short by its time limit keeps the cases it finished.
-    out = open(args.out, 'w') if args.out else None
-    written = 0
-
-    def flush():
-        nonlocal written
-        if out:
-            for row in rows[written:]:
-                out.write(json.dumps(row) + '\n')
-            out.flush()
-        written = len(rows)
-
-    flush()
+    for kernel in missing:
+        record(no_case_row(kernel, 'benchmarks/upstream.py'))
     for kernel in kernels:
         label = ''
         try:
@@ -397,14 +392,12 @@ def main() -> int:
                 row = {'kernel': kernel, 'shape': label, 'tokens': args.tokens, 'same_result': same, 'upstream_first_call_s': first_call_s,
                        'ours_us': min(ours_us), 'upstream_us': min(theirs_us), 'ours_of_copy': moved / min(ours_us) / 1e3 / copy_gbs,
                        'upstream_of_copy': moved / min(theirs_us) / 1e3 / copy_gbs}
-                rows.append(row)
+                record(row)
                 print(f'{kernel:34s} {label:38s} same={same!s:5s} ours {row["ours_us"]:8.1f} us ({100 * row["ours_of_copy"]:5.1f}%)  '
                       f'upstream {row["upstream_us"]:8.1f} us ({100 * row["upstream_of_copy"]:5.1f}%)  first call {first_call_s:.2f} s', flush=True)
         except Exception as exc:  # report and go on: one upstream failure must not hide the other kernels
-            rows.append(error_row(kernel, exc, label))
-        flush()
-    if out:
-        out.close()
+            record(error_row(kernel, exc, label))
+    writer.close()
     return 0 if all(r.get('same_result', True) and 'error' not in r for r in rows) else 1
 
 
