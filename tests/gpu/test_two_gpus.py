@@ -129,6 +129,7 @@ import json
 
 import torch
 
+from tests.fixtures.threads import run_in_threads
 from tests.gpu.helpers import assert_bitwise_equal
 from tests.gpu.test_two_gpus import inputs_on, ops, references
 
@@ -137,26 +138,19 @@ for device in (0, 1):
     torch.cuda.synchronize(device)
 threads_per_device = 4
 barrier = threading.Barrier(2 * threads_per_device)
-results, errors = {}, []
+results = {}
 
 
-def work(i, device):
-    try:
-        if i // 2 % 2:  # half the threads of each device have the other device current; the rest never set one
-            torch.cuda.set_device(1 - device)
-        barrier.wait()
-        results[i] = (device, ops(*inputs[device]))
-        torch.cuda.synchronize(device)
-    except BaseException as exc:  # reported below
-        errors.append(f'thread {i} on device {device}: {exc!r}')
+def work(i):
+    device = i % 2
+    if i // 2 % 2:  # half the threads of each device have the other device current; the rest never set one
+        torch.cuda.set_device(1 - device)
+    barrier.wait()
+    results[i] = (device, ops(*inputs[device]))
+    torch.cuda.synchronize(device)
 
 
-threads = [threading.Thread(target=work, args=(i, i % 2)) for i in range(2 * threads_per_device)]
-for t in threads:
-    t.start()
-for t in threads:
-    t.join()
-assert not errors, errors
+run_in_threads(work, 2 * threads_per_device)
 per_device = check_loads()
 assert sorted(per_device) == [0, 1] and per_device[0] == per_device[1], per_device
 for device, outputs in results.values():
