@@ -243,7 +243,30 @@ def upstream_post_bwd_case(tk, tokens):
     return cases
 
 
+def _upstream_layer_loop(inputs):
+    """Upstream's own layer loop on the recompute inputs: its pre_apply_mix and post kernels, layer by layer."""
+    from tile_kernels.mhc.post_kernel import mhc_post_fwd as their_post_fwd
+    from tile_kernels.mhc.pre_apply_mix_kernel import _mhc_pre_apply_mix_fwd
+
+    res = inputs['initial_residual']
+    tokens, mhc, hidden = res.shape
+    apply = _mhc_pre_apply_mix_fwd(mhc, hidden)
+    layer_inputs, residuals = [], []
+    for i, pre in enumerate(inputs['pre_mix_list']):
+        layer_inputs.append(res.new_empty(tokens, hidden))
+        apply(res, pre.view(tokens, mhc), layer_inputs[-1])
+        if i < len(inputs['layer_output_list']):
+            res = their_post_fwd(inputs['layer_output_list'][i].view(1, tokens, hidden), res.view(1, tokens, mhc, hidden),
+                                 inputs['post_mix_list'][i].view(1, tokens, mhc, 1),
+                                 inputs['comb_mix_list'][i].view(1, tokens, mhc, mhc)).view(tokens, mhc, hidden)
+            residuals.append(res)
+    return (*layer_inputs, *residuals)
+
+
 def upstream_multilayer_recompute_case(tk, tokens):
+    """Ours against upstream's kernel within the post's tolerance; the row also says whether each side equals, bit for bit,
+    upstream's own layer loop (its pre_apply_mix and post kernels), which tells rounding-order drift over the layers from
+    a difference in what is computed."""
     from tile_kernels.mhc.multilayer_recompute_kernel import mhc_multilayer_recompute as their_recompute
 
     from tile_kernels_aot.mhc.multilayer_recompute import mhc_multilayer_recompute
@@ -258,8 +281,13 @@ def upstream_multilayer_recompute_case(tk, tokens):
             fn(**inputs)
             return (*inputs['layer_input_list'], *inputs['residual_list'])
 
+        def compare(a, b, inputs=ours_inputs):
+            loop = _upstream_layer_loop(inputs)
+            return {'same_result': _close_to(1.6e-2, 1e-5)(a, b), 'ours_bitwise_upstream_loop': _same_bits(a, loop),
+                    'upstream_bitwise_upstream_loop': _same_bits(b, loop)}
+
         cases.append((f'mhc 4 H {h} L={LAYERS}', lambda inputs=ours_inputs: run(mhc_multilayer_recompute, inputs),
-                      lambda inputs=their_inputs: run(their_recompute, inputs), _close_to(1.6e-2, 1e-5), _recompute_moved(ours_inputs)))
+                      lambda inputs=their_inputs: run(their_recompute, inputs), compare, _recompute_moved(ours_inputs)))
     return cases
 
 

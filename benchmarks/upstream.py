@@ -384,12 +384,14 @@ def main() -> int:
                 expected = theirs()
                 torch.cuda.synchronize()
                 first_call_s = time.perf_counter() - t0
-                same = bool(compare(mine(), expected))
+                verdict = compare(mine(), expected)  # a bool, or a dict with same_result and diagnostics
+                verdict = {k: bool(v) for k, v in verdict.items()} if isinstance(verdict, dict) else {'same_result': bool(verdict)}
+                same = verdict['same_result']
                 ours_us, theirs_us = [], []
                 for _ in range(3):  # interleaved
                     ours_us.append(timer.device_us(mine))
                     theirs_us.append(timer.device_us(theirs))
-                row = {'kernel': kernel, 'shape': label, 'tokens': args.tokens, 'same_result': same, 'upstream_first_call_s': first_call_s,
+                row = {'kernel': kernel, 'shape': label, 'tokens': args.tokens, **verdict, 'upstream_first_call_s': first_call_s,
                        'ours_us': min(ours_us), 'upstream_us': min(theirs_us), 'ours_of_copy': moved / min(ours_us) / 1e3 / copy_gbs,
                        'upstream_of_copy': moved / min(theirs_us) / 1e3 / copy_gbs}
                 record(row)
