@@ -6,9 +6,9 @@
 #   COMMIT=SHA bash .ci/gpu-run.sh [tests] [bench] [tune] [cold] [pip] [host] [upstream] [profile] [ncu] [sanitize] [adversarial] [ep_moe] [ab]
 # (default steps: tests bench tune cold). COMMIT names the commit the wheels were built from; without it the
 # script reads $DIST/COMMIT, and without that the record is left to `python -m benchmarks.record $OUT --commit SHA`.
-# Test dependencies the GPU host lacks (hypothesis and sortedcontainers, for tests/gpu/test_fuzz_ops.py) are installed
-# from .whl/ when it is carried there (`pip download hypothesis --no-deps --python-version 3.12 --only-binary=:all:
-# -d .whl`, and likewise sortedcontainers).
+# Test dependencies the GPU host lacks (hypothesis and sortedcontainers, for tests/gpu/test_fuzz_ops.py; pytest-xdist and
+# execnet, for TESTS_WORKERS) are installed from .whl/ when it is carried there (`pip download hypothesis --no-deps
+# --python-version 3.12 --only-binary=:all: -d .whl`, and likewise the others).
 set -uo pipefail
 OUT=${OUT:-/tmp/tk-out}
 SITE=/tmp/tk-site
@@ -48,7 +48,9 @@ for step in $steps; do
     tests) # Past TESTS_TIMEOUT a kernel has likely hung: the steps after it would share the GPU with it (a killed
            # process's hung kernel can keep the GPU busy and slow every later measurement), so the run stops there.
            # A device call lasts at most 600 s: split a long selection over calls with TESTS.
-           timeout "${TESTS_TIMEOUT:-540}" python3 -m pytest $TESTS -q -p no:cacheprovider -rfEs --junitxml="$OUT/junit.xml" 2>&1 | tee "$OUT/pytest.log" | tail -n 25
+           # TESTS_WORKERS=N spreads the tests over N processes (pytest-xdist, from .whl/), which share the GPU.
+           workers=; [ -n "${TESTS_WORKERS:-}" ] && python3 -c 'import xdist' 2>/dev/null && workers="-n $TESTS_WORKERS"
+           timeout "${TESTS_TIMEOUT:-540}" python3 -m pytest $TESTS $workers -q -p no:cacheprovider -rfEs --junitxml="$OUT/junit.xml" 2>&1 | tee "$OUT/pytest.log" | tail -n 25
            rc=${PIPESTATUS[0]}
            [ $rc -ne 0 ] && status=1
            if [ $rc -eq 124 ]; then echo "## tests timed out: a kernel has likely hung (pytest's faulthandler dump above names the test); stopping the run" | tee -a "$OUT/pytest.log"; break; fi ;;
