@@ -89,20 +89,26 @@ for step in $steps; do
                 --section SchedulerStats --section WarpStateStats --section InstructionStats \
                 python3 -m benchmarks.ncu_profile ${NCU_SELECT:-} ${NCU_UPSTREAM:+--upstream $NCU_UPSTREAM} > "$OUT/ncu.log" 2>&1
            grep -E "profiled:|Duration|DRAM Throughput|Memory Throughput|Issue Slots Busy|Registers Per|Achieved Occupancy|No Eligible" "$OUT/ncu.log" | tail -n 120 ;;
-    sanitize) # every spec once under compute-sanitizer: SANITIZE_TOOLS (default memcheck racecheck synccheck initcheck), SANITIZE_KERNELS (a glob)
+    sanitize) # every spec once under compute-sanitizer: SANITIZE_TOOLS (default memcheck racecheck synccheck initcheck), SANITIZE_KERNELS
+              # (a glob). The tools run at once, each in its own process.
            : > "$OUT/sanitize.log"
-           for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck initcheck}; do
+           tools=${SANITIZE_TOOLS:-memcheck racecheck synccheck initcheck}
+           for tool in $tools; do
+             ( timeout ${SANITIZE_TIMEOUT:-240} compute-sanitizer --tool $tool --error-exitcode 1 python3 -m benchmarks.sanitize \
+                 --kernels "${SANITIZE_KERNELS:-*}" > /tmp/tk-sanitize-$tool.txt 2>&1; echo $? > /tmp/tk-sanitize-$tool.rc ) &
+           done
+           wait
+           for tool in $tools; do
+             rc=$(cat /tmp/tk-sanitize-$tool.rc)
              echo "## $tool, kernels ${SANITIZE_KERNELS:-*}" >> "$OUT/sanitize.log"
-             timeout ${SANITIZE_TIMEOUT:-240} compute-sanitizer --tool $tool --error-exitcode 1 python3 -m benchmarks.sanitize --kernels "${SANITIZE_KERNELS:-*}" \
-               > /tmp/tk-sanitize.txt 2>&1
-             rc=$?
-             grep -v '^ran ' /tmp/tk-sanitize.txt | tail -n 20 >> "$OUT/sanitize.log"
-             [ $rc -ne 0 ] && { status=1; echo "## $tool: FAILED (exit $rc)" >> "$OUT/sanitize.log"; }
+             grep -v '^ran ' /tmp/tk-sanitize-$tool.txt | tail -n 20 >> "$OUT/sanitize.log"
+             [ "$rc" -ne 0 ] && { status=1; echo "## $tool: FAILED (exit $rc)" >> "$OUT/sanitize.log"; }
            done
            tail -n 60 "$OUT/sanitize.log" ;;
-    adversarial) # bad index and gating values, each case in its own process under memcheck (ADVERSARIAL_CASES: a glob;
-                 # ADVERSARIAL_SAMPLE=1: benchmarks.adversarial.sample() only)
+    adversarial) # bad index and gating values, each case in its own process under memcheck, ADVERSARIAL_JOBS at once
+                 # (ADVERSARIAL_CASES: a glob; ADVERSARIAL_SAMPLE=1: benchmarks.adversarial.sample() only)
            timeout ${ADVERSARIAL_TIMEOUT:-560} python3 -m benchmarks.adversarial --all --cases "${ADVERSARIAL_CASES:-*}" ${ADVERSARIAL_SAMPLE:+--sample} \
+             --jobs ${ADVERSARIAL_JOBS:-8} \
              --sanitizer ${ADVERSARIAL_SANITIZER:-memcheck} --out "$OUT/adversarial.jsonl" 2>&1 | tee "$OUT/adversarial.log" | tail -n 80
            [ ${PIPESTATUS[0]} -ne 0 ] && status=1 ;;
     ab)    # A/B of a build of some kernels (AB_BUILD, e.g. build-bf/sm_90a, carried): the installed package against the same

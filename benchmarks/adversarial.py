@@ -2,14 +2,14 @@
 
     python -m benchmarks.adversarial --list
     python -m benchmarks.adversarial --case NAME        one case: the call, then a synchronisation
-    python -m benchmarks.adversarial --all [--cases GLOB] [--sample] [--sanitizer memcheck] [--out FILE.jsonl]
+    python -m benchmarks.adversarial --all [--cases GLOB] [--sample] [--sanitizer memcheck] [--out FILE.jsonl] [--jobs N]
 
 Each case spoils one entry of a valid call of a routing, gather or scatter op (or one score of a gating op) with a
 bad value: just past the end, 2**31 - 1, an int64 past 2**32, a negative int64 below -2**31, NaN, infinity. The
 package's rule (kernel_src/bounds.py) fixes the outcome of each: a negative index is padding and the call succeeds;
 any other bad value stops the kernel, with "device-side assert triggered" (or, for the bf16 SwiGLU forward's
 predicated trap, "unspecified launch failure"), and masks the value so that nothing outside the tensors is touched. `--all`
-runs every case in a fresh process (a failed assert ends the CUDA context), under the sanitizer when asked, and
+runs every case in a fresh process (a failed assert ends the CUDA context), N at once, under the sanitizer when asked, and
 checks both: the outcome, and that the sanitizer reports no invalid or out-of-bounds access. The exit status is 1
 when any case breaks either. The checks are off (TILE_KERNELS_AOT_CHECK_INDICES unset), so what is tested is the
 kernels' own.
@@ -25,6 +25,7 @@ import re
 import subprocess
 import sys
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -264,27 +265,34 @@ def outcome_of(output: str, returncode: int) -> str:
     return f'exit {returncode}'
 
 
-def run_all(pattern: str, sanitizer: str | None, out_path: str | None, only_sample: bool = False) -> int:
-    failures = 0
-    records = []
+def run_one(name: str, expected: str, sanitizer: str | None, env: dict) -> dict:
+    """Case `name` in a process of its own (under `sanitizer` if given): its record."""
+    command = [sys.executable, '-m', 'benchmarks.adversarial', '--case', name]
+    if sanitizer:
+        command = ['compute-sanitizer', '--tool', sanitizer, '--print-limit', '20', *command]
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300, check=False)
+    output = result.stdout + result.stderr
+    found = outcome_of(output, result.returncode)
+    invalid = [line.strip() for line in output.splitlines() if INVALID_ACCESS.search(line)]
+    return {'case': name, 'expected': expected, 'found': found, 'invalid_accesses': len(invalid), 'first_invalid': invalid[:1],
+            'sanitizer': sanitizer or '', 'passed': found == expected and not invalid}
+
+
+def run_all(pattern: str, sanitizer: str | None, out_path: str | None, only_sample: bool = False, jobs: int = 1) -> int:
+    """Every chosen case, `jobs` processes at a time (each has its own CUDA context, so a case's device-side assert
+    ends only its own process); records and lines in case order."""
     env = {k: v for k, v in os.environ.items() if k != 'TILE_KERNELS_AOT_CHECK_INDICES'}
     chosen = set(sample()) if only_sample else None
-    for name, (expected, _) in cases().items():
-        if not fnmatch.fnmatchcase(name, pattern) or (chosen is not None and name not in chosen):
-            continue
-        command = [sys.executable, '-m', 'benchmarks.adversarial', '--case', name]
-        if sanitizer:
-            command = ['compute-sanitizer', '--tool', sanitizer, '--print-limit', '20', *command]
-        result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300, check=False)
-        output = result.stdout + result.stderr
-        found = outcome_of(output, result.returncode)
-        invalid = [line.strip() for line in output.splitlines() if INVALID_ACCESS.search(line)]
-        good = found == expected and not invalid
-        failures += not good
-        records.append({'case': name, 'expected': expected, 'found': found, 'invalid_accesses': len(invalid),
-                        'sanitizer': sanitizer or '', 'passed': good})
-        print(f"{'ok  ' if good else 'FAIL'} {name}: expected {expected!r}, got {found!r}"
-              + (f'; {len(invalid)} invalid accesses, first: {invalid[0]}' if invalid else ''), flush=True)
+    todo = [(name, expected) for name, (expected, _) in cases().items()
+            if fnmatch.fnmatchcase(name, pattern) and (chosen is None or name in chosen)]
+    records = []
+    with ThreadPoolExecutor(max_workers=max(jobs, 1)) as pool:
+        for record in pool.map(lambda case: run_one(*case, sanitizer, env), todo):
+            invalid = record.pop('first_invalid')
+            records.append(record)
+            print(f"{'ok  ' if record['passed'] else 'FAIL'} {record['case']}: expected {record['expected']!r}, got {record['found']!r}"
+                  + (f"; {record['invalid_accesses']} invalid accesses, first: {invalid[0]}" if invalid else ''), flush=True)
+    failures = sum(not r['passed'] for r in records)
     print(f'{len(records) - failures} of {len(records)} adversarial cases held' + (f' under {sanitizer}' if sanitizer else ''))
     if out_path:
         with open(out_path, 'w') as f:
@@ -302,6 +310,7 @@ def main() -> int:
     parser.add_argument('--sample', action='store_true', help='with --all: only the cases of sample()')
     parser.add_argument('--sanitizer', help='a compute-sanitizer tool to run each case under, e.g. memcheck')
     parser.add_argument('--out', help='JSON Lines, one record a case')
+    parser.add_argument('--jobs', type=int, default=1, help='with --all: cases run at once, each in its own process')
     args = parser.parse_args()
     if args.list:
         for name, (expected, _) in cases().items():
@@ -309,7 +318,7 @@ def main() -> int:
         return 0
     if args.case:
         return run_case(args.case)
-    return run_all(args.cases, args.sanitizer, args.out, args.sample)
+    return run_all(args.cases, args.sanitizer, args.out, args.sample, args.jobs)
 
 
 if __name__ == '__main__':
