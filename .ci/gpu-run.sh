@@ -129,7 +129,7 @@ for step in $steps; do
            PYTHONPATH=$SITE:/tmp/tk-up CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} TILELANG_CACHE_DIR=/tmp/tlcache TILELANG_PRINT_ON_COMPILATION=0 \
               timeout ${HOST_TIMEOUT:-400} python3 -m benchmarks.host_overhead --kernels "$KERNELS" --out "$OUT/host.jsonl" 2>&1 | grep -v '^\[' \
               | tee "$OUT/host.log" | tail -n 60 || status=1
-           timeout 120 python3 -m benchmarks.host_profile 2>&1 | tee "$OUT/host_profile.log" | head -n 45 ;;
+           timeout 120 python3 -m benchmarks.host_profile > "$OUT/host_profile.log" 2>&1; head -n 45 "$OUT/host_profile.log" ;;
   esac
 done
 # The record: what the steps measured, a few lines of JSON (benchmarks/record.py says which).

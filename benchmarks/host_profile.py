@@ -1,4 +1,5 @@
-"""Where the host time of one op call goes: each layer timed alone, then a cProfile of the whole call.
+"""Where the host time of one op call goes: each layer of topk_gate timed alone, then a cProfile of whole calls of
+topk_gate and of two ops with many tensors (engram_gate_bwd: 13; mhc_pre_split_mixes_fwd: 6, three of them outputs).
 
     python -m benchmarks.host_profile
 """
@@ -42,13 +43,29 @@ def main():
     }
     for name, us in rows.items():
         print(f'{name:32s} {us:6.2f} us')
-    profile = cProfile.Profile()
-    profile.enable()
-    for _ in range(5000):
-        tile_kernels_aot.moe.topk_gate(scores, 8)
-    profile.disable()
-    torch.cuda.synchronize()
-    pstats.Stats(profile).sort_stats('tottime').print_stats(18)
+    for name, call in [('topk_gate', lambda: tile_kernels_aot.moe.topk_gate(scores, 8)), *many_tensor_calls()]:
+        call()
+        print(f'\n## {name}: {per_call_us(call):.2f} us a call')
+        profile = cProfile.Profile()
+        profile.enable()
+        for _ in range(5000):
+            call()
+        profile.disable()
+        torch.cuda.synchronize()
+        pstats.Stats(profile).sort_stats('tottime').print_stats(18)
+
+
+def many_tensor_calls():
+    """Decode-sized calls of two ops whose host time grows with their tensor count."""
+    from tile_kernels_aot import engram
+    from tile_kernels_aot.mhc.pre_split_mixes import mhc_pre_split_mixes_fwd
+
+    x, k, grad = (torch.randn(1, 4, 1024, device='cuda').bfloat16() for _ in range(3))
+    v, weight = torch.randn(1, 1024, device='cuda').bfloat16(), torch.randn(4, 1024, device='cuda')
+    saved = engram.engram_gate_fwd(x, k, v, weight, 1e-6, 10.0, True)[1:]
+    mixes, scale, base = torch.randn(1, 24, device='cuda'), torch.randn(3, device='cuda'), torch.randn(24, device='cuda')
+    return [('engram_gate_bwd', lambda: engram.engram_gate_bwd(grad, x, k, v, weight, *saved, 10.0)),
+            ('mhc_pre_split_mixes_fwd', lambda: mhc_pre_split_mixes_fwd(mixes, scale, base, 4, 2.0, 1e-6))]
 
 
 if __name__ == '__main__':
