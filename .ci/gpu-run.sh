@@ -112,11 +112,12 @@ for step in $steps; do
              --sanitizer ${ADVERSARIAL_SANITIZER:-memcheck} --out "$OUT/adversarial.jsonl" 2>&1 | tee "$OUT/adversarial.log" | tail -n 80
            [ ${PIPESTATUS[0]} -ne 0 ] && status=1 ;;
     ab)    # A/B of a build of some kernels (AB_BUILD, e.g. build-bf/sm_90a, carried): the installed package against the same
-           # with AB_BUILD's kernels in place (benchmarks.overlay); KERNELS timed on each, back to back, then compared;
-           # AB_TESTS (a pytest selection) run on the overlay.
+           # with AB_BUILD's kernels in place (benchmarks.overlay); AB_KERNELS (default KERNELS) timed on each, back to back,
+           # then compared; AB_TESTS (a pytest selection) run on the overlay.
            rm -rf /tmp/tk-ab && python3 -m benchmarks.overlay "$SITE/tile_kernels_aot_sm90a" "$OLDPWD/$AB_BUILD" /tmp/tk-ab | tee "$OUT/ab.log"
-           timeout ${AB_TIMEOUT:-150} python3 -m benchmarks.run --kernels "$KERNELS" --out "$OUT/ab-base.jsonl" >> "$OUT/ab.log" 2>&1
-           TILE_KERNELS_AOT_KERNEL_DIRS=/tmp/tk-ab timeout ${AB_TIMEOUT:-150} python3 -m benchmarks.run --kernels "$KERNELS" --out "$OUT/ab-new.jsonl" >> "$OUT/ab.log" 2>&1
+           timeout ${AB_TIMEOUT:-150} python3 -m benchmarks.run --kernels "${AB_KERNELS:-$KERNELS}" --out "$OUT/ab-base.jsonl" >> "$OUT/ab.log" 2>&1
+           TILE_KERNELS_AOT_KERNEL_DIRS=/tmp/tk-ab timeout ${AB_TIMEOUT:-150} python3 -m benchmarks.run --kernels "${AB_KERNELS:-$KERNELS}" \
+             --out "$OUT/ab-new.jsonl" >> "$OUT/ab.log" 2>&1
            python3 -m benchmarks.compare "$OUT/ab-base.jsonl" "$OUT/ab-new.jsonl" 2>&1 | tee "$OUT/ab-compare.txt" | tail -n 30
            if [ -n "${AB_TESTS:-}" ]; then
              TILE_KERNELS_AOT_KERNEL_DIRS=/tmp/tk-ab timeout ${AB_TESTS_TIMEOUT:-200} python3 -m pytest $AB_TESTS -q -p no:cacheprovider -rfEs 2>&1 \
