@@ -265,8 +265,9 @@ def outcome_of(output: str, returncode: int) -> str:
     return f'exit {returncode}'
 
 
-def run_one(name: str, expected: str, sanitizer: str | None, env: dict) -> dict:
-    """Case `name` in a process of its own (under `sanitizer` if given): its record."""
+def run_one(name: str, expected: str, sanitizer: str | None, env: dict) -> tuple[dict, str | None]:
+    """Case `name` in a process of its own (under `sanitizer` if given): its record, and the sanitizer's first report of
+    an invalid access (None without one)."""
     command = [sys.executable, '-m', 'benchmarks.adversarial', '--case', name]
     if sanitizer:
         command = ['compute-sanitizer', '--tool', sanitizer, '--print-limit', '20', *command]
@@ -274,8 +275,9 @@ def run_one(name: str, expected: str, sanitizer: str | None, env: dict) -> dict:
     output = result.stdout + result.stderr
     found = outcome_of(output, result.returncode)
     invalid = [line.strip() for line in output.splitlines() if INVALID_ACCESS.search(line)]
-    return {'case': name, 'expected': expected, 'found': found, 'invalid_accesses': len(invalid), 'first_invalid': invalid[:1],
-            'sanitizer': sanitizer or '', 'passed': found == expected and not invalid}
+    record = {'case': name, 'expected': expected, 'found': found, 'invalid_accesses': len(invalid), 'sanitizer': sanitizer or '',
+              'passed': found == expected and not invalid}
+    return record, (invalid[0] if invalid else None)
 
 
 def run_all(pattern: str, sanitizer: str | None, out_path: str | None, only_sample: bool = False, jobs: int = 1) -> int:
@@ -287,11 +289,10 @@ def run_all(pattern: str, sanitizer: str | None, out_path: str | None, only_samp
             if fnmatch.fnmatchcase(name, pattern) and (chosen is None or name in chosen)]
     records = []
     with ThreadPoolExecutor(max_workers=max(jobs, 1)) as pool:
-        for record in pool.map(lambda case: run_one(*case, sanitizer, env), todo):
-            invalid = record.pop('first_invalid')
+        for record, first_invalid in pool.map(lambda case: run_one(*case, sanitizer, env), todo):
             records.append(record)
             print(f"{'ok  ' if record['passed'] else 'FAIL'} {record['case']}: expected {record['expected']!r}, got {record['found']!r}"
-                  + (f"; {record['invalid_accesses']} invalid accesses, first: {invalid[0]}" if invalid else ''), flush=True)
+                  + (f"; {record['invalid_accesses']} invalid accesses, first: {first_invalid}" if first_invalid else ''), flush=True)
     failures = sum(not r['passed'] for r in records)
     print(f'{len(records) - failures} of {len(records)} adversarial cases held' + (f' under {sanitizer}' if sanitizer else ''))
     if out_path:
