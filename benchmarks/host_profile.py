@@ -1,5 +1,6 @@
-"""Where the host time of one op call goes: each layer of topk_gate timed alone, then a cProfile of whole calls of
-topk_gate and of two ops with many tensors (engram_gate_bwd: 13; mhc_pre_split_mixes_fwd: 6, three of them outputs).
+"""Where the host time of one op call goes: each layer of topk_gate timed alone (the op in full, and replaying its launch
+plan, tile_kernels_aot._plans), then a cProfile of whole calls of topk_gate and of two ops with many tensors
+(engram_gate_bwd: 13; mhc_pre_split_mixes_fwd: 6, three of them outputs).
 
     python -m benchmarks.host_profile
 """
@@ -24,9 +25,11 @@ def main():
     idx = torch.empty(1, 8, dtype=torch.int64, device='cuda')
     kernel = find_kernel('moe.topk_gate', {'num_experts': 256, 'num_topk': 8}, 0)
     tensors = {'scores': scores, 'topk_idx': idx}
-    env = kernel._plan.bind(tensors, {})
+    pointers = {}
+    env = kernel._plan.bind(tensors, {}, pointers)
     kernel(0, tensors)  # loads the module and creates this thread's argument block
     launch, fn, pack = kernel.entry.launches[0], kernel.functions(0)[0], kernel._packs.value[0]
+    topk_gate = tile_kernels_aot.moe.topk_gate
     rows = {
         'torch.neg (reference point)': per_call_us(lambda: torch.neg(scores)),
         'torch.empty(1, 8, int64)': per_call_us(lambda: torch.empty((1, 8), dtype=torch.int64, device=scores.device)),
@@ -34,12 +37,14 @@ def main():
                                                 _checks.integer('op', 'num_topk', 8, low=1, high=32), _checks.inner_contiguous('op', 'scores', scores),
                                                 _checks.on_one_cuda_device('op', scores=scores))),
         'find_kernel (memoised)': per_call_us(lambda: find_kernel('moe.topk_gate', {'num_experts': 256, 'num_topk': 8}, 0)),
-        'bind': per_call_us(lambda: kernel._plan.bind(tensors, {})),
-        'grid + fill': per_call_us(lambda: (kernel._grids[0](env), kernel._fill(launch, pack, tensors, env))),
+        'bind': per_call_us(lambda: kernel._plan.bind(tensors, {}, {})),
+        'grid + scalars': per_call_us(lambda: kernel._bind_env(launch, pack, kernel._grids[0](env), env)),
+        'LoadedKernel.launch (bound)': per_call_us(lambda: kernel.launch(0, pointers, env)),
         'current stream': per_call_us(lambda: _current_stream(0)),
         'cuLaunchKernel via ctypes': per_call_us(lambda: kernel._launch_one(0, launch, fn, (1, 1, 1), _current_stream(0), pack.pointers)),
         'LoadedKernel call': per_call_us(lambda: kernel(0, tensors)),
-        'topk_gate op': per_call_us(lambda: tile_kernels_aot.moe.topk_gate(scores, 8)),
+        'topk_gate op, in full': per_call_us(lambda: topk_gate.__wrapped__(scores, 8)),
+        'topk_gate op (its launch plan)': per_call_us(lambda: topk_gate(scores, 8)),
     }
     for name, us in rows.items():
         print(f'{name:32s} {us:6.2f} us')

@@ -74,6 +74,15 @@ def pytest_runtest_setup(item):
 
 
 @pytest.fixture(autouse=True)
+def _fresh_launch_plans():
+    # Every test starts without launch plans, so that one that patches an op's internals (its choice of binary) never
+    # meets a plan an earlier test recorded (tile_kernels_aot._plans).
+    from tile_kernels_aot import _plans
+
+    _plans.clear()
+
+
+@pytest.fixture(autouse=True)
 def _seed(request):
     # A seed per test id: reruns are reproducible and tests do not depend on their order.
     seed = int.from_bytes(hashlib.sha256(request.node.nodeid.encode()).digest()[:4], 'little')

@@ -35,6 +35,7 @@ _STATIC_SMEM_LIMIT = 48 * 1024
 _SCALAR_CTYPES = {'int32': ctypes.c_int32, 'int64': ctypes.c_int64, 'float32': ctypes.c_float}
 
 _thread_state = threading.local()
+recording = threading.local()  # .active: the launch-plan recorder of this thread's op call, if any (tile_kernels_aot._plans)
 
 # The driver's answers to cuModuleLoadData / cuModuleGetFunction that blame the image itself.
 _IMAGE_FAULTS = frozenset({
@@ -67,16 +68,20 @@ class _BindingPlan:
             self.buffers.append((buf.name, TORCH_DTYPES[buf.dtype], len(buf.shape), buf.alignment, tuple(binds), tuple(constants), tuple(derived)))
         self.scalars = tuple(s.name for s in entry.scalars)
 
-    def bind(self, tensors: Mapping[str, torch.Tensor], scalars: Mapping[str, int]) -> dict[str, int]:
+    def bind(self, tensors: Mapping[str, torch.Tensor], scalars: Mapping[str, int], pointers: dict[str, int] | None = None) -> dict[str, int]:
+        """The kernel's dims and scalars by name, every buffer checked; each buffer's data pointer goes into `pointers`."""
         env: dict[str, int] = {}
+        if pointers is None:
+            pointers = {}
         for name, dtype, ndim, alignment, binds, constants, derived in self.buffers:
             t = tensors.get(name)
             if t is None:
                 raise TypeError(f'{self.kernel}: missing tensor {name!r}')
             if t.dtype != dtype or t.dim() != ndim:
                 raise TypeError(f'{self.kernel}: {name} must be a {ndim}-d {dtype} tensor, got {t.dim()}-d {t.dtype}')
-            if t.data_ptr() % alignment:
-                raise ValueError(f'{self.kernel}: {name}.data_ptr() must be {alignment}-byte aligned, got {t.data_ptr():#x}')
+            pointer = pointers[name] = t.data_ptr()
+            if pointer % alignment:
+                raise ValueError(f'{self.kernel}: {name}.data_ptr() must be {alignment}-byte aligned, got {pointer:#x}')
             shape, strides = t.shape, t.stride()
             for is_stride, dim, var in binds:
                 env[var] = strides[dim] if is_stride else shape[dim]
@@ -105,7 +110,8 @@ class _ArgPack:
     """The kernel parameter block of one launch: a ctypes struct per argument, and the void* array
     that cuLaunchKernel reads, built once and refilled on every call (the driver copies the values
     at launch, so reuse is safe, CUDA graphs included). The slots are grouped by what fills them:
-    `tensor_slots` (slot, tensor name), `scalar_slots` (slot, name, whether it is 32-bit) and `map_slots`."""
+    `tensor_slots` (slot, tensor name), `scalar_slots` (slot, name, whether it is 32-bit) and `map_slots`. The scalar
+    slots and the grid are rewritten only when a launch's env is another dict than the last one's."""
 
     def __init__(self, launch: Launch) -> None:
         self.pointers = (ctypes.c_void_p * max(len(launch.args), 1))()
@@ -125,6 +131,8 @@ class _ArgPack:
                 scalar_slots.append((slot, arg.name, arg.kind == 'int32'))
                 self.pointers[i] = ctypes.addressof(slot)
         self.tensor_slots, self.scalar_slots, self.map_slots = tuple(tensor_slots), tuple(scalar_slots), tuple(map_slots)
+        self.env: dict[str, int] | None = None  # the dims and scalars the block holds, and their grid
+        self.grid: tuple[int, int, int] | None = None
 
 
 class _TmaSlot:
@@ -139,14 +147,14 @@ class _TmaSlot:
         self.address = ctypes.addressof(self.storage) + (-ctypes.addressof(self.storage) % 64)
         self.tensor_map = _driver.CUtensorMap.from_address(self.address)
 
-    def encode(self, drv: _driver.Driver, tensors: Mapping[str, torch.Tensor], env: dict[str, int]) -> None:
+    def encode(self, drv: _driver.Driver, pointers: Mapping[str, int], env: dict[str, int]) -> None:
         r = self.recipe
         dims = (ctypes.c_uint64 * r.rank)(*(d(env) for d in self.dims))
         strides = (ctypes.c_uint64 * max(r.rank - 1, 1))(*(x(env) for x in self.strides))
         box = (ctypes.c_uint32 * r.rank)(*r.box_dims)
         elem_strides = (ctypes.c_uint32 * r.rank)(*r.element_strides)
         drv.call('cuTensorMapEncodeTiled', ctypes.byref(self.tensor_map), r.data_type, r.rank,
-                 ctypes.c_void_p(tensors[r.buffer].data_ptr()), dims, strides, box, elem_strides,
+                 ctypes.c_void_p(pointers[r.buffer]), dims, strides, box, elem_strides,
                  r.interleave, r.swizzle, r.l2_promotion, r.oob_fill)
 
 
@@ -250,14 +258,22 @@ class LoadedKernel:
 
     def __call__(self, device: int, tensors: Mapping[str, torch.Tensor], scalars: Mapping[str, int] | None = None) -> None:
         """Launch every kernel of the entry, in order, on torch's current stream of `device`."""
-        env = self._plan.bind(tensors, scalars or {})
+        pointers: dict[str, int] = {}
+        env = self._plan.bind(tensors, scalars or {}, pointers)
+        recorder = recording.__dict__.get('active')
+        if recorder is not None:  # an op's call being recorded as a launch plan (tile_kernels_aot._plans)
+            recorder.launched(self, device, tensors, env)
+        self.launch(device, pointers, env)
+
+    def launch(self, device: int, pointers: Mapping[str, int], env: dict[str, int]) -> None:
+        """Launch with arguments already bound and checked: each buffer's data pointer and the dims and scalars by name."""
         if _current_device() != device:
             with torch.cuda.device(device):
-                self._launch_all(device, tensors, env)
+                self._launch_all(device, pointers, env)
         else:
-            self._launch_all(device, tensors, env)
+            self._launch_all(device, pointers, env)
 
-    def _launch_all(self, device: int, tensors: Mapping[str, torch.Tensor], env: dict[str, int]) -> None:
+    def _launch_all(self, device: int, pointers: Mapping[str, int], env: dict[str, int]) -> None:
         functions = self._functions.get(device) or self.functions(device)
         if _thread_state.__dict__.get('device') != device:
             _ensure_context(device)
@@ -266,24 +282,31 @@ class LoadedKernel:
         if packs is None:
             packs = self._packs.value = [_ArgPack(launch) for launch in self.entry.launches]
         for launch, fn, grid_of, pack in zip(self.entry.launches, functions, self._grids, packs):
-            grid = grid_of(env)
-            if not (grid[0] and grid[1] and grid[2]):
+            if pack.env is not env:  # a launch plan passes the same env on every call: its grid and scalars stay
+                self._bind_env(launch, pack, grid_of(env), env)
+            if pack.grid is None:
                 continue  # an empty grid: nothing to do
-            if not (0 < grid[0] <= MAX_GRID[0] and 0 < grid[1] <= MAX_GRID[1] and 0 < grid[2] <= MAX_GRID[2]):
-                raise ValueError(f'{launch.symbol}: grid {grid} is outside 1..{MAX_GRID}')
-            self._fill(launch, pack, tensors, env)
-            self._launch_one(device, launch, fn, grid, stream, pack.pointers)
+            for slot, name in pack.tensor_slots:
+                slot.value = pointers[name]
+            for slot in pack.map_slots:
+                slot.encode(self._driver, pointers, env)
+            self._launch_one(device, launch, fn, pack.grid, stream, pack.pointers)
 
-    def _fill(self, launch: Launch, pack: _ArgPack, tensors: Mapping[str, torch.Tensor], env: dict[str, int]) -> None:
-        for slot, name in pack.tensor_slots:
-            slot.value = tensors[name].data_ptr()
+    def _bind_env(self, launch: Launch, pack: _ArgPack, grid: tuple[int, int, int], env: dict[str, int]) -> None:
+        """Check `launch`'s grid and scalar arguments for `env` and write them into its argument block."""
+        pack.env = None
+        if not (grid[0] and grid[1] and grid[2]):
+            pack.grid = None
+        elif not (0 < grid[0] <= MAX_GRID[0] and 0 < grid[1] <= MAX_GRID[1] and 0 < grid[2] <= MAX_GRID[2]):
+            raise ValueError(f'{launch.symbol}: grid {grid} is outside 1..{MAX_GRID}')
+        else:
+            pack.grid = grid
         for slot, name, is_int32 in pack.scalar_slots:
             number = env[name]
             if is_int32 and not -_INT32_MAX - 1 <= number <= _INT32_MAX:
                 raise ValueError(f"{self.entry.kernel}: {name} = {number} does not fit the kernel's 32-bit argument")
             slot.value = number
-        for slot in pack.map_slots:
-            slot.encode(self._driver, tensors, env)
+        pack.env = env
 
     def _launch_one(self, device: int, launch: Launch, fn, grid: tuple[int, int, int], stream: int, params) -> None:
         drv = self._driver

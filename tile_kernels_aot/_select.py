@@ -15,7 +15,7 @@ import os
 import threading
 from pathlib import Path
 
-from tile_kernels_aot import _misses, targets
+from tile_kernels_aot import _misses, _plans, targets
 from tile_kernels_aot._launch import LoadedKernel
 from tile_kernels_aot.manifest import Entry, Manifest, ParamValue, read_manifest, spec_key
 from tile_kernels_aot.errors import (
@@ -197,3 +197,4 @@ def reset() -> None:
     _found.clear()
     _preferred.clear()
     _constants.clear()
+    _plans.clear()  # the plans hold binaries of the packages found before

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch.compiler import is_compiling
 
-from tile_kernels_aot import _checks, _custom_ops, _index_checks
+from tile_kernels_aot import _checks, _custom_ops, _index_checks, _plans
 from tile_kernels_aot._select import find_kernel
 from tile_kernels_aot.config import get_num_sms
 
@@ -52,6 +52,7 @@ def _grid(kernel, rows: int, device: int) -> int:
     return max(1, min(rows, get_num_sms(device) * kernel.entry.constants['ctas_per_sm']))
 
 
+@_plans.launch_plan
 def engram_hash(
     ngram_token_ids: torch.Tensor,
     multipliers: torch.Tensor,
@@ -106,6 +107,7 @@ def engram_hash(
     return output
 
 
+@_plans.launch_plan
 def fused_weight(weight_hidden: torch.Tensor, weight_embed: torch.Tensor) -> torch.Tensor:
     """weight_hidden * weight_embed in fp32 (exact: a product of two bf16 values fits).
 
@@ -169,6 +171,7 @@ def _saved(op: str, num_tokens: int, **tensors: torch.Tensor) -> None:
         _checks.contiguous(op, name, t, 4)
 
 
+@_plans.launch_plan
 def engram_gate_fwd(
     hidden_states: torch.Tensor,
     k: torch.Tensor,
@@ -215,6 +218,7 @@ def engram_gate_fwd(
     return (out, *saved)
 
 
+@_plans.launch_plan
 def engram_gate_bwd(
     grad_out: torch.Tensor,
     hidden_states: torch.Tensor,
@@ -275,6 +279,7 @@ def partial_tokens(num_tokens: int, min_partials: int, max_tokens_per_partial: i
     return max(1, min(max_tokens_per_partial, -(-num_tokens // min_partials)))
 
 
+@_plans.launch_plan
 def grad_w_reduce(
     grad_w_partial: torch.Tensor,
     weight_hidden: torch.Tensor,

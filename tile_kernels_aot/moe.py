@@ -8,7 +8,7 @@ from typing import Optional
 import torch
 from torch.compiler import is_compiling
 
-from tile_kernels_aot import _checks, _custom_ops
+from tile_kernels_aot import _checks, _custom_ops, _plans
 from tile_kernels_aot import _index_checks
 from tile_kernels_aot._launch import LoadedKernel
 from tile_kernels_aot._select import find_kernel, kernel_constant
@@ -23,6 +23,7 @@ MAX_GATE_GROUPS = 32  # topk_sum_and_topk_group_idx: one lane per group
 INDEX_DTYPES = {torch.int64: 'int64', torch.int32: 'int32'}
 
 
+@_plans.launch_plan
 def topk_gate(scores: torch.Tensor, num_topk: int) -> torch.Tensor:
     """Select the top-k experts of each token.
 
@@ -54,6 +55,7 @@ def topk_gate(scores: torch.Tensor, num_topk: int) -> torch.Tensor:
     return topk_idx
 
 
+@_plans.launch_plan
 def topk_sum_and_topk_group_idx(scores: torch.Tensor, num_topk_sum: int, num_topk_groups: int) -> torch.Tensor:
     """Rank groups of experts by the sum of their ``num_topk_sum`` largest scores and keep the best.
 
@@ -103,8 +105,9 @@ def _placeholders(device: torch.device, num_topk: int) -> dict[str, torch.Tensor
     if key not in _absent:
         flag = torch.zeros((1,), dtype=torch.bool, device=device)
         count = torch.ones((1,), dtype=torch.int32, device=device)
-        _absent[key] = {'mask': flag, 'fix_routing_mask': flag, 'to_physical_map': count.view(1, 1), 'logical_count': count,
-                        'unmapped_topk_idx': torch.zeros((1, num_topk), dtype=torch.int64, device=device)}
+        _absent[key] = _plans.persistent({
+            'mask': flag, 'fix_routing_mask': flag, 'to_physical_map': count.view(1, 1), 'logical_count': count,
+            'unmapped_topk_idx': torch.zeros((1, num_topk), dtype=torch.int64, device=device)})
     return _absent[key]
 
 
@@ -114,6 +117,7 @@ def _optional(op: str, name: str, t: object, shape: tuple[int, ...], dtype: torc
         raise ValueError(f'{op}: {name} must have shape {shape}, got {tuple(t.shape)}')
 
 
+@_plans.launch_plan
 def top2_sum_gate(
     logits: torch.Tensor,
     bias: torch.Tensor,
@@ -275,6 +279,7 @@ def top2_sum_gate(
     return topk_idx, topk_weights
 
 
+@_plans.launch_plan
 def normalize_weight(topk_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Normalise each token's top-k weights to sum to one.
 
@@ -316,6 +321,7 @@ def _persistent_blocks(kernel: LoadedKernel, num_tokens: int, device: int) -> in
     return max(1, min(2 * get_num_sms(device), -(-num_tokens // kernel.entry.constants['rows_per_block'])))
 
 
+@_plans.launch_plan
 def group_count(group_idx: torch.Tensor, num_groups: int) -> torch.Tensor:
     """Count how often each group (expert) index appears; entries of -1 are padding and not counted.
 
@@ -343,6 +349,7 @@ def group_count(group_idx: torch.Tensor, num_groups: int) -> torch.Tensor:
     return out
 
 
+@_plans.launch_plan
 def aux_fi(topk_idx: torch.Tensor, num_experts: int, num_aux_topk: int) -> torch.Tensor:
     """Per-expert load fraction of the auxiliary loss: ``count_e * num_experts / (num_tokens * num_aux_topk)``.
 
@@ -377,6 +384,7 @@ def aux_fi(topk_idx: torch.Tensor, num_experts: int, num_aux_topk: int) -> torch
     return out
 
 
+@_plans.launch_plan
 def inplace_unique_group_indices(group_indices: torch.Tensor, num_groups: int) -> None:
     """In each row, replace every repeat of an index already seen in that row by -1, in place.
 
@@ -398,6 +406,7 @@ def inplace_unique_group_indices(group_indices: torch.Tensor, num_groups: int) -
         kernel(device, {'group_indices': group_indices}, {'num_groups': num_groups})
 
 
+@_plans.launch_plan
 def mask_indices_by_tp(indices: torch.Tensor, n: int, num_ep_ranks: int, tp_rank: int, num_tp_ranks: int) -> torch.Tensor:
     """Keep the experts served by this tensor-parallel rank, renumbered to its local range; others -1.
 
@@ -445,7 +454,8 @@ def _fused_placeholders(device: torch.device) -> dict[str, torch.Tensor]:
     """Made once per device, so that CUDA graphs captured with them stay valid."""
     if device not in _fused_absent:
         one = torch.ones((1,), dtype=torch.float32, device=device)
-        _fused_absent[device] = {'no_sf': torch.empty((1, 0), dtype=torch.int32, device=device), 'one': one, 'one_2d': one.view(1, 1)}
+        _fused_absent[device] = _plans.persistent({'no_sf': torch.empty((1, 0), dtype=torch.int32, device=device), 'one': one,
+                                                   'one_2d': one.view(1, 1)})
     return _fused_absent[device]
 
 
@@ -468,6 +478,7 @@ def _fused_maps(op: str, token_topk_to_pos: object, pos_to_expert: object | None
             raise ValueError(f'{op}: pos_to_expert has {pos_to_expert.shape[0]} positions, more than int32 positions can address')
 
 
+@_plans.launch_plan
 def get_fused_mapping(
     topk_idx: torch.Tensor, num_experts: int, num_expanded_tokens: int, alignment: int, force_no_sync: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, list[int]]:
@@ -546,6 +557,7 @@ def get_fused_mapping(
     kernel(device, tensors, {'alignment': alignment})
     counts: list[int] = []
     if should_sync:
+        _plans.not_replayable('it reads the counts back to size its outputs')
         counts = num_tokens_per_expert.tolist()
         used = sum(counts)
         pos_to_expert, pos_to_token, pos_to_token_topk = pos_to_expert[:used], pos_to_token[:used], pos_to_token_topk[:used]
@@ -595,6 +607,7 @@ def _check_positions(op: str, token_topk_to_pos: torch.Tensor, pos_to_expert: to
     _index_checks.below(op, 'token_topk_to_pos', token_topk_to_pos, num_expanded, what=f'the {num_expanded} fused positions of pos_to_expert')
 
 
+@_plans.launch_plan
 def expand_to_fused(x: torch.Tensor, token_topk_to_pos: torch.Tensor, pos_to_expert: torch.Tensor) -> torch.Tensor:
     """Copy token rows into the fused layout: ``out[token_topk_to_pos[t, k]] = x[t]`` where the position
     is >= 0, and zero rows where ``pos_to_expert < 0``. Rows neither routed to nor marked -1 are left
@@ -621,6 +634,7 @@ def expand_to_fused(x: torch.Tensor, token_topk_to_pos: torch.Tensor, pos_to_exp
     return _expand(x, None, None, token_topk_to_pos, pos_to_expert, device)
 
 
+@_plans.launch_plan
 def expand_to_fused_with_sf(
     x: tuple[torch.Tensor, torch.Tensor], num_per_channels: int, token_topk_to_pos: torch.Tensor, pos_to_expert: torch.Tensor,
     use_tma_aligned_col_major_sf: bool = False,
@@ -675,6 +689,7 @@ def expand_to_fused_with_sf(
     return out, out_sf
 
 
+@_plans.launch_plan
 def reduce_fused(
     x: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
     topk_weights: Optional[torch.Tensor],

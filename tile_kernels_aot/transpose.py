@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch.compiler import is_compiling
 
-from tile_kernels_aot import _checks, _custom_ops
+from tile_kernels_aot import _checks, _custom_ops, _plans
 from tile_kernels_aot._select import find_kernel, first_prebuilt
 
 KERNEL = 'transpose.batched_transpose'
@@ -15,6 +15,7 @@ DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2, torch.int8, torch.uint8, torch
 WORD = 4
 
 
+@_plans.launch_plan
 def transpose(x: torch.Tensor) -> torch.Tensor:
     """Transpose a 2-D tensor.
 
@@ -32,6 +33,7 @@ def transpose(x: torch.Tensor) -> torch.Tensor:
     return _batched_transpose('transpose', x.unsqueeze(0)).squeeze(0)
 
 
+@_plans.launch_plan
 def batched_transpose(x: torch.Tensor) -> torch.Tensor:
     """Transpose the last two dimensions of a 3-D tensor.
 

@@ -39,21 +39,20 @@ def built(tmp_path_factory) -> Path:
 @pytest.fixture
 def record_launches(monkeypatch):
     """record_launches(kernel_dir) -> list: load `kernel_dir`'s binaries as an H200's, let CPU tensors pass the device
-    check, and replace every launch by a record (kernel, bound dims, grids). What an op would launch is then bound
+    check, and replace every launch, after its arguments are bound, by a record (kernel, bound dims, grids). What an op would launch is then bound
     and checked against the built manifests (names, shapes, strides, dtypes, alignment) with no GPU."""
     from tile_kernels_aot import _checks, _launch, _select
 
     launched = []
 
-    def record(self, device, tensors, scalars=None):
-        env = self._plan.bind(tensors, scalars or {})
+    def record(self, device, pointers, env):
         launched.append((self.entry.kernel, env, [grid(env) for grid in self._grids]))
 
     def start(kernel_dir: Path) -> list:
         monkeypatch.setenv(_select.KERNEL_DIRS_ENV, str(kernel_dir))
         monkeypatch.setattr(_select, 'device_facts', lambda index: ('NVIDIA H200', (9, 0)))
         monkeypatch.setattr(_checks, 'on_one_cuda_device', lambda op, **tensors: 0)
-        monkeypatch.setattr(_launch.LoadedKernel, '__call__', record)
+        monkeypatch.setattr(_launch.LoadedKernel, 'launch', record)
         _select.reset()
         return launched
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch.compiler import is_compiling
 
-from tile_kernels_aot import _checks, _custom_ops
+from tile_kernels_aot import _checks, _custom_ops, _plans
 from tile_kernels_aot._select import find_kernel
 from tile_kernels_aot.mhc import _stream_checks as checks
 
@@ -14,6 +14,7 @@ FWD = 'mhc.expand_to_mhc_fwd'
 BWD = 'mhc.expand_to_mhc_bwd'
 
 
+@_plans.launch_plan
 def expand_to_mhc_fwd(hidden: torch.Tensor, mhc_mult: int, out: torch.Tensor | None = None) -> torch.Tensor:
     """Copy each token's hidden state into ``mhc_mult`` streams.
 
@@ -50,6 +51,7 @@ def expand_to_mhc_fwd(hidden: torch.Tensor, mhc_mult: int, out: torch.Tensor | N
     return out
 
 
+@_plans.launch_plan
 def expand_to_mhc_bwd(out_grad: torch.Tensor) -> torch.Tensor:
     """The gradient of :func:`expand_to_mhc_fwd`: the sum over the streams.
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch.compiler import is_compiling
 
-from tile_kernels_aot import _checks, _custom_ops
+from tile_kernels_aot import _checks, _custom_ops, _plans
 from tile_kernels_aot._select import find_kernel
 from tile_kernels_aot.mhc import _mix_checks as checks
 
@@ -23,6 +23,7 @@ def _input_mix(op: str, name: str, t: object) -> tuple[int, int]:
     return n, t.numel() // n
 
 
+@_plans.launch_plan
 def mhc_head_compute_mix_fwd(input_mix: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, pre_eps: float) -> torch.Tensor:
     """``sigmoid(input_mix * scale + base) + pre_eps``.
 
@@ -51,6 +52,7 @@ def mhc_head_compute_mix_fwd(input_mix: torch.Tensor, scale: torch.Tensor, base:
     return out
 
 
+@_plans.launch_plan
 def mhc_head_compute_mix_bwd(grad: torch.Tensor, input_mix: torch.Tensor, scale: torch.Tensor,
                              base: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients of :func:`mhc_head_compute_mix_fwd`.

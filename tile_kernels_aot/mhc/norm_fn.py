@@ -13,7 +13,7 @@ import math
 import torch
 from torch.compiler import is_compiling
 
-from tile_kernels_aot import _checks, _custom_ops
+from tile_kernels_aot import _checks, _custom_ops, _plans
 from tile_kernels_aot._select import find_kernel
 
 # Argument domains the ops check before they look at a device (the kernels' check() refuses specs beyond them).
@@ -65,6 +65,7 @@ def _fn(op: str, name: str, fn: torch.Tensor, mhc: int, hidden: int) -> None:
     _checks.shape(op, name, fn, (mix_count(mhc), mhc * hidden))
 
 
+@_plans.launch_plan
 def mhc_fn_normw_merge_fwd(fn: torch.Tensor, normw: torch.Tensor) -> torch.Tensor:
     """fn with its columns scaled by an RMS-norm weight: ``fn * normw``.
 
@@ -87,6 +88,7 @@ def mhc_fn_normw_merge_fwd(fn: torch.Tensor, normw: torch.Tensor) -> torch.Tenso
     return out
 
 
+@_plans.launch_plan
 def mhc_fn_normw_merge_bwd(fn: torch.Tensor, normw: torch.Tensor, out_fn_grad: torch.Tensor, fn_grad: torch.Tensor,
                            normw_grad: torch.Tensor) -> None:
     """The merge's backward, accumulated in place: ``fn_grad += out_fn_grad * normw`` and
@@ -124,6 +126,7 @@ def _merge_operands(op: str, fn: torch.Tensor, normw: torch.Tensor) -> tuple[int
     return mhc, width
 
 
+@_plans.launch_plan
 def mhc_pre_norm_fn_gemm(residual_flat: torch.Tensor, fn_tf32: torch.Tensor, n_splits: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The split-K GEMM of the pre-norm alone (mhc_pre_big_fuse reduces its partials itself).
 
@@ -164,6 +167,7 @@ def _gemm(gemm, device: int, x: torch.Tensor, fn_tf32: torch.Tensor, n_splits: i
     return partial_mul, partial_sqrsum
 
 
+@_plans.launch_plan
 def mhc_pre_norm_fn_fwd(residual: torch.Tensor, fn: torch.Tensor, norm_eps: float, n_splits: int = 16
                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The pre step's mixes: ``(x @ tf32(fn)^T) * rsqrt(sum(x^2) / (mhc * H) + norm_eps)`` per token, x the token's
@@ -205,6 +209,7 @@ def mhc_pre_norm_fn_fwd(residual: torch.Tensor, fn: torch.Tensor, norm_eps: floa
     return mixes, fn_tf32, out_mul, sqrsum
 
 
+@_plans.launch_plan
 def mhc_pre_norm_fn_bwd(out_grad: torch.Tensor, residual: torch.Tensor, fn_tf32: torch.Tensor, out_mul: torch.Tensor,
                         sqrsum: torch.Tensor, norm_eps: float, x_grad: torch.Tensor) -> torch.Tensor:
     """The pre-norm's backward. With rms = rsqrt(sqrsum / (mhc * H) + eps) and g = tf32(out_grad * rms):

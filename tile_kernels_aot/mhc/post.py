@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch.compiler import is_compiling
 
-from tile_kernels_aot import _checks, _custom_ops
+from tile_kernels_aot import _checks, _custom_ops, _plans
 from tile_kernels_aot._select import find_kernel
 from tile_kernels_aot.mhc import _stream_checks as checks
 
@@ -28,6 +28,7 @@ def _inputs(op: str, x: object, residual: object, post_layer_mix: object, comb_r
     return lead, mhc, h
 
 
+@_plans.launch_plan
 def mhc_post_fwd(
     x: torch.Tensor,
     residual: torch.Tensor,
@@ -97,12 +98,22 @@ def mhc_post_bwd(
     """
     if is_compiling():
         return _custom_ops.mhc_post_bwd(x, residual, post_layer_mix, comb_res_mix, d_o, fuse_grad_acc)
+    if not isinstance(fuse_grad_acc, bool):
+        raise TypeError(f'mhc_post_bwd: fuse_grad_acc must be a bool, got {type(fuse_grad_acc).__name__}')
+    d_x, d_residual, d_post, d_comb = _post_bwd(x, residual, post_layer_mix, comb_res_mix, d_o)
+    if fuse_grad_acc:
+        residual.untyped_storage().grad_from_mhc_post = d_residual
+    return d_x, d_residual, d_post, d_comb
+
+
+@_plans.launch_plan
+def _post_bwd(x: torch.Tensor, residual: torch.Tensor, post_layer_mix: torch.Tensor, comb_res_mix: torch.Tensor,
+              d_o: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """mhc_post_bwd but the stash (a Python side effect, which a launch plan does not repeat)."""
     op = 'mhc_post_bwd'
     lead, mhc, h = _inputs(op, x, residual, post_layer_mix, comb_res_mix)
     checks.tail_tensor(op, 'd_o', d_o, torch.bfloat16, 2)
     checks.expect_shape(op, 'd_o', d_o, tuple(residual.shape), "residual's shape")
-    if not isinstance(fuse_grad_acc, bool):
-        raise TypeError(f'{op}: fuse_grad_acc must be a bool, got {type(fuse_grad_acc).__name__}')
     device = _checks.on_one_cuda_device(op, x=x, residual=residual, post_layer_mix=post_layer_mix, comb_res_mix=comb_res_mix, d_o=d_o)
     tokens = checks.num_tokens(lead)
     kernel = find_kernel(BWD, {'mhc': mhc, 'hidden': h}, device) if tokens else None
@@ -117,6 +128,4 @@ def mhc_post_bwd(
             'post_mix': post_layer_mix.view(tokens, mhc), 'comb_mix': comb_res_mix.view(tokens, mhc * mhc),
             'd_x': d_x.view(tokens, h), 'd_residual': d_residual.view(tokens, mhc, h), 'd_post': d_post.view(tokens, mhc),
             'd_comb': d_comb.view(tokens, mhc * mhc)})
-    if fuse_grad_acc:
-        residual.untyped_storage().grad_from_mhc_post = d_residual
     return d_x, d_residual, d_post, d_comb

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch.compiler import is_compiling
 
-from tile_kernels_aot import _checks, _custom_ops
+from tile_kernels_aot import _checks, _custom_ops, _plans
 from tile_kernels_aot._select import find_kernel
 from tile_kernels_aot.mhc import _stream_checks as checks
 
@@ -24,6 +24,7 @@ def _inputs(op: str, x: object, mix: object) -> tuple[tuple[int, ...], int, int]
     return lead, mhc, h
 
 
+@_plans.launch_plan
 def mhc_pre_apply_mix_fwd(x: torch.Tensor, mix: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """Mix the streams of each token into one hidden state.
 
@@ -58,6 +59,7 @@ def mhc_pre_apply_mix_fwd(x: torch.Tensor, mix: torch.Tensor, out: torch.Tensor 
     return out
 
 
+@_plans.launch_plan
 def mhc_pre_apply_mix_bwd(o_grad: torch.Tensor, x: torch.Tensor, mix: torch.Tensor, x_grad: torch.Tensor) -> torch.Tensor:
     """The gradients of :func:`mhc_pre_apply_mix_fwd`.
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch.compiler import is_compiling
 
-from tile_kernels_aot import _checks, _custom_ops
+from tile_kernels_aot import _checks, _custom_ops, _plans
 from tile_kernels_aot._select import find_kernel
 from tile_kernels_aot.mhc import _mix_checks as checks
 from tile_kernels_aot.mhc.norm_fn import FWD_MUL, MAX_N_SPLITS, mhc_pre_norm_fn_gemm, round_to_tf32
@@ -15,6 +15,7 @@ KERNEL = 'mhc.pre_big_fuse'
 MAX_MHC = 4  # mhc * (mhc + 2) mixes: one warp's lanes, as in the norm kernels
 
 
+@_plans.launch_plan
 def mhc_pre_big_fuse(residual: torch.Tensor, fn: torch.Tensor, mhc_scale: torch.Tensor, mhc_base: torch.Tensor,
                      rms_eps: float, mhc_pre_eps: float, mhc_sinkhorn_eps: float, mhc_post_mult_value: float,
                      sinkhorn_repeat: int, n_splits: int = 16) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch.compiler import is_compiling
 
-from tile_kernels_aot import _checks, _custom_ops
+from tile_kernels_aot import _checks, _custom_ops, _plans
 from tile_kernels_aot._select import find_kernel
 from tile_kernels_aot.mhc import _mix_checks as checks
 
@@ -22,6 +22,7 @@ def _mixes(op: str, mixes: object, mhc_mult: object) -> tuple[int, int]:
     return mhc3, mixes.numel() // mhc3
 
 
+@_plans.launch_plan
 def mhc_pre_split_mixes_fwd(mixes: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, mhc_mult: int,
                             post_mult_value: float, pre_eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Split the mixes of the pre step.
@@ -61,6 +62,7 @@ def mhc_pre_split_mixes_fwd(mixes: torch.Tensor, scale: torch.Tensor, base: torc
     return pre, post, comb
 
 
+@_plans.launch_plan
 def mhc_pre_split_mixes_bwd(pre_grad: torch.Tensor, post_grad: torch.Tensor, comb_grad: torch.Tensor, mixes: torch.Tensor,
                             post_mix: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, mhc_mult: int,
                             post_mult_value: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch.compiler import is_compiling
 
-from tile_kernels_aot import _checks, _custom_ops
+from tile_kernels_aot import _checks, _custom_ops, _plans
 from tile_kernels_aot._select import find_kernel
 from tile_kernels_aot.mhc import _mix_checks as checks
 
@@ -23,6 +23,7 @@ def _matrices(op: str, name: str, x: object) -> tuple[int, int]:
     return n, x.numel() // (n * n)
 
 
+@_plans.launch_plan
 def mhc_sinkhorn_fwd(x: torch.Tensor, repeat: int, eps: float) -> torch.Tensor:
     """Sinkhorn-normalise each (n, n) matrix of x.
 
@@ -52,6 +53,7 @@ def mhc_sinkhorn_fwd(x: torch.Tensor, repeat: int, eps: float) -> torch.Tensor:
     return out
 
 
+@_plans.launch_plan
 def mhc_sinkhorn_bwd(grad_out: torch.Tensor, x: torch.Tensor, repeat: int, eps: float) -> torch.Tensor:
     """The gradient of :func:`mhc_sinkhorn_fwd` with respect to x: exact reverse mode through the softmax and all
     2 * repeat normalisations.

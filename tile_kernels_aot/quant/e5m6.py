@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch.compiler import is_compiling
 
-from tile_kernels_aot import _checks, _custom_ops
+from tile_kernels_aot import _checks, _custom_ops, _plans
 from tile_kernels_aot._select import find_kernel, kernel_constant
 from tile_kernels_aot.quant._common import (
     IN_DTYPES, QuantTensor, align, check_cast_back_args, check_input_sf, check_out_fmt, check_packed_ue8m0, check_sf_flags, dtype_name, magic,
@@ -26,6 +26,7 @@ _CAST_OP = "per_token_cast(fmt='e5m6')"
 _BACK_OP = "cast_back(x_special_fmt='e5m6')"
 
 
+@_plans.launch_plan
 def per_token_cast_to_e5m6(
     x: torch.Tensor,
     num_per_channels: int,
@@ -79,6 +80,7 @@ def per_token_cast_to_e5m6(
     return out.view(torch.uint8), sf
 
 
+@_plans.launch_plan
 def cast_back_from_e5m6(x: QuantTensor, fmt: str, x_block_size: tuple[int, int]) -> torch.Tensor:
     """Dequantise E5M6 ``(data, sf)`` to bf16 or fp32: ``out = float(code) * sf`` per block, rounded once.
 

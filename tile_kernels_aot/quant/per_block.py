@@ -17,7 +17,7 @@ from typing import Optional
 import torch
 from torch.compiler import is_compiling
 
-from tile_kernels_aot import _checks, _custom_ops
+from tile_kernels_aot import _checks, _custom_ops, _plans
 from tile_kernels_aot._select import find_kernel
 from tile_kernels_aot.quant._common import (
     FORMATS, IN_DTYPES, MODE_CAST, MODE_PRECOMPUTED, MODE_SF_ONLY, VECTOR_BYTES, QuantTensor, alloc_quant_out, alloc_sf,
@@ -76,6 +76,7 @@ def per_block_cast_spec(x: torch.Tensor, fmt: str, block_size: tuple[int, int], 
                 vec_bytes=vector_bytes(x))
 
 
+@_plans.launch_plan
 def per_block_cast(
     x: torch.Tensor,
     fmt: str,
@@ -113,6 +114,7 @@ def per_block_cast(
     return _per_block_cast('per_block_cast', x, fmt, block_size, use_tma_aligned_col_major_sf, round_sf, use_packed_ue8m0, MODE_CAST)
 
 
+@_plans.launch_plan
 def per_block_cast_with_sf_only(
     x: torch.Tensor,
     fmt: str,
@@ -128,6 +130,7 @@ def per_block_cast_with_sf_only(
                            MODE_SF_ONLY)[1]
 
 
+@_plans.launch_plan
 def per_block_cast_with_precomputed_sf(
     x: torch.Tensor,
     fmt: str,
@@ -150,6 +153,7 @@ def per_block_cast_with_precomputed_sf(
                            use_packed_ue8m0, MODE_PRECOMPUTED, sf)[0]
 
 
+@_plans.launch_plan
 def per_block_cast_lossless(
     x: QuantTensor,
     fmt: str,

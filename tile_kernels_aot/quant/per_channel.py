@@ -17,7 +17,7 @@ from typing import Optional, Union
 import torch
 from torch.compiler import is_compiling
 
-from tile_kernels_aot import _checks, _custom_ops
+from tile_kernels_aot import _checks, _custom_ops, _plans
 from tile_kernels_aot import _index_checks
 from tile_kernels_aot._select import find_kernel
 from tile_kernels_aot.quant._common import IN_DTYPES, VECTOR_BYTES, QuantTensor, check_bool, check_e4m3, check_grid_y, row_aligned
@@ -33,6 +33,7 @@ def _check_vectors(op: str, name: str, t: torch.Tensor) -> None:
                          f'{t.data_ptr():#x} and row stride {t.stride(0)} elements')
 
 
+@_plans.launch_plan
 def per_channel_cast_fused(
     x: Union[torch.Tensor, QuantTensor],
     fmt: str,
@@ -133,6 +134,7 @@ def _per_channel_cast(op, x, fmt, num_per_tokens, round_sf, num_per_channels, po
     return out, out_sf
 
 
+@_plans.launch_plan
 def per_channel_cast(x: torch.Tensor, fmt: str, num_per_tokens: int, round_sf: bool = False) -> QuantTensor:
     """Cast to e4m3 with one scale factor per channel and block of 128 tokens.
 
@@ -153,6 +155,7 @@ def per_channel_cast(x: torch.Tensor, fmt: str, num_per_tokens: int, round_sf: b
     return _per_channel_cast('per_channel_cast', x, fmt, num_per_tokens, round_sf, None, None)
 
 
+@_plans.launch_plan
 def per_channel_cast_and_transpose(x: torch.Tensor, fmt: str, num_per_tokens: int, round_sf: bool = False) -> QuantTensor:
     """Per-channel e4m3 cast written transposed: ``out[h, t]``, with one scale factor per channel and block
     of ``num_per_tokens`` tokens.

@@ -14,7 +14,7 @@ from typing import Optional, Union
 import torch
 from torch.compiler import is_compiling
 
-from tile_kernels_aot import _checks, _custom_ops
+from tile_kernels_aot import _checks, _custom_ops, _plans
 from tile_kernels_aot._select import find_kernel
 from tile_kernels_aot.quant._common import (
     FORMATS, IN_DTYPES, MODE_CAST, MODE_PRECOMPUTED, MODE_SF_ONLY, VECTOR_BYTES, QuantTensor, align, alloc_quant_out, alloc_sf,
@@ -171,6 +171,7 @@ def per_token_cast_spec(x: torch.Tensor, fmt: str, num_per_channels: int, use_pa
     return dict(in_dtype=IN_DTYPES[x.dtype], fmt=fmt, sf_format=sf_format(use_packed_ue8m0), per_row=per_row, aligned=aligned, vec_bytes=vec_bytes)
 
 
+@_plans.launch_plan
 def per_token_cast(
     x: Union[torch.Tensor, QuantTensor],
     fmt: str,
@@ -220,6 +221,7 @@ def per_token_cast(
                            use_packed_ue8m0, MODE_CAST)
 
 
+@_plans.launch_plan
 def per_token_cast_with_sf_only(
     x: Union[torch.Tensor, QuantTensor],
     fmt: str,
@@ -237,6 +239,7 @@ def per_token_cast_with_sf_only(
                            round_sf, use_packed_ue8m0, MODE_SF_ONLY)[1]
 
 
+@_plans.launch_plan
 def per_token_cast_with_precomputed_sf(
     x: Union[torch.Tensor, QuantTensor],
     fmt: str,
@@ -260,6 +263,7 @@ def per_token_cast_with_precomputed_sf(
                            round_sf, use_packed_ue8m0, MODE_PRECOMPUTED, sf)[0]
 
 
+@_plans.launch_plan
 def cast_back(
     x: QuantTensor,
     fmt: str,

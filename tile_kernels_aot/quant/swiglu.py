@@ -27,7 +27,7 @@ from typing import Optional
 import torch
 from torch.compiler import is_compiling
 
-from tile_kernels_aot import _checks, _custom_ops, config, targets
+from tile_kernels_aot import _checks, _custom_ops, _plans, config, targets
 from tile_kernels_aot import _index_checks
 from tile_kernels_aot._select import find_kernel, kernel_constant, package_for_device, prebuilt_specs
 from tile_kernels_aot.quant._common import (
@@ -46,9 +46,9 @@ def _placeholders(device: torch.device) -> dict[str, torch.Tensor]:
     device, so that CUDA graphs captured with them stay valid."""
     if device not in _absent:
         index = torch.zeros((1,), dtype=torch.int32, device=device)
-        _absent[device] = {'pos_to_token_topk': index, 'pos_to_expert': index,
-                           'topk_weights': torch.zeros((1,), dtype=torch.float32, device=device),
-                           'clamped_count': torch.zeros((3,), dtype=torch.int64, device=device)}
+        _absent[device] = _plans.persistent({'pos_to_token_topk': index, 'pos_to_expert': index,
+                                             'topk_weights': torch.zeros((1,), dtype=torch.float32, device=device),
+                                             'clamped_count': torch.zeros((3,), dtype=torch.int64, device=device)})
     return _absent[device]
 
 
@@ -94,6 +94,7 @@ def per_row_threads(in_dtype: str, hidden: int, device: int) -> int:
     return next((t for t in _per_row_sizes(in_dtype, device) if _widest_row(t, device) >= hidden), 0)
 
 
+@_plans.launch_plan
 def swiglu_forward_and_per_token_cast(
     x: torch.Tensor,
     fmt: str,
@@ -248,6 +249,7 @@ def swiglu_forward_and_per_channel_cast_spec(x: torch.Tensor, without_transpose:
     return dict(transpose=not without_transpose, vec_bytes=vector_bytes(x) if wide else VECTOR_BYTES)
 
 
+@_plans.launch_plan
 def swiglu_forward_and_per_channel_cast_and_transpose(
     x: torch.Tensor,
     fmt: str,
@@ -306,6 +308,7 @@ def swiglu_forward_and_per_channel_cast_and_transpose(
     return out, out_sf
 
 
+@_plans.launch_plan
 def swiglu_backward_and_per_token_cast(
     x: QuantTensor,
     grad_out: torch.Tensor,

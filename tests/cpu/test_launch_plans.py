@@ -1,0 +1,308 @@
+"""Launch plans (tile_kernels_aot._plans) without a GPU: ops over a fake binary whose launches are recorded, and the
+real topk_gate and per_token_cast over the small build. A replayed call must launch what the op's own checked call
+would: the same binary, dims and scalars, each buffer at the address the op would have passed."""
+
+from __future__ import annotations
+
+import importlib
+import threading
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from tile_kernels_aot import _custom_ops, _index_checks, _launch, _plans, _select, config, moe, quant
+from tile_kernels_aot._launch import LoadedKernel
+from tile_kernels_aot.manifest import entry_from_plain
+
+ENTRY = entry_from_plain({
+    'kernel': 'demo.copy', 'key': 'h=64', 'params': {'h': 64}, 'target': 'sm_90a', 'cubin': 'x.cubin', 'sha256': '0' * 64,
+    'source': 'x.cu', 'scalars': [{'name': 'num_sms', 'kind': 'int32'}], 'constants': {},
+    'buffers': [
+        {'name': 'x', 'dtype': 'bfloat16', 'shape': ['num_tokens', 64], 'strides': ['row_stride', 1], 'alignment': 16},
+        {'name': 'out', 'dtype': 'float32', 'shape': ['num_tokens', 2], 'strides': [2, 1], 'alignment': 16},
+    ],
+    'launches': [{'symbol': 'k', 'args': [], 'grid': ['num_tokens', 1, 1], 'block': [128, 1, 1],
+                  'dynamic_smem': 0, 'cooperative': False, 'cluster_dims': None, 'pdl': False, 'tma': []}],
+})
+KERNEL = LoadedKernel(ENTRY, Path('.'))
+full_calls = Counter()  # calls that ran an op's own code, by op
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    """Every launch, bound and checked, as (kernel name, {buffer: address}, env); nothing reaches a driver."""
+    seen = []
+    monkeypatch.setattr(LoadedKernel, 'launch', lambda self, device, pointers, env: seen.append((self.entry.kernel, dict(pointers), dict(env))))
+    full_calls.clear()
+    return seen
+
+
+@_plans.launch_plan
+def demo(x, scale=1.0, mode='empty', out=None):
+    full_calls['demo'] += 1
+    if not isinstance(x, torch.Tensor) or x.dim() != 2:
+        raise ValueError('demo: x must be a 2-d tensor')
+    extra = None
+    if out is None:
+        out = torch.zeros((x.shape[0], 2)) if mode == 'zeros' else torch.empty((x.shape[0], 2))
+    if mode == 'fill':
+        out.fill_(scale)
+    elif mode == 'torch_op':
+        extra = x.view(torch.int16) + 1
+    elif mode == 'item':
+        scale = float(x[0, 0])
+    elif mode == 'side_effect':
+        _plans.not_replayable('it keeps a reference')
+    KERNEL(0, {'x': x, 'out': out}, {'num_sms': config.get_num_sms(0) if config._num_sms else 132})
+    if mode == 'transposed':
+        return out.T
+    return (out, extra) if extra is not None else out
+
+
+@_plans.launch_plan
+def pair(x, y):
+    """Launches x only; y just takes part in the signature."""
+    full_calls['pair'] += 1
+    out = torch.empty((x.shape[0], 2))
+    KERNEL(0, {'x': x, 'out': out}, {'num_sms': 132})
+    return out
+
+
+@_plans.launch_plan
+def outer(x):
+    full_calls['outer'] += 1
+    return demo(x, 2.0, 'fill')
+
+
+def aligned(t: torch.Tensor, offset: int = 0) -> torch.Tensor:
+    """A contiguous copy of t at `offset` bytes past a 256-byte boundary: a signature holds the low 8 bits of a data
+    pointer, and the CPU allocator aligns to 64 bytes only."""
+    nbytes = t.numel() * t.element_size()
+    buffer = torch.empty(nbytes + 512, dtype=torch.uint8)
+    start = -buffer.data_ptr() % 256 + offset
+    copy = buffer[start:start + nbytes].view(t.dtype).view(t.shape)
+    copy.copy_(t)
+    return copy
+
+
+def x_of(tokens=3):
+    return aligned(torch.randn(tokens, 64).bfloat16())
+
+
+def test_the_third_call_of_a_signature_replays_the_second(launches):
+    results = []
+    for _ in range(4):
+        x = x_of()
+        results.append((x, demo(x)))
+    assert full_calls['demo'] == 2  # the first call and the recorded one; the others replay
+    assert type(demo.plans[next(iter(demo.plans))]) is _plans._Plan
+    assert [env for _, _, env in launches] == [{'num_tokens': 3, 'row_stride': 64, 'num_sms': 132}] * 4
+    for (x, out), (_, pointers, _) in zip(results, launches):
+        assert pointers == {'x': x.data_ptr(), 'out': out.data_ptr()}
+        assert out.shape == (3, 2) and out.stride() == (2, 1) and out.dtype == torch.float32
+    assert len({out.data_ptr() for _, out in results}) == 4  # each call its own output
+
+
+@pytest.mark.parametrize('change', ['tokens', 'row stride', 'dtype', 'alignment', 'bool for int', 'negative zero', 'num_sms', 'index checks'])
+def test_every_part_of_the_signature_separates_plans(launches, change, monkeypatch):
+    x = x_of(4)
+    args = (x, 0.0)
+    for _ in range(3):
+        demo(*args)
+    assert full_calls['demo'] == 2
+    if change == 'tokens':
+        args = (x_of(5), 0.0)
+    elif change == 'row stride':
+        args = (aligned(torch.randn(4, 128).bfloat16())[:, :64], 0.0)
+    elif change == 'dtype':
+        args = (aligned(x.half()), 0.0)
+    elif change == 'alignment':
+        args = (aligned(x, 16), 0.0)
+    elif change == 'bool for int':
+        args = (x, False)
+    elif change == 'negative zero':
+        args = (x, -0.0)
+    elif change == 'num_sms':
+        monkeypatch.setattr(config, '_num_sms', 7)
+    else:
+        monkeypatch.setattr(_index_checks, 'enabled', True)
+    with pytest.raises(Exception) if change in ('dtype',) else _nothing():
+        demo(*args)
+    assert full_calls['demo'] == 3
+    assert len(demo.plans) == 2
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def test_zero_filled_allocations_and_fills_are_repeated(launches):
+    for _ in range(4):
+        litter = torch.full((3, 2), 7.0)  # freed memory of the output's size, for the allocator to hand out again
+        del litter
+        assert torch.equal(demo(x_of(), mode='zeros'), torch.zeros(3, 2))
+        assert torch.equal(demo(x_of(), 0.25, mode='fill'), torch.full((3, 2), 0.25))
+    assert full_calls['demo'] == 4
+
+
+def test_a_torch_op_is_repeated_on_the_new_arguments(launches):
+    for _ in range(4):
+        x = x_of()
+        out, extra = demo(x, mode='torch_op')
+        assert torch.equal(extra, x.view(torch.int16) + 1)
+        assert launches[-1][1] == {'x': x.data_ptr(), 'out': out.data_ptr()}
+    assert full_calls['demo'] == 2
+
+
+def test_a_returned_view_is_made_from_the_new_allocation(launches):
+    for _ in range(4):
+        t = demo(x_of(), mode='transposed')
+        assert t.shape == (2, 3) and t.stride() == (1, 2) and t.data_ptr() == launches[-1][1]['out']
+    assert full_calls['demo'] == 2
+
+
+def test_an_output_passed_in_is_returned_as_itself(launches):
+    for _ in range(4):
+        out = aligned(torch.empty(3, 2))
+        assert demo(x_of(), out=out) is out
+        assert launches[-1][1]['out'] == out.data_ptr()
+    assert full_calls['demo'] == 2
+
+
+@pytest.mark.parametrize('mode, reason', [('item', 'depends on tensor values'), ('side_effect', 'it keeps a reference')])
+def test_what_cannot_be_repeated_runs_in_full_every_time(launches, mode, reason):
+    for _ in range(4):
+        demo(x_of(), mode=mode)
+    assert full_calls['demo'] == 4
+    (plan,) = demo.plans.values()
+    assert type(plan) is _plans.NotReplayable and reason in plan.reason
+
+
+def test_one_tensor_passed_twice_is_replayed_only_for_calls_that_pass_one_tensor_twice(launches):
+    for _ in range(3):
+        x = x_of()
+        pair(x, x)
+    assert full_calls['pair'] == 2
+    x, y = x_of(), x_of()
+    pair(x, y)  # the signature's plan was recorded with x passed twice: this call runs in full
+    assert full_calls['pair'] == 3 and launches[-1][1]['x'] == x.data_ptr()
+
+
+def test_arguments_that_share_memory_are_not_replayed(launches):
+    for _ in range(4):
+        x = x_of(4)
+        pair(x[:2], x[2:])  # 256 bytes apart: one alignment
+    assert full_calls['pair'] == 4
+    assert 'share memory' in next(iter(pair.plans.values())).reason
+
+
+def test_a_failing_call_is_never_remembered(launches):
+    for _ in range(3):
+        with pytest.raises(ValueError, match='demo: x must be a 2-d tensor'):
+            demo(torch.zeros(3))
+    assert full_calls['demo'] == 3 and all(plan is None for plan in demo.plans.values())
+
+
+def test_an_argument_without_a_signature_runs_in_full(launches):
+    for _ in range(3):
+        demo(x_of(), mode=object())
+    assert full_calls['demo'] == 3 and not demo.plans
+
+
+def test_under_another_dispatch_mode_the_op_runs_in_full(launches):
+    class Watching(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    with Watching():
+        for _ in range(4):
+            demo(x_of())
+    assert full_calls['demo'] == 4
+
+
+def test_a_nested_op_runs_in_full_inside_the_recorded_call_and_its_launch_is_replayed(launches):
+    for _ in range(4):
+        x = x_of()
+        out = outer(x)
+        assert torch.equal(out, torch.full((3, 2), 2.0)) and launches[-1][1] == {'x': x.data_ptr(), 'out': out.data_ptr()}
+    assert full_calls['outer'] == 2 and full_calls['demo'] == 2  # demo runs inside outer's two full calls only
+
+
+def test_a_persistent_tensor_is_launched_at_its_address(launches):
+    standing = _plans.persistent({'out': torch.empty(3, 2)})['out']
+
+    @_plans.launch_plan
+    def into_standing(x):
+        KERNEL(0, {'x': x, 'out': standing}, {'num_sms': 132})
+
+    for _ in range(4):
+        into_standing(x_of())
+    assert type(next(iter(into_standing.plans.values()))) is _plans._Plan
+    assert [pointers['out'] for _, pointers, _ in launches] == [standing.data_ptr()] * 4
+
+
+def test_an_op_keeps_at_most_max_plans_signatures(launches, monkeypatch):
+    monkeypatch.setattr(_plans, 'MAX_PLANS', 3)
+    for tokens in range(1, 7):
+        demo(x_of(tokens))
+    assert len(demo.plans) == 3
+
+
+def test_reset_forgets_the_plans(launches):
+    for _ in range(3):
+        demo(x_of())
+    _select.reset()
+    assert not demo.plans
+
+
+def test_every_public_op_has_a_launch_plan_but_two():
+    unwrapped = {}
+    for qualified in _custom_ops.PUBLIC:
+        module, name = qualified.split('.')
+        fn = getattr(importlib.import_module(f'tile_kernels_aot.{module}'), name)
+        if not hasattr(fn, 'plans'):
+            unwrapped[qualified] = fn
+    # mhc_multilayer_recompute copies a table of its tensors' addresses to the device on every call;
+    # mhc_post_bwd stashes a gradient on the residual's storage, around _post_bwd, which has a plan.
+    assert set(unwrapped) == {'mhc.mhc_multilayer_recompute', 'mhc.mhc_post_bwd'}
+    assert hasattr(importlib.import_module('tile_kernels_aot.mhc.post')._post_bwd, 'plans')
+
+
+def test_real_ops_replay_their_launches(built, record_launches):
+    launched = record_launches(built / 'build' / 'sm_90a')
+    for _ in range(4):
+        moe.topk_gate(aligned(torch.randn(5, 256)), 8)
+        quant.per_token_cast(aligned(torch.randn(5, 7168).bfloat16()), 'e4m3', 128)
+    assert [kernel for kernel, _, _ in launched] == ['moe.topk_gate', 'quant.per_token_cast'] * 4
+    assert all(launch == launched[i % 2] for i, launch in enumerate(launched))
+    assert [type(p) for p in moe.topk_gate.plans.values()] == [_plans._Plan]
+    assert [type(p) for p in quant.per_token_cast.plans.values()] == [_plans._Plan]
+
+
+def test_threads_replay_one_plan_each_with_its_own_tensors(monkeypatch):
+    seen = []
+    monkeypatch.setattr(LoadedKernel, 'launch', lambda self, device, pointers, env: seen.append((threading.get_ident(), pointers['x'], pointers['out'])))
+    mismatches = []
+
+    def work():
+        for _ in range(50):
+            x = x_of()
+            out = demo(x)
+            mine = [(x_ptr, out_ptr) for ident, x_ptr, out_ptr in seen if ident == threading.get_ident()][-1]
+            if mine != (x.data_ptr(), out.data_ptr()):
+                mismatches.append(mine)
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not mismatches and len(seen) == 400
+    assert [type(p) for p in demo.plans.values()] == [_plans._Plan]

@@ -1,0 +1,68 @@
+"""Launch plans on the GPU: every public op's replayed calls give what its checked calls give, on the representative
+inputs of tests/fixtures/custom_ops.py, and a replayed call captures into a CUDA graph."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+from torch.utils import _pytree as pytree
+
+from tests.fixtures.custom_ops import CASES
+from tile_kernels_aot import _custom_ops, _plans, quant
+
+pytestmark = pytest.mark.gpu
+
+_PUBLIC = {op: qualified for qualified, op in _custom_ops.PUBLIC.items()}
+
+
+def _public(case):
+    module, name = _PUBLIC[case.op.__name__].split('.')
+    return getattr(importlib.import_module(f'tile_kernels_aot.{module}'), name)
+
+
+def _fresh(args):
+    return pytree.tree_map_only(torch.Tensor, lambda t: t.clone(), args)
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.uint8) if t.dtype.itemsize == 1 else t
+
+
+@pytest.mark.parametrize('case', [c for c in CASES if hasattr(_public(c), 'plans')], ids=lambda c: c.name)
+def test_replayed_calls_give_what_checked_calls_give(case):
+    op = _public(case)
+    args = pytree.tree_map_only(torch.Tensor, lambda t: t.cuda(), case.args(case.tokens[0]))
+    runs = []
+    for _ in range(4):  # in full, in full under the recorder, then replayed twice
+        call_args = _fresh(args)
+        result = op(*call_args)
+        runs.append([t for t in pytree.tree_leaves((result, call_args)) if isinstance(t, torch.Tensor)])
+    torch.cuda.synchronize()
+    plans = list(op.plans.values())
+    assert [type(p) for p in plans] == [_plans._Plan], plans
+    for index, (first, second) in enumerate(zip(runs[0], runs[1])):
+        deterministic = torch.equal(_bits(first), _bits(second))
+        for replayed in (runs[2][index], runs[3][index]):
+            assert replayed.shape == first.shape and replayed.dtype == first.dtype and replayed.stride() == first.stride()
+            if deterministic:
+                assert torch.equal(_bits(replayed), _bits(first)), f'{case.name}: tensor {index} differs when replayed'
+            else:  # an op that adds floats atomically: as close as its own two checked calls are
+                torch.testing.assert_close(replayed, first, rtol=1e-5, atol=1e-5)
+
+
+def test_a_replayed_call_is_captured_in_a_cuda_graph():
+    x = torch.randn(64, 7168, device='cuda').bfloat16()
+    for _ in range(2):
+        quant.per_token_cast(x, 'e4m3', 128)  # the second call records the plan
+    expected = quant.per_token_cast(x, 'e4m3', 128)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = quant.per_token_cast(x, 'e4m3', 128)
+    x.copy_(torch.randn_like(x.float()).bfloat16())
+    graph.replay()
+    torch.cuda.synchronize()
+    fresh = quant.per_token_cast(x, 'e4m3', 128)
+    assert torch.equal(captured[0].view(torch.uint8), fresh[0].view(torch.uint8)) and torch.equal(captured[1], fresh[1])
+    assert not torch.equal(expected[1], fresh[1])

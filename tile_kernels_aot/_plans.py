@@ -1,0 +1,407 @@
+"""Launch plans: an op's repeated calls with one argument signature replay what a checked call did on the device.
+
+On the host an op checks its arguments, chooses a binary, derives the launch arguments (sizes, grids, magic
+numbers), then allocates, runs any torch ops it needs and launches. The first part depends only on the call's
+*signature*: each tensor's dtype, shape, strides, device and the low bits of its data pointer (every alignment an op
+or a manifest asks for is a power of two up to 256 bytes), each other argument's type and value, the SM count set by
+``config.set_num_sms`` and the index-check switch. :func:`launch_plan` wraps a public op so that
+
+* the first call of a signature runs the op in full;
+* the second runs it in full under a :class:`_Recorder`, which numbers every tensor of the call (its arguments, its
+  allocations, the outputs of its torch ops) and notes each allocation, torch op (its arguments by number) and
+  launch (each buffer as a byte offset from a numbered tensor);
+* from the third on, the call allocates, runs those torch ops and launches, on its own tensors, and returns the same
+  structure. The checks and the choice of binary are not repeated: they passed for this signature and depend on
+  nothing else. A view is repeated only where a repeated torch op or the result needs it.
+
+A signature is remembered as not replayable, and its calls run in full, when its call reads tensor values on the
+host (``.item()``, an op whose output shape depends on values, an index check), when an op marks a host sync or a
+Python side effect with :func:`not_replayable`, when a torch op or a launch reads a tensor the call did not get or
+make (other than one registered with :func:`persistent`), or when its argument tensors share memory, where a
+launched buffer cannot be told apart as one argument's or another's.
+
+A plan keeps no tensor of a call: sizes, dtypes, offsets, torch ops, the loaded binary and its bound dims. Each op
+keeps at most ``MAX_PLANS`` signatures (the oldest go first); :func:`clear` forgets them all (``_select.reset`` calls
+it).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import threading
+from collections.abc import Callable
+
+import torch
+from torch.compiler import is_compiling
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from tile_kernels_aot import _index_checks, config
+from tile_kernels_aot._launch import recording
+
+MAX_PLANS = 1024
+_ALIGNMENT_BITS = 255
+
+_aten = torch.ops.aten
+_ALLOCATIONS = {_aten.empty.memory_format, _aten.empty_strided.default, _aten.empty_like.default, _aten.new_empty.default,
+                _aten.new_empty_strided.default}
+_ZERO_ALLOCATIONS = {_aten.zeros.default, _aten.zeros_like.default, _aten.new_zeros.default}
+_ALIASES = {_aten.detach.default, _aten.alias.default}
+_SCALARS = (int, bool, str, type(None), torch.dtype)
+_TENSORS = (torch.Tensor, torch.nn.Parameter)
+
+_caches: list[dict] = []
+
+
+class _Unkeyable(Exception):
+    """An argument a signature cannot hold (an object of another type, a tensor subclass)."""
+
+
+class NotReplayable:
+    """The plan of a signature whose calls run in full, and why."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    def __repr__(self) -> str:
+        return f'NotReplayable({self.reason!r})'
+
+
+def _part(value: object, tensors: list) -> object:
+    kind = type(value)
+    if kind in _TENSORS:
+        tensors.append(value)
+        return value.dtype, value.shape, value.stride(), value.get_device(), value.data_ptr() & _ALIGNMENT_BITS
+    if kind in _SCALARS:
+        return kind, value
+    if kind is float:
+        return kind, value, math.copysign(1.0, value)  # 0.0 and -0.0 are equal keys, not equal arguments
+    if kind is tuple or kind is list:
+        return kind, tuple([_part(v, tensors) for v in value])
+    raise _Unkeyable(kind.__name__)
+
+
+def signature(args: tuple, kwargs: dict, tensors: list) -> tuple:
+    """The call's signature; its tensors, in order, are appended to `tensors`. Raises _Unkeyable."""
+    key = [config._num_sms, _index_checks.enabled]
+    for value in args:
+        key.append(_part(value, tensors))
+    for name, value in kwargs.items():
+        key.append(name)
+        key.append(_part(value, tensors))
+    return tuple(key)
+
+
+def not_replayable(reason: str) -> None:
+    """Called by an op before it does what a launch plan cannot repeat (a host sync, a Python side effect)."""
+    recorder = recording.__dict__.get('active')
+    if recorder is not None:
+        recorder.reason = recorder.reason or reason
+
+
+def clear() -> None:
+    """Forget every op's plans (the installed binaries or the configuration changed)."""
+    for cache in _caches:
+        cache.clear()
+
+
+def launch_plan(op: Callable) -> Callable:
+    """Wrap a public op (see the module docstring). Under torch.compile, and inside another op's recorded call, the op
+    runs as it is."""
+    plans: dict = {}
+    _caches.append(plans)
+
+    @functools.wraps(op)
+    def call(*args, **kwargs):
+        if is_compiling() or recording.__dict__.get('active') is not None:
+            return op(*args, **kwargs)
+        tensors: list = []
+        try:
+            key = signature(args, kwargs, tensors)
+            plan = plans.get(key, _UNSEEN)
+        except (_Unkeyable, TypeError):  # TypeError: a value that cannot be hashed
+            return op(*args, **kwargs)
+        if type(plan) is _Plan:
+            if not plan.same or plan.serves(tensors):
+                return plan.run(tensors)
+            return op(*args, **kwargs)
+        if plan is _UNSEEN or type(plan) is NotReplayable or torch._C._len_torch_dispatch_stack():
+            if plan is _UNSEEN:
+                _store(plans, key, None)
+            return op(*args, **kwargs)  # first seen, not replayable, or another dispatch mode is watching
+        recorder = _Recorder(tensors)
+        with recorder:
+            result = op(*args, **kwargs)
+        _store(plans, key, recorder.plan(result))
+        return result
+
+    call.plans = plans  # for the tests
+    return call
+
+
+_UNSEEN = object()
+
+
+def _store(plans: dict, key: tuple, plan: object) -> None:
+    with _lock:  # threads may record at once; lookups need no lock
+        if key not in plans and len(plans) >= MAX_PLANS:
+            del plans[next(iter(plans))]
+        plans[key] = plan
+
+
+_lock = threading.Lock()
+
+
+def persistent(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Register tensors an op makes once and binds on every call (stand-ins for absent optional arguments): a plan
+    launches them by their address. Returns `tensors`."""
+    for t in tensors.values():
+        _persistent[t.untyped_storage().data_ptr()] = t
+    return tensors
+
+
+_persistent: dict[int, torch.Tensor] = {}
+
+
+class _Ref:
+    """In a recorded torch op's arguments: the call's tensor number `index` (an argument, an allocation, an output)."""
+    __slots__ = ('index',)
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+
+def _resolve(template: object, sources: list) -> object:
+    kind = type(template)
+    if kind is _Ref:
+        return sources[template.index]
+    if kind is tuple or kind is list:
+        return kind([_resolve(v, sources) for v in template])
+    if kind is dict:
+        return {k: _resolve(v, sources) for k, v in template.items()}
+    return template
+
+
+def _refs(template: object) -> list[int]:
+    kind = type(template)
+    if kind is _Ref:
+        return [template.index]
+    if kind is tuple or kind is list or kind is dict:
+        return [i for v in (template.values() if kind is dict else template) for i in _refs(v)]
+    return []
+
+
+class _Recorder(TorchDispatchMode):
+    """Watches one op call: the torch ops it runs (through the dispatcher) and its launches (LoadedKernel.__call__).
+    Every tensor of the call gets a number: its argument tensors first, then each allocation and torch op output."""
+
+    def __init__(self, inputs: list[torch.Tensor]) -> None:
+        super().__init__()
+        self.num_inputs = len(inputs)
+        self.tensors: list[torch.Tensor] = list(inputs)
+        self.number: dict[int, int] = {}  # id(tensor) -> its number; self.tensors keeps each alive, so ids stay unique
+        for index, t in enumerate(inputs):
+            self.number.setdefault(id(t), index)
+        self.aliases: list[torch.Tensor] = []
+        self.base: dict[int, int] = {}  # a view of an allocation or a computed output (by number) -> that tensor's number
+        self.steps: list[tuple] = []
+        self.reason: str | None = None
+
+    def __enter__(self):
+        recording.active = self
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        recording.active = None
+        return super().__exit__(*exc)
+
+    def _new(self, t: torch.Tensor) -> int:
+        index = self.number[id(t)] = len(self.tensors)
+        self.tensors.append(t)
+        return index
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if self.reason:
+            return out
+        if func in _ALLOCATIONS or func in _ZERO_ALLOCATIONS:
+            self.steps.append(('alloc', self._new(out), func in _ZERO_ALLOCATIONS))
+        elif func in _ALIASES and self.steps and self.steps[-1][0] == 'alloc' and args[0] is self.tensors[-1]:
+            self.number[id(out)] = len(self.tensors) - 1  # a factory function hands out a detached alias of its allocation
+            self.aliases.append(out)
+        elif torch.Tag.dynamic_output_shape in func.tags or torch.Tag.data_dependent_output in func.tags:
+            self.reason = f'it runs {func}, whose result depends on tensor values'
+        else:
+            outs = out if isinstance(out, (tuple, list)) else (out,)
+            try:
+                if not all(isinstance(o, torch.Tensor) for o in outs):
+                    raise _Unplannable(f'it runs {func}, which returns a Python value')
+                args_t, kwargs_t = self._template(args), self._template(kwargs)
+            except _Unplannable as exc:
+                self.reason = str(exc)
+                return out
+            numbers = tuple(self.number.get(id(o)) if id(o) in self.number else self._new(o) for o in outs)
+            self.steps.append(('op', func, args_t, kwargs_t, numbers, func.is_view))
+            if func.is_view and type(args_t[0]) is _Ref:
+                made = self.base.get(args_t[0].index, args_t[0].index)
+                if made >= self.num_inputs:  # a view of a tensor the call made, whose storage starts with it
+                    self.base.update((n, made) for n in numbers if n != made)
+        return out
+
+    def _template(self, value: object) -> object:
+        """`value` with each tensor replaced by a _Ref to its number (a registered persistent tensor stays itself)."""
+        if isinstance(value, torch.Tensor):
+            index = self.number.get(id(value))
+            if index is not None:
+                return _Ref(index)
+            if _persistent.get(value.untyped_storage().data_ptr()) is value:
+                return value
+            raise _Unplannable('a torch op reads a tensor made before the call')
+        kind = type(value)
+        if kind is tuple or kind is list:
+            return kind([self._template(v) for v in value])
+        if kind is dict:
+            return {k: self._template(v) for k, v in value.items()}
+        return value
+
+    def launched(self, kernel, device: int, tensors: dict, env: dict) -> None:
+        self.steps.append(('launch', kernel, device, dict(tensors), dict(env)))
+
+    # -- the plan ------------------------------------------------------------------------------
+
+    def plan(self, result: object) -> _Plan | NotReplayable:
+        if self.reason:
+            return NotReplayable(self.reason)
+        try:
+            return self._plan(result)
+        except _Unplannable as exc:
+            return NotReplayable(str(exc))
+
+    def _plan(self, result: object) -> _Plan:
+        tensors = self.tensors
+        by_storage: dict[int, int] = {}  # a storage -> the first tensor on it: an argument, an allocation or a computed output
+        same: list[tuple[int, int]] = []  # (i, j): argument j is argument i, one tensor passed twice
+        for index, t in enumerate(tensors):
+            storage = t.untyped_storage()
+            if storage.nbytes() == 0:
+                continue
+            owner = by_storage.setdefault(storage.data_ptr(), index)
+            if owner != index and index < self.num_inputs:
+                if tensors[owner] is not t:
+                    raise _Unplannable('argument tensors share memory')
+                same.append((owner, index))
+
+        def buffer(t: torch.Tensor) -> tuple[int, int]:
+            """A launched buffer as (tensor number, byte offset), or (-1, its address) for a persistent tensor's memory."""
+            storage = t.untyped_storage()
+            index = by_storage.get(storage.data_ptr()) if storage.nbytes() else None
+            if index is None:
+                if t.numel() == 0:
+                    return -1, 0  # no memory is read or written: any pointer serves
+                if storage.data_ptr() in _persistent:
+                    return -1, t.data_ptr()
+                raise _Unplannable('a launched buffer is neither an argument nor made by the call')
+            offset = t.data_ptr() - tensors[index].data_ptr()
+            if offset < 0:
+                raise _Unplannable('a launched buffer starts before the tensor it is a view of')
+            return index, offset
+
+        returned: list[int] = []
+        build = self._builder(result, returned)
+        needed = set(returned)  # the tensors the result is made of
+        steps = []
+        for step in reversed(self.steps):
+            if step[0] == 'alloc':
+                t = tensors[step[1]]
+                contiguous = t.is_contiguous()
+                steps.append((_ALLOC, step[1], tuple(t.shape), t.stride(), t.dtype, t.device, step[2] and not contiguous,
+                              torch.zeros if step[2] and contiguous else torch.empty_strided))
+            elif step[0] == 'op':
+                _, func, args_t, kwargs_t, numbers, is_view = step
+                if is_view and not needed.intersection(numbers):
+                    continue  # a view nothing replayed reads: the launches take its address from its base
+                needed.update(_refs(args_t), _refs(kwargs_t))
+                func = getattr(func, '_op', func)  # the op without OpOverload's Python wrapper
+                refs = tuple((position, value.index) for position, value in enumerate(args_t) if type(value) is _Ref)
+                if len(refs) == len(_refs(args_t)) and not _refs(kwargs_t):  # tensors only as top-level arguments
+                    steps.append((_OP, func, list(args_t), refs, kwargs_t, numbers))
+                else:
+                    steps.append((_NESTED_OP, func, args_t, kwargs_t, numbers))
+            else:
+                _, kernel, device, launched, env = step
+                steps.append((_LAUNCH, kernel, device, tuple((name, *buffer(t)) for name, t in launched.items()), env))
+        return _Plan(self.num_inputs, len(tensors), tuple(same), tuple(reversed(steps)), build)
+
+    def _builder(self, value: object, returned: list[int]) -> Callable[[list], object]:
+        """A function of the replayed call's tensors (numbered as here) that builds `value`; the numbers of the tensors
+        it returns go into `returned`."""
+        if isinstance(value, torch.Tensor):
+            index = self.number.get(id(value))
+            if index is None:
+                raise _Unplannable('it returns a tensor made before the call')
+            base = self.base.get(index)
+            if base is not None and self.tensors[base].dtype == value.dtype:  # one view of what the call made, not a chain
+                returned.append(base)
+                shape, stride, offset = tuple(value.shape), value.stride(), value.storage_offset()
+                return lambda s: s[base].as_strided(shape, stride, offset)
+            returned.append(index)
+            return lambda s: s[index]
+        kind = type(value)
+        if kind is tuple or kind is list:
+            parts = [self._builder(v, returned) for v in value]
+            return lambda s: kind([part(s) for part in parts])
+        if kind in _SCALARS or kind is float:
+            return lambda s: value
+        raise _Unplannable(f'it returns a {kind.__name__}')
+
+
+class _Unplannable(Exception):
+    pass
+
+
+_ALLOC, _OP, _NESTED_OP, _LAUNCH = range(4)
+
+
+class _Plan:
+    """What a call of one signature does on the device, ready to repeat with another call's tensors."""
+
+    def __init__(self, num_inputs: int, num_tensors: int, same: tuple, steps: tuple, build: Callable[[list], object]) -> None:
+        self.num_inputs = num_inputs
+        self.num_made = num_tensors - num_inputs
+        self.same = same  # argument positions that held one tensor when recorded: each launched buffer is the first's
+        self.steps = steps
+        self.build = build
+
+    def serves(self, inputs: list[torch.Tensor]) -> bool:
+        """Whether the plan serves a call's tensors: those passed twice when it was recorded are passed twice again."""
+        return all(inputs[i] is inputs[j] for i, j in self.same)
+
+    def run(self, inputs: list[torch.Tensor]) -> object:
+        tensors = inputs + [None] * self.num_made
+        for step in self.steps:
+            kind = step[0]
+            if kind is _LAUNCH:
+                _, kernel, device, buffers, env = step
+                kernel.launch(device, {name: tensors[index].data_ptr() + offset if index >= 0 else offset for name, index, offset in buffers}, env)
+            elif kind is _ALLOC:
+                _, index, shape, stride, dtype, device, zero, make = step
+                t = tensors[index] = make(shape, dtype=dtype, device=device) if make is torch.zeros else make(shape, stride, dtype=dtype, device=device)
+                if zero:
+                    t.zero_()
+            else:
+                if kind is _OP:
+                    _, func, args, refs, kwargs, numbers = step
+                    args = args.copy()
+                    for position, index in refs:
+                        args[position] = tensors[index]
+                    out = func(*args, **kwargs)
+                else:
+                    _, func, args_t, kwargs_t, numbers = step
+                    out = func(*_resolve(args_t, tensors), **_resolve(kwargs_t, tensors))
+                if len(numbers) == 1:
+                    tensors[numbers[0]] = out
+                else:
+                    for index, t in zip(numbers, out):
+                        tensors[index] = t
+        return self.build(tensors)
