@@ -207,6 +207,12 @@ class _Recorder(TorchDispatchMode):
         self.steps: list[tuple] = []
         self.reason: str | None = None
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # torch wraps a mode's handler in torch._dynamo.disable unless this says False: the first recording would then
+        # import torch._dynamo (about a second and 40 MB). Nothing is compiled inside a recorded call.
+        return False
+
     def __enter__(self):
         recording.active = self
         return super().__enter__()

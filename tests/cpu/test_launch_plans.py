@@ -5,6 +5,9 @@ would: the same binary, dims and scalars, each buffer at the address the op woul
 from __future__ import annotations
 
 import importlib
+import subprocess
+import sys
+import textwrap
 import threading
 from collections import Counter
 from pathlib import Path
@@ -306,3 +309,18 @@ def test_threads_replay_one_plan_each_with_its_own_tensors(monkeypatch):
         t.join()
     assert not mismatches and len(seen) == 400
     assert [type(p) for p in demo.plans.values()] == [_plans._Plan]
+
+
+def test_recording_imports_nothing():
+    """A recorded call happens in serving, at an op's second call of a signature: it must not import torch._dynamo and
+    sympy (a second and 40 MB), as a TorchDispatchMode does unless it opts out of torch.compile's wrapping."""
+    result = subprocess.run([sys.executable, '-c', textwrap.dedent('''
+        import sys, torch
+        from tile_kernels_aot import _plans
+        before = set(sys.modules)
+        with _plans._Recorder([]):
+            (torch.empty(3).view(3, 1) + 1).zero_()
+        print(sorted(set(sys.modules) - before))
+    ''')], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == '[]'
