@@ -22,13 +22,14 @@ launched buffer cannot be told apart as one argument's or another's.
 
 A plan keeps no tensor of a call: sizes, dtypes, offsets, torch ops, the loaded binary and its bound dims. Each op
 keeps at most ``MAX_PLANS`` signatures (the oldest go first); :func:`clear` forgets them all (``_select.reset`` calls
-it).
+it). ``TILE_KERNELS_AOT_LAUNCH_PLANS=0`` (read at import) or :func:`enable` turns them off: every call runs in full.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import os
 import threading
 from collections.abc import Callable
 
@@ -40,6 +41,7 @@ from tile_kernels_aot import _index_checks, config
 from tile_kernels_aot._launch import recording
 
 MAX_PLANS = 1024
+PLANS_ENV = 'TILE_KERNELS_AOT_LAUNCH_PLANS'
 _ALIGNMENT_BITS = 255
 
 _aten = torch.ops.aten
@@ -92,6 +94,25 @@ def signature(args: tuple, kwargs: dict, tensors: list) -> tuple:
     return tuple(key)
 
 
+def _from_environment() -> bool:
+    value = os.environ.get(PLANS_ENV, '1').strip()
+    if value not in ('', '0', '1'):
+        raise ValueError(f'{PLANS_ENV} must be 0 or 1, got {value!r}')
+    return value != '0'
+
+
+enabled: bool = _from_environment()
+
+
+def enable(on: bool = True) -> None:
+    """Turn launch plans on or off for this process (TILE_KERNELS_AOT_LAUNCH_PLANS=0 starts with them off). Off, every
+    call runs its op in full; the plans already made are kept for when they are on again."""
+    global enabled
+    if not isinstance(on, bool):
+        raise TypeError(f'enable: on must be a bool, got {type(on).__name__}')
+    enabled = on
+
+
 def not_replayable(reason: str) -> None:
     """Called by an op before it does what a launch plan cannot repeat (a host sync, a Python side effect)."""
     recorder = recording.__dict__.get('active')
@@ -113,7 +134,7 @@ def launch_plan(op: Callable) -> Callable:
 
     @functools.wraps(op)
     def call(*args, **kwargs):
-        if is_compiling() or recording.__dict__.get('active') is not None:
+        if not enabled or is_compiling() or recording.__dict__.get('active') is not None:
             return op(*args, **kwargs)
         tensors: list = []
         try:

@@ -5,6 +5,7 @@ would: the same binary, dims and scalars, each buffer at the address the op woul
 from __future__ import annotations
 
 import importlib
+import os
 import subprocess
 import sys
 import textwrap
@@ -324,3 +325,30 @@ def test_recording_imports_nothing():
     ''')], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == '[]'
+
+
+def test_plans_turned_off_run_every_call_in_full(launches, monkeypatch):
+    for _ in range(3):
+        demo(x_of())
+    monkeypatch.setattr(_plans, 'enabled', True)
+    _plans.enable(False)
+    for _ in range(3):
+        demo(x_of())
+    assert full_calls['demo'] == 5
+    _plans.enable(True)
+    demo(x_of())
+    assert full_calls['demo'] == 5
+    with pytest.raises(TypeError, match='enable: on must be a bool'):
+        _plans.enable(1)
+
+
+@pytest.mark.parametrize('value, expected', [('0', 'False'), ('1', 'True'), ('', 'True'), ('2', "ValueError: TILE_KERNELS_AOT_LAUNCH_PLANS must be 0 or 1, got '2'")])
+def test_the_environment_sets_whether_plans_start_on(value, expected):
+    result = subprocess.run([sys.executable, '-c', textwrap.dedent('''
+        try:
+            from tile_kernels_aot import _plans
+            print(_plans.enabled)
+        except ValueError as exc:
+            print(f'ValueError: {exc}')
+    ''')], capture_output=True, text=True, env={**os.environ, _plans.PLANS_ENV: value})
+    assert result.stdout.strip() == expected, result.stderr
