@@ -20,9 +20,9 @@ Python side effect with :func:`not_replayable`, when a torch op or a launch read
 make (other than one registered with :func:`persistent`), or when its argument tensors share memory, where a
 launched buffer cannot be told apart as one argument's or another's.
 
-A plan keeps no tensor of a call: sizes, dtypes, offsets, torch ops, the loaded binary and its bound dims. Each op
-keeps at most ``MAX_PLANS`` signatures (the oldest go first); :func:`clear` forgets them all (``_select.reset`` calls
-it). ``TILE_KERNELS_AOT_LAUNCH_PLANS=0`` (read at import) or :func:`enable` turns them off: every call runs in full.
+A plan keeps no tensor of a call: sizes, dtypes, offsets, torch ops, the loaded binary and its bound dims (a few KB).
+Each op keeps at most ``MAX_PLANS`` signatures: a new one replaces the oldest seen only once, else the oldest plan.
+:func:`clear` forgets them all (``_select.reset`` calls it). ``TILE_KERNELS_AOT_LAUNCH_PLANS=0`` (read at import) or :func:`enable` turns them off: every call runs in full.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from tile_kernels_aot import _index_checks, config
 from tile_kernels_aot._launch import recording
 
-MAX_PLANS = 1024
+MAX_PLANS = 256  # signatures an op keeps: decode's batch sizes, with room for prefill's passing ones
 PLANS_ENV = 'TILE_KERNELS_AOT_LAUNCH_PLANS'
 _ALIGNMENT_BITS = 255
 
@@ -164,9 +164,10 @@ _UNSEEN = object()
 
 
 def _store(plans: dict, key: tuple, plan: object) -> None:
+    """Keep `plan` for `key`; a full cache first forgets its oldest signature seen only once, else its oldest."""
     with _lock:  # threads may record at once; lookups need no lock
         if key not in plans and len(plans) >= MAX_PLANS:
-            del plans[next(iter(plans))]
+            del plans[next((k for k, v in plans.items() if v is None), next(iter(plans)))]
         plans[key] = plan
 
 

@@ -252,11 +252,17 @@ def test_a_persistent_tensor_is_launched_at_its_address(launches):
     assert [pointers['out'] for _, pointers, _ in launches] == [standing.data_ptr()] * 4
 
 
-def test_an_op_keeps_at_most_max_plans_signatures(launches, monkeypatch):
+def test_an_op_keeps_at_most_max_plans_signatures_and_drops_passing_ones_first(launches, monkeypatch):
     monkeypatch.setattr(_plans, 'MAX_PLANS', 3)
-    for tokens in range(1, 7):
+    for _ in range(3):
+        demo(x_of(1))  # a plan
+    for tokens in range(2, 7):  # each seen once
         demo(x_of(tokens))
     assert len(demo.plans) == 3
+    assert [key[2][1][0] for key in demo.plans] == [1, 5, 6]  # the plan stays; the oldest passing signatures went
+    for tokens in (5, 6, 7, 7):
+        demo(x_of(tokens))  # 5 and 6 become plans, 7 then replaces the oldest plan
+    assert [key[2][1][0] for key in demo.plans] == [5, 6, 7]
 
 
 def test_reset_forgets_the_plans(launches):
