@@ -10,8 +10,8 @@ or a manifest asks for is a power of two up to 256 bytes), each other argument's
 * the second runs it in full under a :class:`_Recorder`, which numbers every tensor of the call (its arguments, its
   allocations, the outputs of its torch ops) and notes each allocation, torch op (its arguments by number) and
   launch (each buffer as a byte offset from a numbered tensor);
-* from the third on, the call allocates, runs those torch ops and launches, on its own tensors, and returns the same
-  structure. The checks and the choice of binary are not repeated: they passed for this signature and depend on
+* from the third on, the call allocates, runs those torch ops, uploads its address tables (:func:`address_table`) and
+  launches, on its own tensors, and returns the same structure. The checks and the choice of binary are not repeated: they passed for this signature and depend on
   nothing else. A view is repeated only where a repeated torch op or the result needs it.
 
 A signature is remembered as not replayable, and its calls run in full, when its call reads tensor values on the
@@ -174,6 +174,25 @@ def _store(plans: dict, key: tuple, plan: object) -> None:
 _lock = threading.Lock()
 
 
+def address_table(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """An int64 tensor on `device` holding the tensors' addresses, copied from pinned memory without a host sync (a CUDA
+    graph can capture it). A launch plan builds it again from each call's tensors."""
+    recorder = recording.__dict__.get('active')
+    if recorder is None:
+        return _upload([t.data_ptr() for t in tensors], device)
+    recorder.paused = True  # the upload's torch ops are the table step's, not the call's
+    try:
+        table = _upload([t.data_ptr() for t in tensors], device)
+    finally:
+        recorder.paused = False
+    recorder.table(tensors, device, table)
+    return table
+
+
+def _upload(addresses: list[int], device: torch.device) -> torch.Tensor:
+    return torch.tensor(addresses, dtype=torch.int64, pin_memory=device.type == 'cuda').to(device, non_blocking=True)
+
+
 def persistent(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Register tensors an op makes once and binds on every call (stand-ins for absent optional arguments): a plan
     launches them by their address. Returns `tensors`."""
@@ -228,6 +247,7 @@ class _Recorder(TorchDispatchMode):
         self.base: dict[int, int] = {}  # a view of an allocation or a computed output (by number) -> that tensor's number
         self.steps: list[tuple] = []
         self.reason: str | None = None
+        self.paused = False
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
@@ -251,7 +271,7 @@ class _Recorder(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        if self.reason:
+        if self.reason or self.paused:
             return out
         if func in _ALLOCATIONS or func in _ZERO_ALLOCATIONS:
             self.steps.append(('alloc', self._new(out), func in _ZERO_ALLOCATIONS))
@@ -292,6 +312,12 @@ class _Recorder(TorchDispatchMode):
         if kind is dict:
             return {k: self._template(v) for k, v in value.items()}
         return value
+
+    def table(self, tensors: list[torch.Tensor], device: torch.device, table: torch.Tensor) -> None:
+        numbers = [self.number.get(id(t)) for t in tensors]
+        if None in numbers:
+            self.reason = self.reason or 'it uploads the addresses of tensors it neither got nor made'
+        self.steps.append(('table', tuple(numbers), device, self._new(table)))
 
     def launched(self, kernel, device: int, tensors: dict, env: dict) -> None:
         self.steps.append(('launch', kernel, device, dict(tensors), dict(env)))
@@ -356,6 +382,8 @@ class _Recorder(TorchDispatchMode):
                     steps.append((_OP, func, list(args_t), refs, kwargs_t, numbers))
                 else:
                     steps.append((_NESTED_OP, func, args_t, kwargs_t, numbers))
+            elif step[0] == 'table':
+                steps.append((_TABLE, *step[1:]))
             else:
                 _, kernel, device, launched, env = step
                 steps.append((_LAUNCH, kernel, device, tuple((name, *buffer(t)) for name, t in launched.items()), env))
@@ -388,7 +416,7 @@ class _Unplannable(Exception):
     pass
 
 
-_ALLOC, _OP, _NESTED_OP, _LAUNCH = range(4)
+_ALLOC, _OP, _NESTED_OP, _TABLE, _LAUNCH = range(5)
 
 
 class _Plan:
@@ -412,6 +440,9 @@ class _Plan:
             if kind is _LAUNCH:
                 _, kernel, device, buffers, env = step
                 kernel.launch(device, {name: tensors[index].data_ptr() + offset if index >= 0 else offset for name, index, offset in buffers}, env)
+            elif kind is _TABLE:
+                _, numbers, device, index = step
+                tensors[index] = _upload([tensors[n].data_ptr() for n in numbers], device)
             elif kind is _ALLOC:
                 _, index, shape, stride, dtype, device, zero, make = step
                 t = tensors[index] = make(shape, dtype=dtype, device=device) if make is torch.zeros else make(shape, stride, dtype=dtype, device=device)

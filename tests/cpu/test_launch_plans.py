@@ -252,6 +252,23 @@ def test_a_persistent_tensor_is_launched_at_its_address(launches):
     assert [pointers['out'] for _, pointers, _ in launches] == [standing.data_ptr()] * 4
 
 
+@_plans.launch_plan
+def tabled(x, rows):
+    """Launches with out = a table of the rows' addresses (as float32 pairs: 8 bytes a row)."""
+    full_calls['tabled'] += 1
+    table = _plans.address_table(rows, x.device)
+    KERNEL(0, {'x': x, 'out': table.view(torch.float32).view(-1, 2)}, {'num_sms': 132})
+    return table
+
+
+def test_an_address_table_is_built_from_each_calls_tensors(launches):
+    for _ in range(4):
+        x, rows = x_of(), [aligned(torch.randn(8)) for _ in range(3)]
+        table = tabled(x, rows)
+        assert table.tolist() == [t.data_ptr() for t in rows] and launches[-1][1] == {'x': x.data_ptr(), 'out': table.data_ptr()}
+    assert full_calls['tabled'] == 2
+
+
 def test_an_op_keeps_at_most_max_plans_signatures_and_drops_passing_ones_first(launches, monkeypatch):
     monkeypatch.setattr(_plans, 'MAX_PLANS', 3)
     for _ in range(3):
@@ -272,16 +289,15 @@ def test_reset_forgets_the_plans(launches):
     assert not demo.plans
 
 
-def test_every_public_op_has_a_launch_plan_but_two():
+def test_every_public_op_has_a_launch_plan():
     unwrapped = {}
     for qualified in _custom_ops.PUBLIC:
         module, name = qualified.split('.')
         fn = getattr(importlib.import_module(f'tile_kernels_aot.{module}'), name)
         if not hasattr(fn, 'plans'):
             unwrapped[qualified] = fn
-    # mhc_multilayer_recompute copies a table of its tensors' addresses to the device on every call;
     # mhc_post_bwd stashes a gradient on the residual's storage, around _post_bwd, which has a plan.
-    assert set(unwrapped) == {'mhc.mhc_multilayer_recompute', 'mhc.mhc_post_bwd'}
+    assert set(unwrapped) == {'mhc.mhc_post_bwd'}
     assert hasattr(importlib.import_module('tile_kernels_aot.mhc.post')._post_bwd, 'plans')
 
 

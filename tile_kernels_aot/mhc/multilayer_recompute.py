@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch.compiler import is_compiling
 
-from tile_kernels_aot import _checks, _custom_ops
+from tile_kernels_aot import _checks, _custom_ops, _plans
 from tile_kernels_aot._select import find_kernel
 from tile_kernels_aot.mhc import _stream_checks as checks
 
@@ -19,6 +19,7 @@ def _tensor_list(op: str, name: str, value: object) -> list:
     return list(value)
 
 
+@_plans.launch_plan
 def mhc_multilayer_recompute(
     initial_residual: torch.Tensor,
     pre_mix_list: list[torch.Tensor],
@@ -81,13 +82,12 @@ def mhc_multilayer_recompute(
     kernel = find_kernel(KERNEL, {'mhc': mhc, 'hidden': h}, device)
     vectors = {k: t for k, t in devices.items() if t.dtype == torch.bfloat16}
     checks.aligned(op, kernel, vectors, {k: t for k, t in devices.items() if t.dtype == torch.float32})
-    # One pinned buffer, one asynchronous copy: rows (pre_mix, layer_input) for every layer, then rows (layer_output,
-    # post_mix, comb_mix, residual) for the layers with a post.
-    addresses = [t.data_ptr() for i in range(num_layers) for t in (lists['pre_mix_list'][i], lists['layer_input_list'][i])]
-    addresses += [t.data_ptr() for i in range(num_post) for t in (lists['layer_output_list'][i], lists['post_mix_list'][i],
-                                                                  lists['comb_mix_list'][i], lists['residual_list'][i])]
-    pinned = torch.tensor(addresses, dtype=torch.int64, pin_memory=True)
-    tables = pinned.to(initial_residual.device, non_blocking=True)
+    # One table, one asynchronous copy: rows (pre_mix, layer_input) for every layer, then rows (layer_output, post_mix,
+    # comb_mix, residual) for the layers with a post.
+    rows = [t for i in range(num_layers) for t in (lists['pre_mix_list'][i], lists['layer_input_list'][i])]
+    rows += [t for i in range(num_post) for t in (lists['layer_output_list'][i], lists['post_mix_list'][i], lists['comb_mix_list'][i],
+                                                  lists['residual_list'][i])]
+    tables = _plans.address_table(rows, initial_residual.device)
     kernel(device, {'initial_residual': initial_residual.view(tokens, mhc, h),
                     'layer_tables': tables[:2 * num_layers].view(num_layers, 2),
                     'post_tables': tables[2 * num_layers:].view(num_post, 4)})
