@@ -50,6 +50,7 @@ _ALLOCATIONS = {_aten.empty.memory_format, _aten.empty_strided.default, _aten.em
 _ZERO_ALLOCATIONS = {_aten.zeros.default, _aten.zeros_like.default, _aten.new_zeros.default}
 _ALIASES = {_aten.detach.default, _aten.alias.default}
 _SCALARS = (int, bool, str, type(None), torch.dtype)
+_SCALAR_KINDS = frozenset(_SCALARS)
 _TENSORS = (torch.Tensor, torch.nn.Parameter)
 
 _caches: list[dict] = []
@@ -84,13 +85,22 @@ def _part(value: object, tensors: list) -> object:
 
 
 def signature(args: tuple, kwargs: dict, tensors: list) -> tuple:
-    """The call's signature; its tensors, in order, are appended to `tensors`. Raises _Unkeyable."""
+    """The call's signature; its tensors, in order, are appended to `tensors`. Raises _Unkeyable. (The common kinds of
+    argument are spelled out here rather than left to _part: this runs on every call. A positional scalar adds two
+    items, its type and value; any other argument one tuple, after its name if it is a keyword; so the items still tell
+    the arguments apart.)"""
     key = [config._num_sms, _index_checks.enabled]
     for value in args:
-        key.append(_part(value, tensors))
-    for name, value in kwargs.items():
-        key.append(name)
-        key.append(_part(value, tensors))
+        kind = type(value)
+        if kind is torch.Tensor:
+            tensors.append(value)
+            key.append((value.dtype, value.shape, value.stride(), value.get_device(), value.data_ptr() & _ALIGNMENT_BITS))
+        elif kind in _SCALAR_KINDS:
+            key += (kind, value)
+        else:
+            key.append(_part(value, tensors))
+    for name, value in kwargs.items():  # a bare name, then a tuple
+        key += (name, _part(value, tensors))
     return tuple(key)
 
 
