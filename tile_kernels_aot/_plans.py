@@ -253,7 +253,7 @@ class _Recorder(TorchDispatchMode):
         self.number: dict[int, int] = {}  # id(tensor) -> its number; self.tensors keeps each alive, so ids stay unique
         for index, t in enumerate(inputs):
             self.number.setdefault(id(t), index)
-        self.aliases: list[torch.Tensor] = []
+        self.aliases: list[torch.Tensor] = []  # detached aliases of allocations, kept alive so that their ids stay unique
         self.base: dict[int, int] = {}  # a view of an allocation or a computed output (by number) -> that tensor's number
         self.steps: list[tuple] = []
         self.reason: str | None = None
