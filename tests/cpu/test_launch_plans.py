@@ -374,3 +374,13 @@ def test_the_environment_sets_whether_plans_start_on(value, expected):
             print(f'ValueError: {exc}')
     ''')], capture_output=True, text=True, env={**os.environ, _plans.PLANS_ENV: value})
     assert result.stdout.strip() == expected, result.stderr
+
+
+def test_host_python_times_and_checks_replays_over_a_build(built):
+    result = subprocess.run([sys.executable, '-m', 'benchmarks.host_python', str(built / 'build' / 'sm_90a'), '--tokens', '5',
+                             '--cases', 'per_token_cast-torch.bfloat16-e4m3-128-*,topk_gate'], capture_output=True, text=True,
+                            cwd=Path(__file__).resolve().parents[2])
+    assert result.returncode == 0, result.stdout + result.stderr
+    skipped, timed = result.stdout.splitlines()
+    assert skipped.startswith('topk_gate') and 'skipped' in skipped and 'num_experts=64' in skipped  # not in the small build
+    assert timed.startswith('per_token_cast') and 'in full' in timed and 'replayed' in timed and 'DIFFER' not in timed
