@@ -27,7 +27,8 @@ def _fresh(args):
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
-    return t.view(torch.uint8) if t.dtype.itemsize == 1 else t
+    """The tensor's elements as integers of its width, so that == compares bits (NaN == NaN, -0.0 != 0.0)."""
+    return t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.dtype.itemsize]) if t.numel() else t
 
 
 @pytest.mark.parametrize('case', [c for c in CASES if hasattr(_public(c), 'plans')], ids=lambda c: c.name)
@@ -43,13 +44,13 @@ def test_replayed_calls_give_what_checked_calls_give(case):
     plans = list(op.plans.values())
     assert [type(p) for p in plans] == [_plans._Plan], plans
     for index, (first, second) in enumerate(zip(runs[0], runs[1])):
-        deterministic = torch.equal(_bits(first), _bits(second))
+        # Where the two checked calls agree, the replays must give the same bits; elements they disagree on (a float sum
+        # in another order, memory an op leaves unwritten) are not the op's to fix, so not the replay's either.
+        settled = _bits(first) == _bits(second)
         for replayed in (runs[2][index], runs[3][index]):
             assert replayed.shape == first.shape and replayed.dtype == first.dtype and replayed.stride() == first.stride()
-            if deterministic:
-                assert torch.equal(_bits(replayed), _bits(first)), f'{case.name}: tensor {index} differs when replayed'
-            else:  # an op that adds floats atomically: as close as its own two checked calls are
-                torch.testing.assert_close(replayed, first, rtol=1e-5, atol=1e-5)
+            differs = (_bits(replayed) != _bits(first)) & settled
+            assert not differs.any(), f'{case.name}: tensor {index} differs when replayed at {differs.nonzero()[:4].tolist()}'
 
 
 def test_a_replayed_call_is_captured_in_a_cuda_graph():
