@@ -16,21 +16,12 @@ anything here. The variable is read once, when the package is imported.
 
 from __future__ import annotations
 
-import os
-
 import torch
 
+from tile_kernels_aot.config import env_switch
+
 CHECK_ENV = 'TILE_KERNELS_AOT_CHECK_INDICES'
-
-
-def _from_environment() -> bool:
-    value = os.environ.get(CHECK_ENV, '0').strip()
-    if value not in ('', '0', '1'):
-        raise ValueError(f'{CHECK_ENV} must be 0 or 1, got {value!r}')
-    return value == '1'
-
-
-enabled: bool = _from_environment()
+enabled: bool = env_switch(CHECK_ENV, False)
 
 
 def enable(on: bool = True) -> None:

@@ -20,7 +20,7 @@ Python side effect with :func:`not_replayable`, when a torch op or a launch read
 make (other than one registered with :func:`persistent`), or when its argument tensors share memory, where a
 launched buffer cannot be told apart as one argument's or another's.
 
-A plan keeps no tensor of a call: sizes, dtypes, offsets, torch ops, the loaded binary and its bound dims (a few KB).
+A plan keeps no tensor of a call: sizes, dtypes, offsets, torch ops, the loaded binary and its bound dims.
 Each op keeps at most ``MAX_PLANS`` signatures: a new one replaces the oldest seen only once, else the oldest plan.
 :func:`clear` forgets them all (``_select.reset`` calls it). ``TILE_KERNELS_AOT_LAUNCH_PLANS=0`` (read at import) or :func:`enable` turns them off: every call runs in full.
 """
@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 import threading
 from collections.abc import Callable
 
@@ -104,14 +103,7 @@ def signature(args: tuple, kwargs: dict, tensors: list) -> tuple:
     return tuple(key)
 
 
-def _from_environment() -> bool:
-    value = os.environ.get(PLANS_ENV, '1').strip()
-    if value not in ('', '0', '1'):
-        raise ValueError(f'{PLANS_ENV} must be 0 or 1, got {value!r}')
-    return value != '0'
-
-
-enabled: bool = _from_environment()
+enabled: bool = config.env_switch(PLANS_ENV, True)
 
 
 def enable(on: bool = True) -> None:
@@ -262,7 +254,7 @@ class _Recorder(TorchDispatchMode):
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
         # torch wraps a mode's handler in torch._dynamo.disable unless this says False: the first recording would then
-        # import torch._dynamo (about a second and 40 MB). Nothing is compiled inside a recorded call.
+        # import torch._dynamo and sympy in the middle of an op's call. Nothing is compiled inside a recorded call.
         return False
 
     def __enter__(self):

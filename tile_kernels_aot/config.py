@@ -8,6 +8,7 @@ one binary serves GPUs of any size. Results do not depend on it.
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 
@@ -30,3 +31,12 @@ def set_num_sms(num_sms: int) -> None:
 
 def get_num_sms(device: int | None = None) -> int:
     return _num_sms or get_device_num_sms(device)
+
+
+def env_switch(name: str, default: bool) -> bool:
+    """A switch read from the environment variable `name` once, by the module that owns it: 1 on, 0 off, unset or
+    empty the default."""
+    value = os.environ.get(name, '').strip()
+    if value not in ('', '0', '1'):
+        raise ValueError(f'{name} must be 0 or 1, got {value!r}')
+    return default if value == '' else value == '1'

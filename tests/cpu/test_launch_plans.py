@@ -336,7 +336,7 @@ def test_threads_replay_one_plan_each_with_its_own_tensors(monkeypatch):
 
 def test_recording_imports_nothing():
     """A recorded call happens in serving, at an op's second call of a signature: it must not import torch._dynamo and
-    sympy (a second and 40 MB), as a TorchDispatchMode does unless it opts out of torch.compile's wrapping."""
+    sympy, as a TorchDispatchMode does unless it opts out of torch.compile's wrapping."""
     result = subprocess.run([sys.executable, '-c', textwrap.dedent('''
         import sys, torch
         from tile_kernels_aot import _plans
