@@ -142,8 +142,8 @@ def launch_plan(op: Callable) -> Callable:
         try:
             key = signature(args, kwargs, tensors)
             plan = plans.get(key, _UNSEEN)
-        except (_Unkeyable, TypeError):  # TypeError: a value that cannot be hashed
-            return op(*args, **kwargs)
+        except Exception:  # an argument without a signature (another type, an unhashable value, a tensor without storage)
+            return op(*args, **kwargs)  # the op's own checks say what is wrong with it
         if type(plan) is _Plan:
             if not plan.same or plan.serves(tensors):
                 return plan.run(tensors)

@@ -220,6 +220,13 @@ def test_an_argument_without_a_signature_runs_in_full(launches):
     assert full_calls['demo'] == 3 and not demo.plans
 
 
+def test_a_tensor_without_storage_meets_the_ops_own_checks():
+    sparse = torch.sparse_coo_tensor(torch.zeros(2, 0, dtype=torch.long), torch.zeros(0), (4, 256))
+    for _ in range(3):
+        with pytest.raises(ValueError, match='topk_gate: scores must be contiguous in its last dimension'):
+            moe.topk_gate(sparse, 8)
+
+
 def test_under_another_dispatch_mode_the_op_runs_in_full(launches):
     class Watching(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
