@@ -221,7 +221,7 @@ def test_an_argument_without_a_signature_runs_in_full(launches):
 
 
 def test_a_tensor_without_storage_meets_the_ops_own_checks():
-    sparse = torch.sparse_coo_tensor(torch.zeros(2, 0, dtype=torch.long), torch.zeros(0), (4, 256))
+    sparse = torch.sparse_coo_tensor(torch.zeros(2, 0, dtype=torch.long), torch.zeros(0), (4, 256), check_invariants=False)
     for _ in range(3):
         with pytest.raises(ValueError, match='topk_gate: scores must be contiguous in its last dimension'):
             moe.topk_gate(sparse, 8)
