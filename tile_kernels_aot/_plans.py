@@ -11,8 +11,9 @@ or a manifest asks for is a power of two up to 256 bytes), each other argument's
   allocations, the outputs of its torch ops) and notes each allocation, torch op (its arguments by number) and
   launch (each buffer as a byte offset from a numbered tensor);
 * from the third on, the call allocates, runs those torch ops, uploads its address tables (:func:`address_table`) and
-  launches, on its own tensors, and returns the same structure. The checks and the choice of binary are not repeated: they passed for this signature and depend on
-  nothing else. A view is repeated only where a repeated torch op or the result needs it.
+  launches, on its own tensors, and returns the same structure. The checks and the choice of binary are not
+  repeated: they passed for this signature and depend on nothing else. A view is repeated only where a repeated
+  torch op or the result needs it.
 
 A signature is remembered as not replayable, and its calls run in full, when its call reads tensor values on the
 host (``.item()``, an op whose output shape depends on values, an index check), when an op marks a host sync or a
@@ -22,7 +23,8 @@ launched buffer cannot be told apart as one argument's or another's.
 
 A plan keeps no tensor of a call: sizes, dtypes, offsets, torch ops, the loaded binary and its bound dims.
 Each op keeps at most ``MAX_PLANS`` signatures: a new one replaces the oldest seen only once, else the oldest plan.
-:func:`clear` forgets them all (``_select.reset`` calls it). ``TILE_KERNELS_AOT_LAUNCH_PLANS=0`` (read at import) or :func:`enable` turns them off: every call runs in full.
+:func:`clear` forgets them all (``_select.reset`` calls it). ``TILE_KERNELS_AOT_LAUNCH_PLANS=0`` (read at import)
+or :func:`enable` turns them off: every call runs in full.
 """
 
 from __future__ import annotations
@@ -48,8 +50,7 @@ _ALLOCATIONS = {_aten.empty.memory_format, _aten.empty_strided.default, _aten.em
                 _aten.new_empty_strided.default}
 _ZERO_ALLOCATIONS = {_aten.zeros.default, _aten.zeros_like.default, _aten.new_zeros.default}
 _ALIASES = {_aten.detach.default, _aten.alias.default}
-_SCALARS = (int, bool, str, type(None), torch.dtype)
-_SCALAR_KINDS = frozenset(_SCALARS)
+_SCALARS = frozenset({int, bool, str, type(None), torch.dtype})
 _TENSORS = (torch.Tensor, torch.nn.Parameter)
 
 _caches: list[dict] = []
@@ -94,7 +95,7 @@ def signature(args: tuple, kwargs: dict, tensors: list) -> tuple:
         if kind is torch.Tensor:
             tensors.append(value)
             key.append((value.dtype, value.shape, value.stride(), value.get_device(), value.data_ptr() & _ALIGNMENT_BITS))
-        elif kind in _SCALAR_KINDS:
+        elif kind in _SCALARS:
             key += (kind, value)
         else:
             key.append(_part(value, tensors))
