@@ -400,10 +400,15 @@ class _Recorder(TorchDispatchMode):
             if index is None:
                 raise _Unplannable('it returns a tensor made before the call')
             base = self.base.get(index)
-            if base is not None and self.tensors[base].dtype == value.dtype:  # one view of what the call made, not a chain
-                returned.append(base)
+            if base is not None:  # a view of what the call made: rebuilt from it in one or two steps, not by its chain
                 shape, stride, offset = tuple(value.shape), value.stride(), value.storage_offset()
-                return lambda s: s[base].as_strided(shape, stride, offset)
+                dtype = value.dtype
+                if self.tensors[base].dtype == dtype:
+                    returned.append(base)
+                    return lambda s: s[base].as_strided(shape, stride, offset)
+                if _retyped(self.tensors[base], value):
+                    returned.append(base)
+                    return lambda s: s[base].view(dtype).as_strided(shape, stride, offset)
             returned.append(index)
             return lambda s: s[index]
         kind = type(value)
@@ -413,6 +418,16 @@ class _Recorder(TorchDispatchMode):
         if kind in _SCALARS or kind is float:
             return lambda s: value
         raise _Unplannable(f'it returns a {kind.__name__}')
+
+
+def _retyped(base: torch.Tensor, value: torch.Tensor) -> bool:
+    """Whether `value`, a view of `base` in another dtype, is base.view(value.dtype).as_strided(...) of its own sizes
+    (a packed scale factor's int32 words over the uint8 bytes the kernel writes)."""
+    try:
+        rebuilt = base.view(value.dtype).as_strided(value.shape, value.stride(), value.storage_offset())
+    except RuntimeError:  # base's last dim does not divide into the new dtype's elements
+        return False
+    return rebuilt.data_ptr() == value.data_ptr()
 
 
 class _Unplannable(Exception):

@@ -50,6 +50,10 @@ def demo(x, scale=1.0, mode='empty', out=None):
     if not isinstance(x, torch.Tensor) or x.dim() != 2:
         raise ValueError('demo: x must be a 2-d tensor')
     extra = None
+    raw = None
+    if mode == 'retyped':  # the kernel writes bytes the op returns as int32 words, as the packed scale factors are
+        raw = torch.empty((x.shape[0], 8), dtype=torch.uint8)
+        out = raw.view(torch.float32)
     if out is None:
         out = torch.zeros((x.shape[0], 2)) if mode == 'zeros' else torch.empty((x.shape[0], 2))
     if mode == 'fill':
@@ -63,6 +67,8 @@ def demo(x, scale=1.0, mode='empty', out=None):
     KERNEL(0, {'x': x, 'out': out}, {'num_sms': config.get_num_sms(0) if config._num_sms else 132})
     if mode == 'transposed':
         return out.T
+    if mode == 'retyped':
+        return raw.view(torch.int32).T
     return (out, extra) if extra is not None else out
 
 
@@ -170,6 +176,15 @@ def test_a_returned_view_is_made_from_the_new_allocation(launches):
         t = demo(x_of(), mode='transposed')
         assert t.shape == (2, 3) and t.stride() == (1, 2) and t.data_ptr() == launches[-1][1]['out']
     assert full_calls['demo'] == 2
+
+
+def test_a_returned_view_in_another_dtype_is_made_from_the_new_allocation_without_its_chain(launches):
+    for _ in range(4):
+        t = demo(x_of(), mode='retyped')
+        assert t.dtype == torch.int32 and t.shape == (2, 3) and t.stride() == (1, 2) and t.data_ptr() == launches[-1][1]['out']
+    assert full_calls['demo'] == 2
+    (plan,) = [p for p in demo.plans.values() if type(p) is _plans._Plan]
+    assert [step[0] for step in plan.steps] == [_plans._ALLOC, _plans._LAUNCH]  # no view of the chain is repeated
 
 
 def test_an_output_passed_in_is_returned_as_itself(launches):
