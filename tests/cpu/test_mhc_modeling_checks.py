@@ -68,3 +68,11 @@ def test_the_reference_layer_step_runs_on_cpu_and_mixes_streams():
     torch.testing.assert_close(comb.sum(-1), torch.ones(2, 3, 4), atol=1e-3, rtol=0)
     out = reference.mhc_post_ref(layer_input, residual, post, comb)
     assert out.shape == residual.shape and out.dtype == torch.bfloat16
+
+
+def test_the_reference_layer_step_takes_zero_tokens():
+    from tile_kernels_aot import reference
+
+    residual = torch.empty(0, 3, 4, 256).bfloat16()
+    layer_input, (post, comb) = reference.mhc_pre_ref(residual, torch.randn(24, 1024), torch.ones(3), torch.zeros(24))
+    assert layer_input.shape == (0, 3, 256) and post.shape == (0, 3, 4, 1) and comb.shape == (0, 3, 4, 4)

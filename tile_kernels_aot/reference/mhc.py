@@ -78,7 +78,7 @@ def mhc_pre_norm_fn_ref(residual: torch.Tensor, mhc_fn: torch.Tensor, mhc_norm_w
     mixes = torch.einsum('mbk,nbk->mbn', x.view(-1, 1, width), mhc_fn.view(mhc_fn.shape[0], 1, width))
     sqrsum = x.view(-1, 1, width).square().sum(-1)
     mixes = (mixes * (sqrsum.unsqueeze(-1) / width + mhc_norm_eps).rsqrt()).sum(-2)
-    return mixes.view(*x.shape[:2], -1)
+    return mixes.view(*x.shape[:2], mhc_fn.shape[0])
 
 
 def mhc_pre_ref(residual: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, *,
