@@ -147,21 +147,45 @@ def _multiple(op: str, weight: torch.Tensor, per_thread: int) -> None:
         raise ValueError(f'{op}: the weights must have a multiple of {per_thread} elements, got shape {tuple(weight.shape)}')
 
 
-def _gate_inputs(op: str, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, weight_fused: torch.Tensor) -> tuple[int, int]:
+def _gate_inputs(op: str, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, weight_fused: torch.Tensor | None) -> tuple[int, int]:
+    """(tokens, hidden) of the gate's operands; weight_fused None: not made yet (engram_gate checks before fused_weight)."""
     _checks.tensor(op, 'hidden_states', x, ndim=3, dtypes=(torch.bfloat16,))
     _checks.tensor(op, 'k', k, ndim=3, dtypes=(torch.bfloat16,))
     _checks.tensor(op, 'v', v, ndim=2, dtypes=(torch.bfloat16,))
-    _checks.tensor(op, 'weight_fused', weight_fused, ndim=2, dtypes=(torch.float32,))
+    if weight_fused is not None:
+        _checks.tensor(op, 'weight_fused', weight_fused, ndim=2, dtypes=(torch.float32,))
     num_tokens, _, hidden = x.shape
     _hc(op, 'hidden_states', x, 1)
     _checks.shape(op, 'k', k, tuple(x.shape))
     _checks.shape(op, 'v', v, (num_tokens, hidden))
-    _checks.shape(op, 'weight_fused', weight_fused, (HC, hidden))
     _checks.contiguous(op, 'hidden_states', x, VEC_BYTES)
     _rows(op, 'k', k)
     _rows(op, 'v', v)
-    _checks.contiguous(op, 'weight_fused', weight_fused, VEC_BYTES)
+    if weight_fused is not None:
+        _checks.shape(op, 'weight_fused', weight_fused, (HC, hidden))
+        _checks.contiguous(op, 'weight_fused', weight_fused, VEC_BYTES)
     return num_tokens, hidden
+
+
+def _check_gate_fwd(op: str, hidden_states: torch.Tensor, k: torch.Tensor, v: torch.Tensor, weight_fused: torch.Tensor | None,
+                   eps: float, clamp_value: float, save_for_backward: bool, **weights: torch.Tensor) -> tuple:
+    """engram_gate_fwd's checks and binary: (tokens, hidden, eps, clamp_value, device, kernel). EngramGateFn runs them
+    before fused_weight, with weight_fused None and the weights it is made of (of shape [4, H]) as keywords, so that a
+    bad call launches nothing."""
+    num_tokens, hidden = _gate_inputs(op, hidden_states, k, v, weight_fused)
+    for name, t in weights.items():
+        _checks.tensor(op, name, t, ndim=2, dtypes=(torch.bfloat16,))
+        _checks.shape(op, name, t, (HC, hidden))
+    eps = _checks.real(op, 'eps', eps, low=0)
+    clamp_value = _checks.real(op, 'clamp_value', clamp_value, low=0)
+    if not isinstance(save_for_backward, bool):
+        raise TypeError(f'{op}: save_for_backward must be a bool, got {type(save_for_backward).__name__}')
+    on_device = {'hidden_states': hidden_states, 'k': k, 'v': v, **weights}
+    if weight_fused is not None:
+        on_device['weight_fused'] = weight_fused
+    device = _checks.on_one_cuda_device(op, **on_device)
+    kernel = find_kernel('engram.engram_gate_fwd', {'hidden': hidden, 'save': save_for_backward}, device)
+    return num_tokens, hidden, eps, clamp_value, device, kernel
 
 
 def _saved(op: str, num_tokens: int, **tensors: torch.Tensor) -> None:
@@ -199,14 +223,8 @@ def engram_gate_fwd(
     """
     if is_compiling():
         return _custom_ops.engram_gate_fwd(hidden_states, k, v, weight_fused, eps, clamp_value, save_for_backward)
-    op = 'engram_gate_fwd'
-    num_tokens, hidden = _gate_inputs(op, hidden_states, k, v, weight_fused)
-    eps = _checks.real(op, 'eps', eps, low=0)
-    clamp_value = _checks.real(op, 'clamp_value', clamp_value, low=0)
-    if not isinstance(save_for_backward, bool):
-        raise TypeError(f'{op}: save_for_backward must be a bool, got {type(save_for_backward).__name__}')
-    device = _checks.on_one_cuda_device(op, hidden_states=hidden_states, k=k, v=v, weight_fused=weight_fused)
-    kernel = find_kernel('engram.engram_gate_fwd', {'hidden': hidden, 'save': save_for_backward}, device)
+    num_tokens, _, eps, clamp_value, device, kernel = _check_gate_fwd('engram_gate_fwd', hidden_states, k, v, weight_fused, eps,
+                                                                 clamp_value, save_for_backward)
     out = torch.empty_like(hidden_states, memory_format=torch.contiguous_format)
     saved = [hidden_states.new_empty((num_tokens, HC), dtype=torch.float32) for _ in range(4)] if save_for_backward else [None] * 4
     if num_tokens == 0:

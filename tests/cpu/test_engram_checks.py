@@ -356,3 +356,26 @@ def test_launch_arguments(fake_kernels):
     assert partial.shape == (126, HC, H) and scalars['tokens_per_partial'] == 32 and scalars['num_blocks'] == 126 * HC
     engram.engram_gate_fwd(*_fwd_args(num_tokens=1))
     assert fwd.launches[-1][1]['num_blocks'] == HC  # never more CTAs than rows
+
+
+@pytest.mark.parametrize('bad, error', [('x_dtype', 'hidden_states'), ('k_shape', 'k'), ('v_shape', 'v'), ('eps', 'eps'),
+                                        ('clamp', 'clamp_value'), ('weights', 'weight_hidden')])
+def test_engram_gate_refuses_bad_input_before_fused_weight_chooses_a_binary(monkeypatch, bad, error):
+    """CPU tensors pass the device check and any binary lookup fails the test: engram_gate checks what engram_gate_fwd
+    takes before fused_weight (its first op) chooses, and would launch, a binary."""
+    from tile_kernels_aot import _checks, _select
+    from tile_kernels_aot.modeling.engram import engram_gate
+
+    def looked(*args, **kwargs):
+        raise AssertionError('fused_weight looked up its binary before the gate was checked')
+
+    _select.reset()  # no binary found before this test
+    monkeypatch.setattr(_checks, 'on_one_cuda_device', lambda op, **tensors: 0)
+    monkeypatch.setattr(_select, 'package_for_device', looked)
+    x, k, v = torch.zeros(2, 4, 256, dtype=torch.bfloat16), torch.zeros(2, 4, 256, dtype=torch.bfloat16), torch.zeros(2, 256, dtype=torch.bfloat16)
+    wh = we = torch.ones(4, 256, dtype=torch.bfloat16)
+    args = dict(x=x, k=k, v=v, wh=wh, we=we, clamp=1e-6, eps=1e-20)
+    args.update({'x_dtype': dict(x=x.float()), 'k_shape': dict(k=k[:, :, :128]), 'v_shape': dict(v=v[:1]), 'eps': dict(eps=float('nan')),
+                 'clamp': dict(clamp=-1.0), 'weights': dict(wh=torch.ones(4, 128, dtype=torch.bfloat16), we=torch.ones(4, 128, dtype=torch.bfloat16))}[bad])
+    with pytest.raises((TypeError, ValueError), match=f'engram_gate.*{error}'):
+        engram_gate(args['x'], args['k'], args['v'], args['wh'], args['we'], args['clamp'], args['eps'])

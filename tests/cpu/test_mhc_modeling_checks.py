@@ -76,3 +76,56 @@ def test_the_reference_layer_step_takes_zero_tokens():
     residual = torch.empty(0, 3, 4, 256).bfloat16()
     layer_input, (post, comb) = reference.mhc_pre_ref(residual, torch.randn(24, 1024), torch.ones(3), torch.zeros(24))
     assert layer_input.shape == (0, 3, 256) and post.shape == (0, 3, 4, 1) and comb.shape == (0, 3, 4, 4)
+
+
+class _Looked(BaseException):
+    """A binary was looked up: the call got past the checks of the op that runs first."""
+
+
+@pytest.fixture
+def past_the_device(monkeypatch):
+    """CPU tensors pass the device check, and looking up any binary raises _Looked: a composite must then refuse bad
+    input to any of its ops before its first op chooses (and would launch) a binary."""
+    from tile_kernels_aot import _checks, _select
+
+    def looked(*args, **kwargs):
+        raise _Looked('a binary was looked up')
+
+    _select.reset()  # no binary found before this test
+    monkeypatch.setattr(_checks, 'on_one_cuda_device', lambda op, **tensors: 0)
+    monkeypatch.setattr(_select, 'package_for_device', looked)
+
+
+def _pre_args(**changes):
+    args = dict(residual=torch.zeros(1, 8, 4, 1280, dtype=torch.bfloat16), fn=torch.zeros(24, 4 * 1280), scale=torch.ones(3),
+                base=torch.zeros(24), norm_weight=torch.ones(4 * 1280), mhc_mult=4, pre_eps=1e-6, sinkhorn_eps=1e-6,
+                sinkhorn_repeat=20)
+    return {**args, **changes}
+
+
+@pytest.mark.parametrize('changes, error', [
+    (dict(scale=torch.ones(2)), 'scale'), (dict(scale=[1.0, 1.0, 1.0]), 'scale'), (dict(base=torch.zeros(24).bfloat16()), 'base'),
+    (dict(mhc_mult=5), 'mhc_mult'), (dict(mhc_mult=-1), 'mhc_mult'), (dict(mhc_mult=4.0), 'mhc_mult'),
+    (dict(pre_eps=float('nan')), 'pre_eps'), (dict(sinkhorn_repeat=0), 'sinkhorn_repeat'),
+    (dict(residual=[0.0]), 'residual'), (dict(residual=torch.zeros(1, 8, 4, 1280)), 'residual'),
+])
+def test_mhc_pre_refuses_bad_input_to_any_of_its_ops_before_the_first_chooses_a_binary(past_the_device, changes, error):
+    from tile_kernels_aot.modeling import mhc
+
+    args = _pre_args(**changes)
+    with pytest.raises((TypeError, ValueError), match=f'mhc_pre.*{error}'):
+        mhc.mhc_pre(args.pop('residual'), args.pop('fn'), args.pop('scale'), args.pop('base'), **args)
+    args = _pre_args()
+    with pytest.raises(_Looked):  # the valid call gets as far as a binary
+        mhc.mhc_pre(args.pop('residual'), args.pop('fn'), args.pop('scale'), args.pop('base'), **args)
+
+
+@pytest.mark.parametrize('changes, error', [(dict(scale=torch.ones(2)), 'scale'), (dict(base=torch.zeros(5)), 'base'),
+                                            (dict(pre_eps=float('inf')), 'pre_eps')])
+def test_mhc_head_refuses_bad_input_to_any_of_its_ops_before_the_first_chooses_a_binary(past_the_device, changes, error):
+    from tile_kernels_aot.modeling import mhc
+
+    args = {'scale': torch.ones(1), 'base': torch.zeros(4), 'pre_eps': 1e-6, **changes}
+    with pytest.raises((TypeError, ValueError), match=f'mhc_head.*{error}'):
+        mhc.mhc_head(torch.zeros(8, 4, 1280, dtype=torch.bfloat16), torch.zeros(4, 4 * 1280), args.pop('scale'), args.pop('base'),
+                     norm_weight=torch.ones(4 * 1280), **args)

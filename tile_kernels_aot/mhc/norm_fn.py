@@ -167,6 +167,21 @@ def _gemm(gemm, device: int, x: torch.Tensor, fn_tf32: torch.Tensor, n_splits: i
     return partial_mul, partial_sqrsum
 
 
+def check_pre_norm_fn_fwd(op: str, residual: torch.Tensor, fn: torch.Tensor, norm_eps: float, n_splits: int,
+                          **on_device: torch.Tensor) -> tuple:
+    """mhc_pre_norm_fn_fwd's checks and binaries: (tokens, mhc, hidden, eps, device, (gemm, norm) or None at no
+    tokens). The pre step's composites run them before anything launches, with their other tensors as `on_device`."""
+    num_tokens, mhc, hidden = _residual(op, 'residual', residual)
+    _fn(op, 'fn', fn, mhc, hidden)
+    eps = _checks.real(op, 'norm_eps', norm_eps)
+    _checks.integer(op, 'n_splits', n_splits, low=1, high=MAX_N_SPLITS)
+    device = _checks.on_one_cuda_device(op, residual=residual, fn=fn, **on_device)
+    kernels = None
+    if num_tokens:
+        kernels = find_kernel(FWD_MUL, {'mhc': mhc, 'hidden': hidden}, device), find_kernel(FWD_NORM, {'mhc': mhc}, device)
+    return num_tokens, mhc, hidden, eps, device, kernels
+
+
 @_plans.launch_plan
 def mhc_pre_norm_fn_fwd(residual: torch.Tensor, fn: torch.Tensor, norm_eps: float, n_splits: int = 16
                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -186,15 +201,7 @@ def mhc_pre_norm_fn_fwd(residual: torch.Tensor, fn: torch.Tensor, norm_eps: floa
     """
     if is_compiling():
         return _custom_ops.mhc_pre_norm_fn_fwd(residual, fn, norm_eps, n_splits)
-    op = 'mhc_pre_norm_fn_fwd'
-    num_tokens, mhc, hidden = _residual(op, 'residual', residual)
-    _fn(op, 'fn', fn, mhc, hidden)
-    eps = _checks.real(op, 'norm_eps', norm_eps)
-    _checks.integer(op, 'n_splits', n_splits, low=1, high=MAX_N_SPLITS)
-    device = _checks.on_one_cuda_device(op, residual=residual, fn=fn)
-    if num_tokens:
-        gemm = find_kernel(FWD_MUL, {'mhc': mhc, 'hidden': hidden}, device)
-        norm = find_kernel(FWD_NORM, {'mhc': mhc}, device)
+    num_tokens, mhc, hidden, eps, device, kernels = check_pre_norm_fn_fwd('mhc_pre_norm_fn_fwd', residual, fn, norm_eps, n_splits)
     mhc3 = mix_count(mhc)
     fn_tf32 = round_to_tf32(fn)
     mixes = residual.new_empty((*residual.shape[:-2], mhc3), dtype=torch.float32)
@@ -202,6 +209,7 @@ def mhc_pre_norm_fn_fwd(residual: torch.Tensor, fn: torch.Tensor, norm_eps: floa
     sqrsum = residual.new_empty((num_tokens,), dtype=torch.float32)
     if num_tokens == 0:
         return mixes, fn_tf32, out_mul, sqrsum
+    gemm, norm = kernels
     partial_mul, partial_sqrsum = _gemm(gemm, device, residual.view(num_tokens, mhc * hidden), fn_tf32, n_splits)
     tensors = {'partial_mul': partial_mul, 'partial_sqrsum': partial_sqrsum, 'out_mul': out_mul, 'sqrsum': sqrsum,
                'mixes': mixes.view(num_tokens, mhc3)}

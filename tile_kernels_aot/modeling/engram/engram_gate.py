@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import torch
+from torch.compiler import is_compiling
 
-from tile_kernels_aot.engram import engram_gate_bwd, engram_gate_fwd, fused_weight, grad_w_reduce
+from tile_kernels_aot.engram import _check_gate_fwd, engram_gate_bwd, engram_gate_fwd, fused_weight, grad_w_reduce
 
 
 def _check_shapes(hidden_states, k, v) -> None:
@@ -41,6 +42,8 @@ class EngramGateFn(torch.autograd.Function):
         x = hidden_states.reshape(-1, hc, hidden)
         k = k.reshape(-1, hc, hidden)
         v = v.reshape(-1, hidden)
+        if not is_compiling():  # everything engram_gate_fwd checks, before fused_weight launches
+            _check_gate_fwd('engram_gate', x, k, v, None, eps, clamp_value, True, weight_hidden=weight_hidden, weight_embed=weight_embed)
         weight_fused = fused_weight(weight_hidden, weight_embed)
         out, dot, gate, rstd_x, rstd_k = engram_gate_fwd(x, k, v, weight_fused, eps, clamp_value, save_for_backward=True)
         ctx.save_for_backward(x, k, v, weight_hidden, weight_embed, weight_fused, dot, gate, rstd_x, rstd_k)

@@ -22,7 +22,7 @@ from tile_kernels_aot.mhc.expand import expand_to_mhc_bwd, expand_to_mhc_fwd
 from tile_kernels_aot.mhc.head_compute_mix import mhc_head_compute_mix_bwd, mhc_head_compute_mix_fwd
 from tile_kernels_aot.mhc.multilayer_recompute import mhc_multilayer_recompute
 from tile_kernels_aot.mhc.norm_fn import (
-    mhc_fn_normw_merge_bwd, mhc_fn_normw_merge_fwd, mhc_pre_norm_fn_bwd, mhc_pre_norm_fn_fwd,
+    check_pre_norm_fn_fwd, mhc_fn_normw_merge_bwd, mhc_fn_normw_merge_fwd, mhc_pre_norm_fn_bwd, mhc_pre_norm_fn_fwd,
 )
 from tile_kernels_aot.mhc.post import mhc_post_bwd, mhc_post_fwd
 from tile_kernels_aot.mhc.pre_apply_mix import mhc_pre_apply_mix_bwd, mhc_pre_apply_mix_fwd
@@ -111,6 +111,8 @@ def mhc_pre_norm_fn(residual: torch.Tensor, mhc_fn: torch.Tensor, mhc_norm_weigh
     given), scaled by the RMS norm of the streams. The GEMM is split over `n_splits` slices of mhc * H, whose
     partial sums are added in slice order."""
     if mhc_norm_weight is not None:
+        if not torch.compiler.is_compiling():  # the forward's checks, before the merge launches
+            check_pre_norm_fn_fwd('mhc_pre_norm_fn', residual, mhc_fn, mhc_norm_eps, n_splits, mhc_norm_weight=mhc_norm_weight)
         mhc_fn = _MHCFnNormwMerge.apply(mhc_fn, mhc_norm_weight)
     return MHCPreNormFn.apply(residual, mhc_fn, mhc_norm_eps, fuse_grad_acc, n_splits)
 
