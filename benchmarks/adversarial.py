@@ -158,7 +158,8 @@ def _top2_counts(value: int) -> Callable[[], object]:
     def call():
         e, _, args = _top2_args()
         physical_map = torch.randint(0, e, (e, 3), device='cuda', dtype=torch.int32)
-        counts = _spoiled(torch.randint(1, 4, (e,), device='cuda', dtype=torch.int32), (9,), value)
+        # Every expert's count is the bad value, so whichever experts the random logits pick, a lookup meets it.
+        counts = torch.full((e,), value, device='cuda', dtype=torch.int32)
         return moe.top2_sum_gate(*args, to_physical_map=physical_map, logical_count=counts)
     return call
 

@@ -79,6 +79,7 @@ def test_engram_gate_fwd(spec, num_tokens, strided, restore_num_sms):
     x, k, v, wh, we, _ = gate_data(num_tokens, hidden, strided)
     expected = ref.engram_gate_ref(x, k, v, wh, we, CLAMP, EPS, save_for_backward=True)
     weight_fused = ops.fused_weight(wh, we)
+    own_gate = ops.engram_gate_fwd(x, k, v, weight_fused, EPS, CLAMP, save_for_backward=True)[2]
     first = None
     for num_sms in sms_to_try():
         config.set_num_sms(num_sms)
@@ -92,8 +93,11 @@ def test_engram_gate_fwd(spec, num_tokens, strided, restore_num_sms):
                 continue
             if name == 'out' and num_tokens < UPSTREAM_TOKENS:
                 # Upstream's bound holds over its 4001 and 8001 tokens; over one token's 4 x hidden values a single
-                # bf16 rounding flip exceeds it, so a small output is held to one bf16 ulp an element instead.
-                assert_within_one_bf16_ulp(a, b)
+                # bf16 rounding flip exceeds it. A small output is held instead to one bf16 ulp an element of x + gate * v
+                # with the kernel's own gate, which is held to upstream's bound against the reference's: where s is near
+                # 0 the gate is ill-conditioned (d gate / ds grows as 1 / sqrt|s|), and the two float32 sums of s in
+                # different orders move it by more than out's bf16 rounding can absorb.
+                assert_within_one_bf16_ulp(a, (x.float() + own_gate.unsqueeze(-1) * v.float().unsqueeze(-2)).bfloat16())
             else:
                 assert calc_diff(a, b) < 2e-10, name
         if first is None:
