@@ -5,9 +5,9 @@ mhc.pre_apply_mix_fwd on the same split-K partials (the op runs the same GEMM, m
 every value is computed by the macro or expression helper the composed kernel uses, so the operation order, the
 roundings and the fused multiply-adds are the same by construction.
   - warp 0, lane j < mhc3: mixes[j] = rms_mix(...) (kernel_src.mhc.norm_fn.norm), into shared memory.
-  - after a barrier, warp 0 writes post_mix (lanes j < mhc: pre_split_mixes.post_mix) and its lane 0 forms the
-    comb matrix (pre_split_mixes.comb_mix) and runs sinkhorn.sinkhorn_normalize on it in registers, as
-    mhc.sinkhorn_fwd's threads do, then writes comb_mix;
+  - after a barrier, warp 0 writes post_mix (lanes j < mhc: pre_split_mixes.post_mix), and its first mhc * mhc
+    lanes form the comb matrix (pre_split_mixes.comb_mix), one element a lane, run sinkhorn.sinkhorn_normalize on
+    it as mhc.sinkhorn_fwd's lanes do, and write comb_mix;
   - meanwhile warps 1 .. APPLY_WARPS each form the pre weights (pre_split_mixes.pre_mix, the same in every thread)
     and the layer input, column by column with pre_apply_mix.mix_streams: each thread UNROLL 16-byte vectors of
     every stream a step, consecutive threads on consecutive vectors. Their first step's loads are issued before the
@@ -27,7 +27,7 @@ from kernel_src.mhc.pre_apply_mix import mix_streams
 from kernel_src.mhc.pre_split_mixes import comb_mix, post_mix, pre_mix
 from kernel_src.mhc.row_slices import VEC
 from kernel_src.mhc.sinkhorn import MAX_MHC as SINKHORN_MAX_MHC
-from kernel_src.mhc.sinkhorn import sinkhorn_normalize
+from kernel_src.mhc.sinkhorn import Element, lanes, sinkhorn_normalize
 
 WARP = 32
 APPLY_WARPS = 4  # warps forming the layer input; warp 0 forms the mixes
@@ -106,15 +106,16 @@ def build(arch: Arch, mhc: int, hidden: int) -> KernelProgram:
             if tid < WARP:
                 if tid < n:
                     post[token, tid] = post_mix(mixes[n + tid], scale[1], base[n + tid], post_mult_value)
-                if tid == 0:
-                    cm = T.alloc_local((n, n), T.float32)
-                    for j in T.unroll(n):
-                        for k in T.unroll(n):
-                            cm[j, k] = comb_mix(mixes[2 * n + j * n + k], scale[2], base[2 * n + j * n + k])
-                    sinkhorn_normalize(cm, n, repeat, comb_eps)
-                    for j in T.unroll(n):
-                        for k in T.vectorized(n):
-                            comb[token, j * n + k] = cm[j, k]
+                # Every lane of the warp runs the shuffles; the lanes past the first group repeat its elements.
+                e = Element(tid, n)
+                lane = tid % lanes(n)
+                cm = T.alloc_local((1,), T.float32)
+                cm[0] = 0
+                if e.valid:
+                    cm[0] = comb_mix(mixes[2 * n + lane], scale[2], base[2 * n + lane])
+                sinkhorn_normalize(cm, e, repeat, comb_eps)
+                if tid < n * n:
+                    comb[token, tid] = cm[0]
             else:
                 weights = T.alloc_local((n,), T.float32)
                 acc = T.alloc_local((VEC,), T.float32)

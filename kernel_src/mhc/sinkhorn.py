@@ -1,22 +1,25 @@
 """mhc.sinkhorn_fwd and mhc.sinkhorn_bwd: Sinkhorn normalisation of (T, n, n) float32 matrices, n = mhc.
 
 Forward, per token: x = softmax(x, -1) + eps; x /= colsum(x) + eps; then repeat - 1 rounds of
-x /= rowsum(x) + eps; x /= colsum(x) + eps. One thread owns one token: its n x n matrix lives in registers
-(16-byte loads and stores of whole rows, so a warp reads and writes one contiguous span), every sum is taken
-in ascending index order and every normalisation is an IEEE division, exactly as the macros below write it.
-mhc.pre_big_fuse runs the same macros, so its comb_mix is bitwise the forward's.
+x /= rowsum(x) + eps; x /= colsum(x) + eps. A token's matrix is spread over a group of `lanes(n)` lanes of one
+warp, one element a lane (lane j * n + k holds x[j, k]; n * n <= lanes, the spare lanes of a group compute on
+zeros and store nothing). A row or column sum gathers the n values of the line with warp shuffles and adds them
+in ascending index order, and every normalisation is an IEEE division, exactly as the macros below write it, so
+the results are those of a serial loop over the matrix, bit for bit. mhc.pre_big_fuse runs the same macros, so
+its comb_mix is bitwise the forward's. Every lane of a warp runs every shuffle: a group past the last token
+works on zeros instead of branching away.
 
 Backward: exact reverse mode through the softmax and all 2 * repeat normalisations. A step y = x / (s + eps)
 (s the row or column sums of x) has dL/dx = (g - sum(g * x) / (s + eps)) / (s + eps), the sum along the
-normalised axis, so it needs its input x. The kernel reruns the forward and keeps the input of every step but
-the first in shared memory, then walks the steps backwards; the first step's input (softmax + eps) and the
-softmax itself are recomputed from the token's logits, bit for bit as the forward made them, as are all sums.
-Shared memory, not recomputation, holds the intermediates: recomputing each step's input from the start costs
-O(repeat^2) steps (about 20 forward passes at repeat 20), while the saved inputs cost 64 bytes a step and
-token. Shared memory has a compile-time size, so the run-time repeat has a maximum, MAX_REPEAT (the decl's
-constant `max_repeat`, which the op checks): 24 covers DeepSeek-V4's 20 and upstream's default 10 and keeps
-two CTAs of BWD_TOKENS tokens resident per SM. A CTA of the backward is one warp of BWD_TOKENS tokens; its
-shared memory is laid out [step][row][col][token], so the 32 lanes of a warp hit 32 banks.
+normalised axis, so it needs its input x. The kernel reruns the forward and keeps each lane's element of the
+input of every step but the first in shared memory, then walks the steps backwards, recomputing each step's sums
+from the saved input (bit for bit the forward's); the first step's input (softmax + eps) comes from the
+softmax, which stays in a register. Shared memory, not recomputation, holds the intermediates: recomputing each
+step's input from the start costs O(repeat^2) steps, while the saved inputs cost 4 bytes a step and lane. Shared
+memory has a compile-time size, so the run-time repeat has a maximum, MAX_REPEAT (the decl's constant
+`max_repeat`, which the op checks): 24 covers DeepSeek-V4's 20 and upstream's default 10 and keeps nine CTAs
+resident per SM. A lane reads back only what it wrote, so the backward needs no barrier; its shared memory is
+laid out [step][thread], so the 32 lanes of a warp hit 32 banks.
 
 repeat and eps are run-time arguments (int32, float32): one binary per n serves every model.
 """
@@ -27,10 +30,10 @@ from tilelang import language as T
 from kernel_src import models
 from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
 
-FWD_TOKENS = 64  # threads (tokens) of a forward CTA
-BWD_TOKENS = 32  # threads (tokens) of a backward CTA: one warp
+FWD_TOKENS = 8  # tokens of a forward CTA
+BWD_TOKENS = 8  # tokens of a backward CTA
 MAX_REPEAT = 24  # the backward's shared memory holds the inputs of 2 * MAX_REPEAT - 1 steps
-MAX_MHC = 4  # shared memory of the backward: BWD_TOKENS * (2 * MAX_REPEAT - 1) * n * n floats
+MAX_MHC = 4  # a token's n * n elements fit one group of at most 16 lanes
 
 
 def check(mhc: int) -> None:
@@ -38,73 +41,64 @@ def check(mhc: int) -> None:
         raise ValueError(f'mhc must be in [2, {MAX_MHC}], got {mhc}')
 
 
-def _row_sum(m, n, j):
-    total = m[j, 0]
-    for k in range(1, n):
-        total = total + m[j, k]
-    return total
+def lanes(n: int) -> int:
+    """Lanes a token's matrix is spread over: n * n rounded up to a power of two (4 or 16)."""
+    return 1 << (n * n - 1).bit_length()
 
 
-def _col_sum(m, n, k):
-    total = m[0, k]
-    for j in range(1, n):
-        total = total + m[j, k]
-    return total
+class Element:
+    """The (row, col) of the matrix element a thread holds, from its index in the CTA."""
 
+    def __init__(self, tid, n: int):
+        self.n, self.width = n, lanes(n)
+        self.group, lane = tid // self.width, tid % self.width
+        self.row, self.col = lane // n, lane % n
+        self.valid = lane < n * n
 
-@T.macro
-def softmax(m, n):
-    """m = softmax(m, -1) in place on an (n, n) local buffer: exp(m - rowmax) / rowsum."""
-    for j in T.unroll(n):
-        row_max = T.alloc_var(T.float32)
-        row_max = m[j, 0]
-        for k in T.unroll(1, n):
-            row_max = T.max(row_max, m[j, k])
-        for k in T.unroll(n):
-            m[j, k] = T.exp(m[j, k] - row_max)
-        total = T.alloc_var(T.float32)
-        total = _row_sum(m, n, j)
-        for k in T.unroll(n):
-            m[j, k] = m[j, k] / total
+    def line_sum(self, value, rows: bool):
+        """sum(value) over the element's row (rows=True) or column, in ascending index order, by shuffles."""
+        n, width = self.n, self.width
+        source = (lambda i: self.row * n + i) if rows else (lambda i: i * n + self.col)
+        total = T.shfl_sync(value, source(0), width)
+        for i in range(1, n):
+            total = total + T.shfl_sync(value, source(i), width)
+        return total
 
-
-@T.macro
-def softmax_plus_eps(m, n, eps):
-    """m = softmax(m, -1) + eps (the sum rounded before eps is added, as the backward recomputes it)."""
-    softmax(m, n)
-    for j in T.unroll(n):
-        for k in T.unroll(n):
-            m[j, k] = m[j, k] + eps
+    def row_max(self, value):
+        total = T.shfl_sync(value, self.row * self.n, self.width)
+        for i in range(1, self.n):
+            total = T.max(total, T.shfl_sync(value, self.row * self.n + i, self.width))
+        return total
 
 
 @T.macro
-def normalize_rows(m, n, eps):
-    """m[j, :] /= sum(m[j, :]) + eps."""
-    for j in T.unroll(n):
-        divisor = T.alloc_var(T.float32)
-        divisor = _row_sum(m, n, j) + eps
-        for k in T.unroll(n):
-            m[j, k] = m[j, k] / divisor
+def softmax(v, e):
+    """v[0] = softmax(row)[col] of the element e holds: exp(v - rowmax) / rowsum."""
+    row_max = T.alloc_var(T.float32)
+    row_max = e.row_max(v[0])
+    v[0] = T.exp(v[0] - row_max)
+    total = T.alloc_var(T.float32)
+    total = e.line_sum(v[0], True)
+    v[0] = v[0] / total
 
 
 @T.macro
-def normalize_cols(m, n, eps):
-    """m[:, k] /= sum(m[:, k]) + eps."""
-    for k in T.unroll(n):
-        divisor = T.alloc_var(T.float32)
-        divisor = _col_sum(m, n, k) + eps
-        for j in T.unroll(n):
-            m[j, k] = m[j, k] / divisor
+def normalize(v, e, eps, rows):
+    """v[0] /= sum of its row (rows=True) or column + eps."""
+    divisor = T.alloc_var(T.float32)
+    divisor = e.line_sum(v[0], rows) + eps
+    v[0] = v[0] / divisor
 
 
 @T.macro
-def sinkhorn_normalize(m, n, repeat, eps):
-    """The whole forward on one token's (n, n) local buffer (the mhc.sinkhorn_fwd arithmetic)."""
-    softmax_plus_eps(m, n, eps)
-    normalize_cols(m, n, eps)
+def sinkhorn_normalize(v, e, repeat, eps):
+    """The whole forward on the element v[0] of the lanes' matrix (the mhc.sinkhorn_fwd arithmetic)."""
+    softmax(v, e)
+    v[0] = v[0] + eps
+    normalize(v, e, eps, False)
     for _ in T.serial(repeat - 1):
-        normalize_rows(m, n, eps)
-        normalize_cols(m, n, eps)
+        normalize(v, e, eps, True)
+        normalize(v, e, eps, False)
 
 
 def build_fwd(arch: Arch, mhc: int) -> KernelProgram:
@@ -118,48 +112,34 @@ def build_fwd(arch: Arch, mhc: int) -> KernelProgram:
         repeat: T.int32,
         eps: T.float32,
     ):
-        with T.Kernel(T.ceildiv(num_tokens, FWD_TOKENS), threads=FWD_TOKENS) as pid:
-            token = pid * FWD_TOKENS + T.get_thread_binding()
-            m = T.alloc_local((n, n), T.float32)
-            if token < num_tokens:
-                for j in T.unroll(n):
-                    for k in T.vectorized(n):
-                        m[j, k] = x[token, j, k]
-                sinkhorn_normalize(m, n, repeat, eps)
-                for j in T.unroll(n):
-                    for k in T.vectorized(n):
-                        out[token, j, k] = m[j, k]
+        with T.Kernel(T.ceildiv(num_tokens, FWD_TOKENS), threads=FWD_TOKENS * lanes(n)) as pid:
+            e = Element(T.get_thread_binding(), n)
+            token = pid * FWD_TOKENS + e.group
+            v = T.alloc_local((1,), T.float32)
+            v[0] = 0
+            if token < num_tokens and e.valid:
+                v[0] = x[token, e.row, e.col]
+            sinkhorn_normalize(v, e, repeat, eps)
+            if token < num_tokens and e.valid:
+                out[token, e.row, e.col] = v[0]
 
     return KernelProgram(sinkhorn_fwd, alignment={'x': 16, 'out': 16})
 
 
 @T.macro
-def _backward_step(g, x, n, eps, rows):
-    """g = dL/d(input) of the step y = x / (s + eps) along rows (rows=True) or columns, from g = dL/dy."""
-    for a in T.unroll(n):
-        divisor = T.alloc_var(T.float32)
-        dot = T.alloc_var(T.float32)
-        if rows:
-            divisor = _row_sum(x, n, a) + eps
-            dot = g[a, 0] * x[a, 0]
-            for b in T.unroll(1, n):
-                dot = dot + g[a, b] * x[a, b]
-            dot = dot / divisor
-            for b in T.unroll(n):
-                g[a, b] = (g[a, b] - dot) / divisor
-        else:
-            divisor = _col_sum(x, n, a) + eps
-            dot = g[0, a] * x[0, a]
-            for b in T.unroll(1, n):
-                dot = dot + g[b, a] * x[b, a]
-            dot = dot / divisor
-            for b in T.unroll(n):
-                g[b, a] = (g[b, a] - dot) / divisor
+def _backward_step(g, x, e, eps, rows):
+    """g[0] = dL/d(input) of the step y = x / (s + eps) along rows (rows=True) or columns, from g[0] = dL/dy."""
+    divisor = T.alloc_var(T.float32)
+    dot = T.alloc_var(T.float32)
+    divisor = e.line_sum(x[0], rows) + eps
+    dot = e.line_sum(g[0] * x[0], rows) / divisor
+    g[0] = (g[0] - dot) / divisor
 
 
 def build_bwd(arch: Arch, mhc: int) -> KernelProgram:
     n = mhc
     num_tokens = T.dynamic('num_tokens')
+    threads = BWD_TOKENS * lanes(n)
     slots = 2 * MAX_REPEAT - 1  # inputs of steps 1 .. 2 * repeat - 1
 
     @T.prim_func
@@ -170,65 +150,43 @@ def build_bwd(arch: Arch, mhc: int) -> KernelProgram:
         repeat: T.int32,
         eps: T.float32,
     ):
-        with T.Kernel(T.ceildiv(num_tokens, BWD_TOKENS), threads=BWD_TOKENS) as pid:
+        with T.Kernel(T.ceildiv(num_tokens, BWD_TOKENS), threads=threads) as pid:
             tid = T.get_thread_binding()
-            token = pid * BWD_TOKENS + tid
-            saved = T.alloc_shared((slots, n, n, BWD_TOKENS), T.float32)
-            logits = T.alloc_local((n, n), T.float32)
-            m = T.alloc_local((n, n), T.float32)
-            g = T.alloc_local((n, n), T.float32)
-            if token < num_tokens:
-                for j in T.unroll(n):
-                    for k in T.vectorized(n):
-                        logits[j, k] = x[token, j, k]
-                for j in T.unroll(n):
-                    for k in T.vectorized(n):
-                        g[j, k] = grad_out[token, j, k]
-                # Forward, saving the input of steps 1 .. 2 * repeat - 1 (step 2s + 1 normalises rows).
-                for j in T.unroll(n):
-                    for k in T.unroll(n):
-                        m[j, k] = logits[j, k]
-                softmax_plus_eps(m, n, eps)
-                normalize_cols(m, n, eps)
-                for s in T.serial(repeat - 1):
-                    for j in T.unroll(n):
-                        for k in T.unroll(n):
-                            saved[2 * s, j, k, tid] = m[j, k]
-                    normalize_rows(m, n, eps)
-                    for j in T.unroll(n):
-                        for k in T.unroll(n):
-                            saved[2 * s + 1, j, k, tid] = m[j, k]
-                    normalize_cols(m, n, eps)
-                # Backward through steps 2 * repeat - 1 .. 1, columns then rows.
-                for r in T.serial(repeat - 1):
-                    s = repeat - 2 - r
-                    for j in T.unroll(n):
-                        for k in T.unroll(n):
-                            m[j, k] = saved[2 * s + 1, j, k, tid]
-                    _backward_step(g, m, n, eps, False)
-                    for j in T.unroll(n):
-                        for k in T.unroll(n):
-                            m[j, k] = saved[2 * s, j, k, tid]
-                    _backward_step(g, m, n, eps, True)
-                # Step 0 (columns of p + eps, p the softmax), then the softmax: dL/dx = (g - sum(g * p)) * p.
-                for j in T.unroll(n):
-                    for k in T.unroll(n):
-                        m[j, k] = logits[j, k]
-                softmax(m, n)
-                for j in T.unroll(n):
-                    for k in T.unroll(n):
-                        logits[j, k] = m[j, k] + eps
-                _backward_step(g, logits, n, eps, False)
-                for j in T.unroll(n):
-                    dot = T.alloc_var(T.float32)
-                    dot = g[j, 0] * m[j, 0]
-                    for k in T.unroll(1, n):
-                        dot = dot + g[j, k] * m[j, k]
-                    for k in T.unroll(n):
-                        g[j, k] = (g[j, k] - dot) * m[j, k]
-                for j in T.unroll(n):
-                    for k in T.vectorized(n):
-                        grad_in[token, j, k] = g[j, k]
+            e = Element(tid, n)
+            token = pid * BWD_TOKENS + e.group
+            saved = T.alloc_shared((slots, threads), T.float32)
+            p = T.alloc_local((1,), T.float32)  # the softmax
+            m = T.alloc_local((1,), T.float32)
+            g = T.alloc_local((1,), T.float32)
+            p[0] = 0
+            g[0] = 0
+            if token < num_tokens and e.valid:
+                p[0] = x[token, e.row, e.col]
+                g[0] = grad_out[token, e.row, e.col]
+            # Forward, saving the input of steps 1 .. 2 * repeat - 1 (step 2s + 1 normalises rows).
+            softmax(p, e)
+            m[0] = p[0] + eps
+            normalize(m, e, eps, False)
+            for s in T.serial(repeat - 1):
+                saved[2 * s, tid] = m[0]
+                normalize(m, e, eps, True)
+                saved[2 * s + 1, tid] = m[0]
+                normalize(m, e, eps, False)
+            # Backward through steps 2 * repeat - 1 .. 1, columns then rows.
+            for r in T.serial(repeat - 1):
+                s = repeat - 2 - r
+                m[0] = saved[2 * s + 1, tid]
+                _backward_step(g, m, e, eps, False)
+                m[0] = saved[2 * s, tid]
+                _backward_step(g, m, e, eps, True)
+            # Step 0 (columns of p + eps), then the softmax: dL/dx = (g - sum(g * p)) * p along the row.
+            m[0] = p[0] + eps
+            _backward_step(g, m, e, eps, False)
+            dot = T.alloc_var(T.float32)
+            dot = e.line_sum(g[0] * p[0], True)
+            g[0] = (g[0] - dot) * p[0]
+            if token < num_tokens and e.valid:
+                grad_in[token, e.row, e.col] = g[0]
 
     return KernelProgram(sinkhorn_bwd, alignment={'grad_out': 16, 'x': 16, 'grad_in': 16})
 

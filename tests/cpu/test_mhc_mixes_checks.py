@@ -297,7 +297,9 @@ def test_ops_bind_their_tensors_to_the_built_entries(mixes_build, record_launche
     grids = {k: g for k, _, g in launched}
     assert grids['mhc.pre_split_mixes_bwd'] == [(-(-tokens // 64), 1, 1), (1, 1, 1)]  # a partial per 64-token chunk, then one sum
     assert grids['mhc.head_compute_mix_bwd'] == [(-(-tokens // 64), 1, 1), (1, 1, 1)]
-    assert grids['mhc.sinkhorn_bwd'] == [(-(-tokens // 32), 1, 1)]
+    manifest = json.loads((mixes_build / 'manifest.json').read_text())['kernels']
+    per_block = manifest['mhc.sinkhorn_bwd']['entries'][f'mhc={N}']['constants']['tokens_per_block']
+    assert grids['mhc.sinkhorn_bwd'] == [(-(-tokens // per_block), 1, 1)]
     assert grids['mhc.pre_big_fuse'] == [(tokens, 1, 1)]
     fuse_env = launched[-1][1]
     assert fuse_env['n_splits'] == 3 and fuse_env['width'] == N * H and fuse_env['sinkhorn_repeat'] == 20
