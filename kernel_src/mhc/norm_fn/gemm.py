@@ -3,12 +3,13 @@
 Forward (split-K): x (T, width) bf16 times fn (mhc3, width) float32, already rounded to TF32 by the op. A CTA of
 FWD_THREADS takes FWD_TOKENS tokens and split s of the n_splits (a run-time grid dim, the leading dim of the
 partial buffers): the K blocks of FWD_STEP columns from floor(s * blocks / n_splits) to floor((s + 1) * blocks /
-n_splits), so every split has its share and one with none writes zeros. Each step copies x's tile to shared
-memory (cp.async, one step ahead), converts it to float32 registers in the MMA's A layout, adds the squares to
-per-thread sums and runs m16n8k8 TF32 mma.sync against fn's tile, padded to MIX_COLUMNS rows with zeros. The
-CTA writes its (FWD_TOKENS, mhc3) products and the FWD_TOKENS sums of squares to partial[s]. A bf16 value is
-exact in TF32, so only fn is rounded. Each warp owns 16 tokens and all MIX_COLUMNS columns (GemmWarpPolicy.FullRow),
-so a CTA reads fn's tile once per FWD_TOKENS tokens. WGMMA is off, as upstream has it: with the accumulators in
+n_splits), so every split has its share and one with none writes zeros. Each step copies x's and fn's tiles to
+shared memory (cp.async, one step ahead), converts x's to float32 registers in the MMA's A layout, adds the squares
+to per-thread sums and runs m16n8k8 TF32 mma.sync against fn's tile of mhc3 rows, padded to whole 8-row MMA tiles
+with zeros when mhc3 is not a multiple of 8 (mhc = 4 has 24 rows and no padding; a padded tile is filled by plain
+loads, outside the cp.async pipeline). The CTA writes its (FWD_TOKENS, mhc3) products and the FWD_TOKENS sums of
+squares to partial[s]. A bf16 value is exact in TF32, so only fn is rounded. Each warp owns 16 tokens and all the
+product columns (GemmWarpPolicy.FullRow), so a CTA reads fn's tile once per FWD_TOKENS tokens. WGMMA is off, as upstream has it: with the accumulators in
 registers, T.gemm then lowers to m16n8k8 mma.sync on both targets (HMMA.1688.F32.TF32 in the sm_90a and sm_100f
 SASS alike).
 
@@ -38,6 +39,7 @@ BWD_CTAS_PER_SM = 2
 
 def build_fwd(arch: Arch, mhc: int, hidden: int) -> KernelProgram:
     mhc3, width = mix_count(mhc), mhc * hidden
+    columns = -(-mhc3 // 8) * 8  # product columns: whole 8-wide MMA tiles
     blocks = width // FWD_STEP
     num_tokens, n_splits = T.dynamic('num_tokens'), T.dynamic('n_splits')
 
@@ -52,19 +54,22 @@ def build_fwd(arch: Arch, mhc: int, hidden: int) -> KernelProgram:
             first = T.truncdiv(pid_s * blocks, n_splits)
             count = T.truncdiv((pid_s + 1) * blocks, n_splits) - first
             row0 = pid_t * FWD_TOKENS
-            products = T.alloc_fragment((FWD_TOKENS, MIX_COLUMNS), T.float32)
+            products = T.alloc_fragment((FWD_TOKENS, columns), T.float32)
             squares = T.alloc_fragment((FWD_TOKENS, 4), T.float32)
             T.clear(products)
             T.clear(squares)
             for step in T.Pipelined(count, num_stages=1):
                 x_shared = T.alloc_shared((FWD_TOKENS, FWD_STEP), T.bfloat16)
-                fn_shared = T.alloc_shared((MIX_COLUMNS, FWD_STEP), T.float32)
+                fn_shared = T.alloc_shared((columns, FWD_STEP), T.float32)
                 x_local = T.alloc_fragment((FWD_TOKENS, FWD_STEP), T.float32)
                 T.annotate_layout({x_shared: tilelang.layout.make_swizzled_layout(x_shared)})
                 col0 = (first + step) * FWD_STEP
                 T.copy(x[row0, col0], x_shared)
-                for i, j in T.Parallel(MIX_COLUMNS, FWD_STEP):
-                    fn_shared[i, j] = T.if_then_else(i < mhc3, fn[i, col0 + j], T.float32(0))
+                if columns == mhc3:
+                    T.copy(fn[0, col0], fn_shared)
+                else:
+                    for i, j in T.Parallel(columns, FWD_STEP):
+                        fn_shared[i, j] = T.if_then_else(i < mhc3, fn[i, col0 + j], T.float32(0))
                 T.copy(x_shared, x_local)
                 for k in T.serial(FWD_STEP // 4):
                     for i, j in T.Parallel(FWD_TOKENS, 4):
@@ -75,7 +80,7 @@ def build_fwd(arch: Arch, mhc: int, hidden: int) -> KernelProgram:
             for i in T.Parallel(FWD_TOKENS):
                 if row0 + i < num_tokens:
                     partial_sqrsum[pid_s, row0 + i] = row_squares[i]
-            for i, j in T.Parallel(FWD_TOKENS, MIX_COLUMNS):
+            for i, j in T.Parallel(FWD_TOKENS, columns):
                 if j < mhc3 and row0 + i < num_tokens:
                     partial_mul[pid_s, row0 + i, j] = products[i, j]
 
