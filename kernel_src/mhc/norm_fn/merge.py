@@ -1,10 +1,13 @@
 """mhc.fn_normw_merge_fwd and mhc.fn_normw_merge_bwd: fn (mhc3, width) times an RMS-norm weight normw (width,).
 
 Forward: out[r, c] = fn[r, c] * normw[c]; a thread takes VEC columns of one row (grid: column blocks x rows).
-Backward: a thread takes VEC columns of every row, rows in order: fn_grad[r, c] += g[r, c] * normw[c] and
-normw_grad[c] += sum_r g[r, c] * fn[r, c], the sum kept in a register from 0 and added once; both accumulate
-into the given buffers. Each column has one thread, so the result does not depend on the grid. The width is a
-run-time dim (a multiple of VEC); one binary per mhc.
+Backward: fn_grad[r, c] += g[r, c] * normw[c] and normw_grad[c] += sum_r g[r, c] * fn[r, c], both accumulated
+into the given buffers. A CTA takes BWD_COLUMNS_PER_BLOCK columns; ROW_GROUPS threads share each VEC of them, thread
+group k taking rows k, k + ROW_GROUPS, ... in order, its part of the sum kept in a register from 0. The parts meet in
+shared memory, and group 0 adds them in group order and adds that once to normw_grad. The order depends on the row
+count alone, so the result does not depend on the grid. (One thread a column, with every row on it, leaves a width of
+4 * 7168 with 7168 threads, each a chain of all the rows' loads.) The width is a run-time dim (a multiple of VEC);
+one binary per mhc.
 """
 
 from tilelang import language as T
@@ -15,8 +18,9 @@ from kernel_src.mhc.norm_fn.common import MHC_PARAMS, check_mhc, mhc_specs, mix_
 VEC = 4  # float32 columns per thread: one 16-byte access
 THREADS = 128
 COLUMNS_PER_BLOCK = VEC * THREADS
-BWD_THREADS = 64  # the backward's grid is its column blocks alone: 64-thread CTAs make 112 of them at a width of 4 * 7168
-BWD_COLUMNS_PER_BLOCK = VEC * BWD_THREADS
+BWD_COLUMN_THREADS = 64  # threads across a backward CTA's columns: 112 CTAs at a width of 4 * 7168
+ROW_GROUPS = 4  # threads down a backward CTA's rows, per VEC columns
+BWD_COLUMNS_PER_BLOCK = VEC * BWD_COLUMN_THREADS
 
 
 def build_fwd(arch: Arch, mhc: int) -> KernelProgram:
@@ -51,24 +55,35 @@ def build_bwd(arch: Arch, mhc: int) -> KernelProgram:
         fn_grad: T.Tensor[(rows, width), T.float32],
         normw_grad: T.Tensor[(width,), T.float32],
     ):
-        with T.Kernel(T.ceildiv(width, BWD_COLUMNS_PER_BLOCK), threads=BWD_THREADS) as pid:
+        with T.Kernel(T.ceildiv(width, BWD_COLUMNS_PER_BLOCK), threads=BWD_COLUMN_THREADS * ROW_GROUPS) as pid:
             T.assume(width % VEC == 0)
-            col = pid * BWD_COLUMNS_PER_BLOCK + T.get_thread_binding() * VEC
+            tid = T.get_thread_binding()
+            group = tid // BWD_COLUMN_THREADS
+            col = pid * BWD_COLUMNS_PER_BLOCK + (tid % BWD_COLUMN_THREADS) * VEC
             weight = T.alloc_local((VEC,), T.float32)
             total = T.alloc_local((VEC,), T.float32)
             grad = T.alloc_local((VEC,), T.float32)
+            parts = T.alloc_shared((ROW_GROUPS, BWD_COLUMN_THREADS, VEC), T.float32)
             if col < width:
                 for v in T.vectorized(VEC):
                     weight[v] = normw[col + v]
                 for v in T.vectorized(VEC):
                     total[v] = T.float32(0)
-                for r in T.unroll(rows):
-                    for v in T.vectorized(VEC):
-                        grad[v] = out_fn_grad[r, col + v]
-                    for v in T.vectorized(VEC):
-                        fn_grad[r, col + v] = fn_grad[r, col + v] + grad[v] * weight[v]
-                    for v in T.vectorized(VEC):
-                        total[v] = total[v] + grad[v] * fn[r, col + v]
+                for i in T.unroll(-(-rows // ROW_GROUPS)):
+                    if i * ROW_GROUPS + group < rows:
+                        for v in T.vectorized(VEC):
+                            grad[v] = out_fn_grad[i * ROW_GROUPS + group, col + v]
+                        for v in T.vectorized(VEC):
+                            fn_grad[i * ROW_GROUPS + group, col + v] = fn_grad[i * ROW_GROUPS + group, col + v] + grad[v] * weight[v]
+                        for v in T.vectorized(VEC):
+                            total[v] = total[v] + grad[v] * fn[i * ROW_GROUPS + group, col + v]
+                for v in T.vectorized(VEC):
+                    parts[group, tid % BWD_COLUMN_THREADS, v] = total[v]
+            T.sync_threads()
+            if group == 0 and col < width:
+                for k in T.unroll(1, ROW_GROUPS):
+                    for v in T.unroll(VEC):
+                        total[v] = total[v] + parts[k, tid, v]
                 for v in T.vectorized(VEC):
                     normw_grad[col + v] = normw_grad[col + v] + total[v]
 
