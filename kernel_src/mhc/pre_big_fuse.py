@@ -27,7 +27,7 @@ from kernel_src.mhc.pre_apply_mix import mix_streams
 from kernel_src.mhc.pre_split_mixes import comb_mix, post_mix, pre_mix
 from kernel_src.mhc.row_slices import VEC
 from kernel_src.mhc.sinkhorn import MAX_MHC as SINKHORN_MAX_MHC
-from kernel_src.mhc.sinkhorn import Element, lanes, sinkhorn_normalize
+from kernel_src.mhc.sinkhorn import Element, sinkhorn_normalize
 
 WARP = 32
 APPLY_WARPS = 4  # warps forming the layer input; warp 0 forms the mixes
@@ -108,11 +108,10 @@ def build(arch: Arch, mhc: int, hidden: int) -> KernelProgram:
                     post[token, tid] = post_mix(mixes[n + tid], scale[1], base[n + tid], post_mult_value)
                 # Every lane of the warp runs the shuffles; the lanes past the first group repeat its elements.
                 e = Element(tid, n)
-                lane = tid % lanes(n)
                 cm = T.alloc_local((1,), T.float32)
                 cm[0] = 0
                 if e.valid:
-                    cm[0] = comb_mix(mixes[2 * n + lane], scale[2], base[2 * n + lane])
+                    cm[0] = comb_mix(mixes[2 * n + e.lane], scale[2], base[2 * n + e.lane])
                 sinkhorn_normalize(cm, e, repeat, comb_eps)
                 if tid < n * n:
                     comb[token, tid] = cm[0]

@@ -51,9 +51,9 @@ class Element:
 
     def __init__(self, tid, n: int):
         self.n, self.width = n, lanes(n)
-        self.group, lane = tid // self.width, tid % self.width
-        self.row, self.col = lane // n, lane % n
-        self.valid = lane < n * n
+        self.group, self.lane = tid // self.width, tid % self.width  # the lane holds element lane = row * n + col
+        self.row, self.col = self.lane // n, self.lane % n
+        self.valid = self.lane < n * n
 
     def line_sum(self, value, rows: bool):
         """sum(value) over the element's row (rows=True) or column, in ascending index order, by shuffles."""
