@@ -53,6 +53,10 @@ class Record:
         return self.env['date'][:10]
 
     @property
+    def gpu(self) -> str:
+        return self.env['gpu']
+
+    @property
     def commit(self) -> str:
         return f'`{self.env["commit"]}`'
 
@@ -72,25 +76,28 @@ def load_records(folder: Path = MEASUREMENTS) -> list[Record]:
 
 @dataclasses.dataclass
 class Sources:
-    """Which record each kernel's figures come from: the newest of the primary record's GPU that measured it."""
+    """Which record each kernel's figures come from. The primary record is the newest with benchmark cases; a kernel's
+    cases come from the newest record of the primary's GPU that has them, its comparison with upstream (both sides timed
+    in one run) from the newest record of any GPU that has one, each table naming the GPU of every record it uses."""
     primary: Record
-    records: list[Record]  # the primary record's GPU, newest first
+    records: list[Record]  # every record, newest first
     cases: dict[str, Record]
     upstream: dict[str, Record]
 
     @classmethod
     def of(cls, records: list[Record]) -> Sources:
-        primary = records[0]
-        same_gpu = [r for r in records if r.env['gpu'] == primary.env['gpu']]
-        picked: dict[str, dict[str, Record]] = {'case': {}, 'upstream': {}}
-        for kind, chosen in picked.items():
-            for record in same_gpu:
+        primary = next((r for r in records if r.of_type('case')), records[0])
+        pools = {'case': [r for r in records if r.gpu == primary.gpu], 'upstream': records}
+        picked: dict[str, dict[str, Record]] = {}
+        for kind, pool in pools.items():
+            chosen: dict[str, Record] = {}
+            for record in pool:
                 for kernel in record.kernels(kind):
                     chosen.setdefault(kernel, record)
             # Kernels in the order of the record that measured the most of them (a full run's manifest order).
-            order = dict.fromkeys(k for r in sorted(same_gpu, key=lambda r: -len(r.kernels(kind))) for k in r.kernels(kind))
+            order = dict.fromkeys(k for r in sorted(pool, key=lambda r: -len(r.kernels(kind))) for k in r.kernels(kind))
             picked[kind] = {k: chosen[k] for k in order}
-        return cls(primary, same_gpu, picked['case'], picked['upstream'])
+        return cls(primary, records, picked['case'], picked['upstream'])
 
     def used(self) -> list[Record]:
         return [r for r in self.records if r is self.primary or r in self.cases.values() or r in self.upstream.values()]
@@ -134,10 +141,10 @@ def headline_rows(sources: Sources) -> list[tuple[str, dict, Record]]:
 def measured_on(by_kernel: dict[str, Record]) -> str:
     """'2026-12-02 at commit `abc`' for the record most kernels come from, then the others with their kernels."""
     main = main_record(by_kernel)
-    text = f'{main.when} at commit {main.commit}'
+    text = f'{main.gpu}, {main.when} at commit {main.commit}'
     for other in dict.fromkeys(r for r in by_kernel.values() if r is not main):
         kernels = ', '.join(k for k in by_kernel if by_kernel[k] is other)
-        text += f' ({kernels}: {other.when} at commit {other.commit})'
+        text += f' ({kernels}: {other.gpu}, {other.when} at commit {other.commit})'
     return text
 
 
@@ -152,7 +159,7 @@ def readme_region(sources: Sources) -> str:
         rows.append([op, line['shape'] + mark, us(line['ours_us']), us(line['upstream_us']), pct(line['ours_of_copy'], 0)])
     tokens = {line.get('tokens') for _, line, _ in headline_rows(sources) if 'error' not in line}
     caption = (f'Device time at {"/".join(str(t) for t in sorted(tokens))} tokens, ours and upstream TileKernels (JIT) on the same inputs in '
-               f'one process; "of copy": ours as a fraction of copy bandwidth. {sources.primary.env["gpu"]}, {measured_on(sources.upstream)}. '
+               f'one process; "of copy": ours as a fraction of copy bandwidth. {measured_on(sources.upstream)}. '
                'Every case: [docs/benchmarks.md](docs/benchmarks.md).')
     return '\n'.join([BEGIN, *table(['op', 'case', 'ours (us)', 'upstream (us)', 'of copy'], rows), '', wrap(caption), END])
 
@@ -299,7 +306,7 @@ def cold_start_table(record: Record) -> list[str]:
         library = 'upstream TileKernels' if what.endswith('upstream') else '`tile_kernels_aot`'
         out += [f'## Cold start: {what}', '',
                 wrap(f'A fresh process (benchmarks/cold_start.py {what}), after `import torch` and CUDA init: the import of {library} and '
-                     f'{COLD_START_CASES.get(what, what)}, ms. From {record.link}, {record.when}, commit {record.commit}.'), '',
+                     f'{COLD_START_CASES.get(what, what)}, ms. From {record.link} ({record.gpu}), {record.when}, commit {record.commit}.'), '',
                 *table(['', *(f'process {i + 1}' for i in range(len(runs))), 'median'], rows), '']
     return out
 
@@ -315,7 +322,7 @@ def ep_moe_table(record: Record) -> list[str]:
     return ['## Expert-parallel MoE layer', '',
             wrap('examples/ep_moe.py under torchrun, one GPU per rank: gate, fused layout, e4m3 dispatch and reduce_fused (our kernels), '
                  'the all_to_all_single exchanges (NCCL) and the local experts as torch GEMMs; ms per step (CUDA events around each phase, '
-                 f'the slowest rank) and the share of the step. From {record.link}, {record.when}, commit {record.commit}.'), '',
+                 f'the slowest rank) and the share of the step. From {record.link} ({record.gpu}), {record.when}, commit {record.commit}.'), '',
             *table(['ranks', 'tokens per rank', 'layer', 'step (ms)', 'tokens/s', 'our kernels, ms', 'NCCL, ms', 'expert GEMMs, ms'], rows), '']
 
 
@@ -331,7 +338,7 @@ def host_table(record: Record) -> list[str]:
             wrap(f'benchmarks/host_overhead.py at {record.of_type("host")[0]["tokens"]} tokens: a loop of 2000 calls timed on the host, '
                  'the lowest of three interleaved rounds; "in full" is the op with launch plans off (every call checks its arguments '
                  'again), "torch" is torch.neg on the op\'s largest floating-point input, in the same '
-                 f'process. From {record.link}, {record.when}, commit {record.commit}.'), '',
+                 f'process. From {record.link} ({record.gpu}), {record.when}, commit {record.commit}.'), '',
             *table(['op', 'case', 'ours (us)', 'in full (us)', 'torch (us)', 'ours / torch', 'upstream (us)', 'ours / upstream'], rows), '']
 
 
@@ -344,7 +351,8 @@ def benchmarks_md(sources: Sources) -> str:
     env = sources.primary.env
     out = ['# Benchmarks', '',
            '<!-- Generated by `python -m benchmarks.report` from docs/measurements/*.jsonl: edit the generator, not this file. -->', '',
-           f'Measured on {env["gpu"]}; {not_run(env)} binaries are compiled and checked, not run.', '',
+           f'Measured on {" and ".join(dict.fromkeys([sources.primary.gpu, *(r.gpu for r in sources.used())]))}; {not_run(env)} binaries are compiled and checked, '
+           'not run.', '',
            '## Records', '', *records_table(sources), '', '## Method', '', METHOD, '']
     if sources.upstream:
         first = next(iter(sources.upstream.values()))
@@ -394,7 +402,7 @@ def plot(sources: Sources, path: Path) -> str:
     right.axvline(100, color='grey', linewidth=0.8)
     left.set_yticks(list(y), names, fontsize=8)
     left.legend(loc='lower right', fontsize=8)
-    fig.suptitle(f'{sources.primary.env["gpu"]}, {measured_on(sources.upstream)}'.replace('`', ''), fontsize=9)
+    fig.suptitle(measured_on(sources.upstream).replace('`', ''), fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110, metadata={'Software': None})
     plt.close(fig)

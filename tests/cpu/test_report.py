@@ -157,3 +157,18 @@ def test_report_takes_each_kernel_from_the_newest_record_that_measured_it(tmp_pa
     monkeypatch.setitem(sys.modules, 'matplotlib', None)
     assert 'matplotlib is not installed' in report.plot(sources, tmp_path / 'plot.png')
     assert not (tmp_path / 'plot.png').exists()
+
+
+def test_a_newer_upstream_run_on_another_gpu_supplies_its_rows_named_with_its_gpu(tmp_path):
+    full = record.condense(write_out_dir(tmp_path / 'out'))
+    _write_record(tmp_path / 'm', '2026-12-24-h200', full)
+    h100 = dict(full[0], date='2026-12-25T09:00:00Z', commit='5678def', gpu='NVIDIA H100 80GB HBM3')
+    upstream = next(line for line in full if line['type'] == 'upstream' and line['kernel'] == 'moe.topk_gate')
+    _write_record(tmp_path / 'm', '2026-12-25-h100', [h100, dict(upstream, ours_us=10.0)])
+    sources = report.Sources.of(report.load_records(tmp_path / 'm'))
+    assert sources.primary.name == '2026-12-24-h200'  # the newest record with benchmark cases
+    assert sources.cases['moe.topk_gate'].name == '2026-12-24-h200'
+    assert sources.upstream['moe.topk_gate'].name == '2026-12-25-h100'
+    region = report.readme_region(sources)
+    assert '| topk_gate | E256 K8 | 10.0 | 13.5 |' in region and 'NVIDIA H100 80GB HBM3, 2026-12-25 at commit `5678def`' in region
+    assert 'Measured on NVIDIA H200 and NVIDIA H100 80GB HBM3;' in report.benchmarks_md(sources)
