@@ -135,6 +135,13 @@ def _close_to(rtol, atol):
     return compare
 
 
+def _close_and_bitwise(rtol, atol):
+    """The tolerance check, plus whether the two sides agree bit for bit (a layer kernel that does not makes
+    multilayer_recompute's layers drift apart from upstream's)."""
+    close = _close_to(rtol, atol)
+    return lambda a, b: {'same_result': close(a, b), 'bitwise': _same_bits(a, b)}
+
+
 def upstream_expand_fwd_case(tk, tokens):
     from tile_kernels.mhc.expand_kernel import expand_to_mhc_fwd_tl
 
@@ -186,7 +193,7 @@ def upstream_pre_apply_mix_fwd_case(tk, tokens):
             kernel(x, mix.view(tokens, MHC), out)
             return (out,)
 
-        cases.append((f'mhc 4 H {h}', lambda x=x, mix=mix: (mhc_pre_apply_mix_fwd(x, mix),), theirs, _close_to(1e-3, 1e-2),
+        cases.append((f'mhc 4 H {h}', lambda x=x, mix=mix: (mhc_pre_apply_mix_fwd(x, mix),), theirs, _close_and_bitwise(1e-3, 1e-2),
                       nbytes(x, mix) + tokens * h * 2))
     return cases
 
@@ -225,7 +232,7 @@ def upstream_post_fwd_case(tk, tokens):
     for h in UPSTREAM_HIDDEN:
         args = _post_inputs(tokens, h)
         cases.append((f'mhc 4 H {h}', lambda args=args: (mhc_post_fwd(*args),), lambda args=args: (their_post_fwd(*args),),
-                      _close_to(1.6e-2, 1e-5), nbytes(*args, args[1])))
+                      _close_and_bitwise(1.6e-2, 1e-5), nbytes(*args, args[1])))
     return cases
 
 
@@ -241,6 +248,24 @@ def upstream_post_bwd_case(tk, tokens):
         cases.append((f'mhc 4 H {h}', lambda args=args: mhc_post_bwd(*args, fuse_grad_acc=False),
                       lambda args=args: their_post_bwd(*args, fuse_grad_acc=False), _close_to(1.6e-2, 1e-4), moved))
     return cases
+
+
+def _our_layer_loop(inputs):
+    """Our own layer loop on the recompute inputs: mhc_pre_apply_mix_fwd and mhc_post_fwd, layer by layer."""
+    from tile_kernels_aot.mhc.post import mhc_post_fwd
+    from tile_kernels_aot.mhc.pre_apply_mix import mhc_pre_apply_mix_fwd
+
+    res = inputs['initial_residual']
+    tokens, mhc, hidden = res.shape
+    layer_inputs, residuals = [], []
+    for i, pre in enumerate(inputs['pre_mix_list']):
+        layer_inputs.append(mhc_pre_apply_mix_fwd(res, pre.view(tokens, mhc, 1)))
+        if i < len(inputs['layer_output_list']):
+            res = mhc_post_fwd(inputs['layer_output_list'][i].view(1, tokens, hidden), res.view(1, tokens, mhc, hidden),
+                               inputs['post_mix_list'][i].view(1, tokens, mhc, 1),
+                               inputs['comb_mix_list'][i].view(1, tokens, mhc, mhc)).view(tokens, mhc, hidden)
+            residuals.append(res)
+    return (*layer_inputs, *residuals)
 
 
 def _upstream_layer_loop(inputs):
@@ -284,7 +309,7 @@ def upstream_multilayer_recompute_case(tk, tokens):
         def compare(a, b, inputs=ours_inputs):
             loop = _upstream_layer_loop(inputs)
             return {'same_result': _close_to(1.6e-2, 1e-5)(a, b), 'ours_bitwise_upstream_loop': _same_bits(a, loop),
-                    'upstream_bitwise_upstream_loop': _same_bits(b, loop)}
+                    'upstream_bitwise_upstream_loop': _same_bits(b, loop), 'ours_bitwise_our_loop': _same_bits(a, _our_layer_loop(inputs))}
 
         cases.append((f'mhc 4 H {h} L={LAYERS}', lambda inputs=ours_inputs: run(mhc_multilayer_recompute, inputs),
                       lambda inputs=their_inputs: run(their_recompute, inputs), compare, _recompute_moved(ours_inputs)))
