@@ -250,42 +250,44 @@ def upstream_post_bwd_case(tk, tokens):
     return cases
 
 
+def _layer_loop(inputs, apply, post):
+    """The layer loop multilayer_recompute stands for, on its inputs: apply(res, pre (T, mhc, 1)) -> layer input (T, H),
+    post(layer output, res, post mix, comb mix), each with a leading dim of 1 (upstream's mhc_post signature) -> res."""
+    res = inputs['initial_residual']
+    tokens, mhc, hidden = res.shape
+    layer_inputs, residuals = [], []
+    for i, pre in enumerate(inputs['pre_mix_list']):
+        layer_inputs.append(apply(res, pre.view(tokens, mhc, 1)))
+        if i < len(inputs['layer_output_list']):
+            res = post(inputs['layer_output_list'][i].view(1, tokens, hidden), res.view(1, tokens, mhc, hidden),
+                       inputs['post_mix_list'][i].view(1, tokens, mhc, 1),
+                       inputs['comb_mix_list'][i].view(1, tokens, mhc, mhc)).view(tokens, mhc, hidden)
+            residuals.append(res)
+    return (*layer_inputs, *residuals)
+
+
 def _our_layer_loop(inputs):
-    """Our own layer loop on the recompute inputs: mhc_pre_apply_mix_fwd and mhc_post_fwd, layer by layer."""
+    """Ours: mhc_pre_apply_mix_fwd and mhc_post_fwd."""
     from tile_kernels_aot.mhc.post import mhc_post_fwd
     from tile_kernels_aot.mhc.pre_apply_mix import mhc_pre_apply_mix_fwd
 
-    res = inputs['initial_residual']
-    tokens, mhc, hidden = res.shape
-    layer_inputs, residuals = [], []
-    for i, pre in enumerate(inputs['pre_mix_list']):
-        layer_inputs.append(mhc_pre_apply_mix_fwd(res, pre.view(tokens, mhc, 1)))
-        if i < len(inputs['layer_output_list']):
-            res = mhc_post_fwd(inputs['layer_output_list'][i].view(1, tokens, hidden), res.view(1, tokens, mhc, hidden),
-                               inputs['post_mix_list'][i].view(1, tokens, mhc, 1),
-                               inputs['comb_mix_list'][i].view(1, tokens, mhc, mhc)).view(tokens, mhc, hidden)
-            residuals.append(res)
-    return (*layer_inputs, *residuals)
+    return _layer_loop(inputs, mhc_pre_apply_mix_fwd, mhc_post_fwd)
 
 
 def _upstream_layer_loop(inputs):
-    """Upstream's own layer loop on the recompute inputs: its pre_apply_mix and post kernels, layer by layer."""
+    """Upstream's own pre_apply_mix and post kernels."""
     from tile_kernels.mhc.post_kernel import mhc_post_fwd as their_post_fwd
     from tile_kernels.mhc.pre_apply_mix_kernel import _mhc_pre_apply_mix_fwd
 
-    res = inputs['initial_residual']
-    tokens, mhc, hidden = res.shape
-    apply = _mhc_pre_apply_mix_fwd(mhc, hidden)
-    layer_inputs, residuals = [], []
-    for i, pre in enumerate(inputs['pre_mix_list']):
-        layer_inputs.append(res.new_empty(tokens, hidden))
-        apply(res, pre.view(tokens, mhc), layer_inputs[-1])
-        if i < len(inputs['layer_output_list']):
-            res = their_post_fwd(inputs['layer_output_list'][i].view(1, tokens, hidden), res.view(1, tokens, mhc, hidden),
-                                 inputs['post_mix_list'][i].view(1, tokens, mhc, 1),
-                                 inputs['comb_mix_list'][i].view(1, tokens, mhc, mhc)).view(tokens, mhc, hidden)
-            residuals.append(res)
-    return (*layer_inputs, *residuals)
+    tokens, mhc, hidden = inputs['initial_residual'].shape
+    kernel = _mhc_pre_apply_mix_fwd(mhc, hidden)
+
+    def apply(res, pre):
+        out = res.new_empty(tokens, hidden)
+        kernel(res, pre.view(tokens, mhc), out)
+        return out
+
+    return _layer_loop(inputs, apply, their_post_fwd)
 
 
 def upstream_multilayer_recompute_case(tk, tokens):
