@@ -175,6 +175,9 @@ class LoadedKernel:
         self._driver: _driver.Driver | None = None
         self._resident_blocks: dict[tuple[int, str], int] = {}
         self._blocks_per_sm: dict[int, int] = {}
+        # One launch without a tensor map or launch attributes (most kernels): _launch_all's short path.
+        first = entry.launches[0] if len(entry.launches) == 1 else None
+        self._plain = first is not None and not (first.tma or first.cooperative or first.cluster_dims or first.pdl)
 
     # -- loading -------------------------------------------------------------------------------
 
@@ -281,6 +284,16 @@ class LoadedKernel:
         packs = self._packs.__dict__.get('value')
         if packs is None:
             packs = self._packs.value = [_ArgPack(launch) for launch in self.entry.launches]
+        if self._plain:  # the loop below for its one launch, spelled out: this runs on every call
+            pack = packs[0]
+            if pack.env is not env:
+                self._bind_env(self.entry.launches[0], pack, self._grids[0](env), env)
+            if pack.grid is not None:
+                for slot, name in pack.tensor_slots:
+                    slot.value = pointers[name]
+                launch = self.entry.launches[0]
+                self._driver.launch(functions[0], pack.grid, launch.block, launch.dynamic_smem, stream, pack.pointers)
+            return
         for launch, fn, grid_of, pack in zip(self.entry.launches, functions, self._grids, packs):
             if pack.env is not env:  # a launch plan passes the same env on every call: its grid and scalars stay
                 self._bind_env(launch, pack, grid_of(env), env)

@@ -446,6 +446,7 @@ class _Plan:
         self.same = same  # argument positions that held one tensor when recorded: each launched buffer is the first's
         self.steps = steps
         self.build = build
+        self._actions = tuple(_action(step) for step in steps)
 
     def serves(self, inputs: list[torch.Tensor]) -> bool:
         """Whether the plan serves a call's tensors: those passed twice when it was recorded are passed twice again."""
@@ -453,32 +454,58 @@ class _Plan:
 
     def run(self, inputs: list[torch.Tensor]) -> object:
         tensors = inputs + [None] * self.num_made
-        for step in self.steps:
-            kind = step[0]
-            if kind is _LAUNCH:
-                _, kernel, device, buffers, env = step
-                kernel.launch(device, {name: tensors[index].data_ptr() + offset if index >= 0 else offset for name, index, offset in buffers}, env)
-            elif kind is _TABLE:
-                _, numbers, device, index = step
-                tensors[index] = _upload([tensors[n].data_ptr() for n in numbers], device)
-            elif kind is _ALLOC:
-                _, index, shape, stride, dtype, device, zero, make = step
-                t = tensors[index] = make(shape, dtype=dtype, device=device) if make is torch.zeros else make(shape, stride, dtype=dtype, device=device)
-                if zero:
-                    t.zero_()
-            else:
-                if kind is _OP:
-                    _, func, args, refs, kwargs, numbers = step
-                    args = args.copy()
-                    for position, index in refs:
-                        args[position] = tensors[index]
-                    out = func(*args, **kwargs)
-                else:
-                    _, func, args_t, kwargs_t, numbers = step
-                    out = func(*_resolve(args_t, tensors), **_resolve(kwargs_t, tensors))
-                if len(numbers) == 1:
-                    tensors[numbers[0]] = out
-                else:
-                    for index, t in zip(numbers, out):
-                        tensors[index] = t
+        for action in self._actions:
+            action(tensors)
         return self.build(tensors)
+
+
+def _action(step: tuple) -> Callable[[list], None]:
+    """A step as a function of the call's numbered tensors, which it extends with what it makes (a replay runs these,
+    with no dispatch on the kind of step)."""
+    kind = step[0]
+    if kind is _LAUNCH:
+        _, kernel, device, buffers, env = step
+
+        def launch(tensors):
+            kernel.launch(device, {name: tensors[index].data_ptr() + offset if index >= 0 else offset for name, index, offset in buffers}, env)
+        return launch
+    if kind is _TABLE:
+        _, numbers, device, made = step
+
+        def table(tensors):
+            tensors[made] = _upload([tensors[n].data_ptr() for n in numbers], device)
+        return table
+    if kind is _ALLOC:
+        _, made, shape, stride, dtype, device, zero, make = step
+        if make is torch.zeros:
+            def zeros(tensors):
+                tensors[made] = torch.zeros(shape, dtype=dtype, device=device)
+            return zeros
+
+        def alloc(tensors):
+            t = tensors[made] = torch.empty_strided(shape, stride, dtype=dtype, device=device)
+            if zero:
+                t.zero_()
+        return alloc
+    if kind is _OP:
+        _, func, template, refs, kwargs, numbers = step
+
+        def call(tensors):
+            args = template.copy()
+            for position, index in refs:
+                args[position] = tensors[index]
+            _keep(tensors, numbers, func(*args, **kwargs))
+        return call
+    _, func, args_t, kwargs_t, numbers = step
+
+    def nested(tensors):
+        _keep(tensors, numbers, func(*_resolve(args_t, tensors), **_resolve(kwargs_t, tensors)))
+    return nested
+
+
+def _keep(tensors: list, numbers: tuple[int, ...], out) -> None:
+    if len(numbers) == 1:
+        tensors[numbers[0]] = out
+    else:
+        for index, t in zip(numbers, out):
+            tensors[index] = t
