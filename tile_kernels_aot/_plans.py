@@ -372,8 +372,9 @@ class _Recorder(TorchDispatchMode):
             if step[0] == 'alloc':
                 t = tensors[step[1]]
                 contiguous = t.is_contiguous()
-                steps.append((_ALLOC, step[1], tuple(t.shape), t.stride(), t.dtype, t.device, step[2] and not contiguous,
-                              torch.zeros if step[2] and contiguous else torch.empty_strided))
+                # zeroed: made by torch.zeros where contiguous, else allocated with its strides and filled
+                steps.append((_ALLOC, step[1], tuple(t.shape), t.stride(), t.dtype, t.device, step[2] and contiguous,
+                              step[2] and not contiguous))
             elif step[0] == 'op':
                 _, func, args_t, kwargs_t, numbers, is_view = step
                 if is_view and not needed.intersection(numbers):
@@ -476,15 +477,15 @@ def _action(step: tuple) -> Callable[[list], None]:
             tensors[made] = _upload([tensors[n].data_ptr() for n in numbers], device)
         return table
     if kind is _ALLOC:
-        _, made, shape, stride, dtype, device, zero, make = step
-        if make is torch.zeros:
+        _, made, shape, stride, dtype, device, zeros_made, zero_filled = step
+        if zeros_made:
             def zeros(tensors):
                 tensors[made] = torch.zeros(shape, dtype=dtype, device=device)
             return zeros
 
         def alloc(tensors):
             t = tensors[made] = torch.empty_strided(shape, stride, dtype=dtype, device=device)
-            if zero:
+            if zero_filled:
                 t.zero_()
         return alloc
     if kind is _OP:
