@@ -100,7 +100,7 @@ def upstream_line(row: dict) -> dict:
     return {'type': 'upstream', 'kernel': row['kernel'], 'shape': row['shape'], 'tokens': row.get('tokens'), 'same_result': row['same_result'],
             'ours_us': _round(row['ours_us'], 2), 'upstream_us': _round(row['upstream_us'], 2), 'ours_of_copy': _round(row['ours_of_copy'], 4),
             'upstream_of_copy': _round(row['upstream_of_copy'], 4), 'upstream_first_call_s': _round(row['upstream_first_call_s'], 2),
-            **{k: v for k, v in row.items() if k.endswith('_bitwise_upstream_loop')}}  # multilayer_recompute's diagnostics
+            **{k: v for k, v in row.items() if k != 'same_result' and isinstance(v, bool)}}  # a case's diagnostics (bit-for-bit flags)
 
 
 def test_counts(out_dir: Path) -> dict | None:

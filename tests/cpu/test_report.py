@@ -53,8 +53,8 @@ BENCH = [
 ]
 UPSTREAM = [
     {'kernel': 'copy', 'gbs': 4210.0, 'upstream_import_s': 12.5, 'tilelang': '0.1.15', 'upstream_version': None},
-    {'kernel': 'moe.topk_gate', 'shape': 'E256 K8', 'tokens': 8192, 'same_result': True, 'upstream_first_call_s': 2.0, 'ours_us': 12.6,
-     'upstream_us': 13.5, 'ours_of_copy': 0.167, 'upstream_of_copy': 0.156},
+    {'kernel': 'moe.topk_gate', 'shape': 'E256 K8', 'tokens': 8192, 'same_result': True, 'bitwise': False, 'upstream_first_call_s': 2.0,
+     'ours_us': 12.6, 'upstream_us': 13.5, 'ours_of_copy': 0.167, 'upstream_of_copy': 0.156},
     {'kernel': 'quant.swiglu_forward_and_per_token_cast', 'error': 'RuntimeError: does not build (legacy reducer)'},
 ]
 JUNIT = ('<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" errors="0" failures="2" skipped="1" tests="10" '
@@ -103,6 +103,7 @@ def test_record_condenses_a_run_folder(tmp_path):
         'decode': {'1': [1.23, 30.1], '128': [2.5, 31.0]}}]
     assert by_type['error'][0]['kernel'] == 'quant.new_kernel'
     assert [u.get('same_result') for u in by_type['upstream']] == [True, None]
+    assert by_type['upstream'][0]['bitwise'] is False  # a comparison's diagnostic flags are kept
     assert 'error' in by_type['upstream'][1]
     assert by_type['cold_start'] == [{'type': 'cold_start', 'what': 'ops', 'runs': [{'import_ms': 47.12, 'total_ms': 64.0}, {'import_ms': 46.0, 'total_ms': 63.0}]}]
     assert by_type['tests'] == [{'type': 'tests', 'passed': 7, 'failed': 2, 'skipped': 1, 'errors': 0, 'seconds': 50.2}]
