@@ -25,7 +25,12 @@ export PYTHONPATH=$SITE PYTHONUNBUFFERED=1
 # Kernels that exercise launch features no shipped kernel uses (TMA, cooperative, big shared memory).
 [ -d build-launch/sm_90a ] && export TILE_KERNELS_AOT_LAUNCH_TEST_DIR=$PWD/build-launch/sm_90a
 
-python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" $DIST/*.whl $(ls .whl/*.whl 2>/dev/null) || exit 1
+# The runtime comes as two wheels, with the C extension (cp311-abi3, this host's kind) and pure Python: install the first.
+wheels=$(ls $DIST/*.whl)
+native=$(ls $DIST/*runtime-*-abi3-*.whl 2>/dev/null)
+[ -n "$native" ] && wheels=$(ls $DIST/*.whl | grep -v 'runtime-.*-py3-none-any')
+python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" $wheels $(ls .whl/*.whl 2>/dev/null) || exit 1
+[ -z "$native" ] || python3 -c 'import sys; sys.path.insert(0, sys.argv[1]); import tile_kernels_aot._driver_native' "$SITE" || exit 1
 cp -r tests benchmarks examples pyproject.toml README.md "$WORK"/
 {
   date -u +%Y-%m-%dT%H:%M:%SZ

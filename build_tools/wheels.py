@@ -1,22 +1,28 @@
 """Wheels: one per arch (cubins, manifest, .cu sources), the runtime, and the meta package.
 
   tile-kernels-aot          meta: depends on the runtime and on every arch wheel of this build
-  tile-kernels-aot-runtime  the `tile_kernels_aot` package (pure Python; pyproject.toml at the repo root)
+  tile-kernels-aot-runtime  the `tile_kernels_aot` package (pyproject.toml and setup.py at the repo root), as two wheels:
+                            cp311-abi3-manylinux2014_<machine> with the C extension _driver_native (the fast launch
+                            path), and py3-none-any without it (any other platform or Python; pip picks the first
+                            where it fits)
   tile-kernels-aot-sm90a    `tile_kernels_aot_sm90a`: manifest.json, cubins/, sources/ (needs the runtime)
   tile-kernels-aot-sm100f   likewise for sm_100f
 
-Names are plain PEP 440 versions with no local label, so PyPI accepts them; all are py3-none-any since
-a cubin does not depend on the host CPU. Each wheel is built by setuptools' PEP 517 backend from a staged
+Names are plain PEP 440 versions with no local label, so PyPI accepts them; all but the native runtime are
+py3-none-any since a cubin does not depend on the host CPU. The native runtime's extension links nothing (no libc
+symbol, no shared library), which check_native_extension verifies, so the manylinux2014 tag holds. Each wheel is built by setuptools' PEP 517 backend from a staged
 directory with a fixed SOURCE_DATE_EPOCH, so two builds of one commit give identical bytes.
 """
 
 from __future__ import annotations
 
 import os
+import platform
 import shutil
 import subprocess
 import sys
 import tempfile
+import zipfile
 from pathlib import Path
 
 from build_tools.util import BuildError, sha256_bytes, write_if_different
@@ -27,6 +33,7 @@ from tile_kernels_aot.version import __version__
 REPO_ROOT = Path(__file__).resolve().parent.parent
 META_DIST = 'tile-kernels-aot'
 RUNTIME_DIST = 'tile-kernels-aot-runtime'
+NATIVE_RUNTIME = f'{RUNTIME_DIST}-native'  # the stage of the runtime wheel with the C extension (one distribution, two wheels)
 MAX_WHEEL_BYTES = 50 * 1024 * 1024
 # Zip entries cannot predate 1980; any fixed date makes the archives reproducible.
 SOURCE_DATE_EPOCH = '315532800'
@@ -89,10 +96,34 @@ def _stage_arch(arch: Arch, jobs: list, manifest: Path, build_dir: Path, stage: 
     ))
 
 
-def _stage_runtime(stage: Path) -> None:
+NATIVE_SOURCE = 'tile_kernels_aot/_driver_native.c'
+
+
+def _stage_runtime(stage: Path, native: bool) -> None:
+    """The runtime's files; setup.py builds the C extension where its source is staged (native)."""
     for name in ('pyproject.toml', 'setup.py', 'README.md', 'LICENSE'):
         shutil.copyfile(REPO_ROOT / name, stage / name)
-    shutil.copytree(REPO_ROOT / 'tile_kernels_aot', stage / 'tile_kernels_aot', ignore=shutil.ignore_patterns('__pycache__', '*.pyc'))
+    ignore = ('__pycache__', '*.pyc', '*.so') + (() if native else ('*.c',))
+    shutil.copytree(REPO_ROOT / 'tile_kernels_aot', stage / 'tile_kernels_aot', ignore=shutil.ignore_patterns(*ignore))
+
+
+def native_platform_tag() -> str:
+    return f'manylinux2014_{platform.machine()}'
+
+
+def check_native_extension(wheel: Path) -> None:
+    """The native runtime wheel holds the extension, and the extension needs no shared library and no versioned
+    libc symbol (what manylinux2014 allows and more)."""
+    with zipfile.ZipFile(wheel) as zf:
+        names = [n for n in zf.namelist() if n.startswith('tile_kernels_aot/_driver_native') and n.endswith('.so')]
+        if len(names) != 1:
+            raise BuildError(f'{wheel.name} holds no compiled tile_kernels_aot._driver_native (is a C compiler installed?)')
+        with tempfile.TemporaryDirectory() as tmp:
+            so = Path(zf.extract(names[0], tmp))
+            needed = subprocess.run(['objdump', '-p', str(so)], capture_output=True, text=True, check=True).stdout
+            symbols = subprocess.run(['objdump', '-T', str(so)], capture_output=True, text=True, check=True).stdout
+    if 'NEEDED' in needed or 'GLIBC_' in symbols:
+        raise BuildError(f'{names[0]} in {wheel.name} links a shared library or versioned libc symbols: its manylinux2014 tag would not hold')
 
 
 def _stage_meta(archs: list[Arch], stage: Path) -> None:
@@ -110,10 +141,11 @@ def _tree_hash(root: Path) -> str:
     return sha256_bytes(b''.join(p.relative_to(root).as_posix().encode() + b'\0' + p.read_bytes() for p in files))
 
 
-def _run_backend(stage: Path, out_dir: Path) -> Path:
+def _run_backend(stage: Path, out_dir: Path, plat_name: str | None = None) -> Path:
     env = {**os.environ, 'SOURCE_DATE_EPOCH': SOURCE_DATE_EPOCH, 'PYTHONDONTWRITEBYTECODE': '1'}
-    code = 'import sys; from setuptools import build_meta; print(build_meta.build_wheel(sys.argv[1]))'
-    result = subprocess.run([sys.executable, '-c', code, str(out_dir)], cwd=stage, env=env, capture_output=True, text=True)
+    settings = {'--build-option': ['--plat-name', plat_name]} if plat_name else None
+    code = 'import sys; from setuptools import build_meta; print(build_meta.build_wheel(sys.argv[1], config_settings=eval(sys.argv[2])))'
+    result = subprocess.run([sys.executable, '-c', code, str(out_dir), repr(settings)], cwd=stage, env=env, capture_output=True, text=True)
     if result.returncode != 0:
         raise BuildError(f'building the wheel in {stage} failed:\n{result.stdout}\n{result.stderr}')
     return out_dir / result.stdout.strip().splitlines()[-1]
@@ -124,7 +156,8 @@ def build_wheels(jobs: list, manifests: dict[str, Path], build_dir: Path, out: P
     archs = sorted({j.arch for j in jobs}, key=lambda a: a.target)
     stages = {}
     staging_root = build_dir / 'wheels'
-    for name, fill in [(RUNTIME_DIST, _stage_runtime), (META_DIST, lambda s: _stage_meta(archs, s))] + [
+    for name, fill in [(RUNTIME_DIST, lambda s: _stage_runtime(s, False)), (NATIVE_RUNTIME, lambda s: _stage_runtime(s, True)),
+                       (META_DIST, lambda s: _stage_meta(archs, s))] + [
         (arch_dist_name(a), lambda s, a=a: _stage_arch(a, [j for j in jobs if j.arch == a], manifests[a.target], build_dir, s))
         for a in archs
     ]:
@@ -134,21 +167,25 @@ def build_wheels(jobs: list, manifests: dict[str, Path], build_dir: Path, out: P
         fill(stage)
         stages[name] = stage
 
-    cache = staging_root / 'cache'
-    cache.mkdir(parents=True, exist_ok=True)
+    cache_root = staging_root / 'cache'  # a folder per staged wheel: the two runtime wheels share a name
     for leftover in staging_root.glob('tmp*'):  # a build killed while setuptools ran (the build folder is locked: none is live)
         shutil.rmtree(leftover, ignore_errors=True)
     built: dict[str, Path] = {}
     with tempfile.TemporaryDirectory(dir=staging_root) as tmp:
         for name, stage in stages.items():
             digest = _tree_hash(stage)
-            stamp = cache / f'{name}.sha256'
-            cached = sorted(cache.glob(f'{name.replace("-", "_")}-{__version__}-*.whl'))
+            cache = cache_root / name
+            cache.mkdir(parents=True, exist_ok=True)
+            stamp = cache / 'tree.sha256'
+            cached = sorted(cache.glob('*.whl'))
             if stamp.exists() and stamp.read_text() == digest and len(cached) == 1:
                 built[name] = cached[0]
                 print(f'wheel {cached[0].name}: up to date', flush=True)
                 continue
-            wheel = _run_backend(stage, Path(tmp))
+            native = name == NATIVE_RUNTIME
+            wheel = _run_backend(stage, Path(tmp), native_platform_tag() if native else None)
+            if native:
+                check_native_extension(wheel)
             size = wheel.stat().st_size
             if size > MAX_WHEEL_BYTES:
                 raise BuildError(f'{wheel.name} is {size / 2**20:.1f} MiB, over the {MAX_WHEEL_BYTES // 2**20} MiB limit')

@@ -12,6 +12,7 @@ import functools
 import threading
 from typing import Any
 
+from tile_kernels_aot import config
 from tile_kernels_aot.errors import CudaDriverError
 
 CUDA_SUCCESS = 0
@@ -88,6 +89,9 @@ class Driver:
         # cuLaunchKernel without a prototype, for launch(): see there.
         self._launch_unprototyped = lib['cuLaunchKernel']
         self._launch_unprototyped.restype = CUresult
+        self.native = _native_launcher(self._launch_unprototyped)
+        if self.native is not None:
+            self.launch = self._launch_native
         self.check('cuInit', self._cuInit(0))
 
     def error_text(self, code: int) -> tuple[str, str]:
@@ -105,12 +109,18 @@ class Driver:
         self.check(name, getattr(self, '_' + name)(*args))
 
     def launch(self, fn: CUfunction, grid: tuple[int, int, int], block: tuple[int, int, int], smem: int, stream: int, params) -> None:
-        """cuLaunchKernel, spelled out: this is the one driver call on every op's path. It calls the function without a
-        prototype, because ctypes' conversion of eleven prototyped arguments costs more than the rest of the call: the
-        grid, block and shared-memory sizes are ints below 2**31 (the caller checks the grid), which ctypes passes as C
-        ints (the same bits as the unsigned ints the driver reads), `fn` is a CUfunction, `params` the ctypes array of
-        argument pointers, and the stream goes as a c_void_p, all 64 bits of it."""
+        """cuLaunchKernel, the one driver call on every op's path: `fn` is a CUfunction, `params` the ctypes array of
+        argument pointers. Where the runtime's C extension is installed (see _native_launcher) the call goes through it
+        (_launch_native); this is the ctypes way. It calls the function without a prototype, because ctypes' conversion
+        of eleven prototyped arguments costs more than the rest of the call: the grid, block and shared-memory sizes
+        are ints below 2**31 (the caller checks the grid), which ctypes passes as C ints (the same bits as the unsigned
+        ints the driver reads), and the stream goes as a c_void_p, all 64 bits of it."""
         code = self._launch_unprototyped(fn, grid[0], grid[1], grid[2], block[0], block[1], block[2], smem, CUstream(stream), params, None)
+        if code:
+            self.check('cuLaunchKernel', code)
+
+    def _launch_native(self, fn: CUfunction, grid: tuple[int, int, int], block: tuple[int, int, int], smem: int, stream: int, params) -> None:
+        code = self.native.launch(fn.value, grid, block, smem, stream, ctypes.addressof(params))
         if code:
             self.check('cuLaunchKernel', code)
 
@@ -146,6 +156,23 @@ class Driver:
         v = ctypes.c_int()
         self.call('cuOccupancyMaxActiveBlocksPerMultiprocessor', ctypes.byref(v), fn, block_size, dynamic_smem)
         return v.value
+
+
+NATIVE_ENV = 'TILE_KERNELS_AOT_NATIVE_LAUNCH'
+
+
+def _native_launcher(launch_kernel) -> Any:
+    """The C extension tile_kernels_aot._driver_native bound to `launch_kernel` (libcuda's cuLaunchKernel), or None
+    where it is not installed (the pure-Python wheel) or TILE_KERNELS_AOT_NATIVE_LAUNCH=0. It makes the call that
+    Driver.launch makes through ctypes, with the arguments converted in C."""
+    if not config.env_switch(NATIVE_ENV, True):
+        return None
+    try:
+        from tile_kernels_aot import _driver_native
+    except ImportError:
+        return None
+    _driver_native.bind(ctypes.cast(launch_kernel, ctypes.c_void_p).value)
+    return _driver_native
 
 
 @functools.cache

@@ -4,7 +4,8 @@ Kernels that loop over tokens with a fixed grid (group_count, aux_fi) size it as
 every call (fewer when the tokens fill fewer blocks); it is a launch argument, not baked into the binary, so set_num_sms takes effect at once and
 one binary serves GPUs of any size. Results do not depend on it.
 
-env_switch reads the package's 0/1 environment switches (TILE_KERNELS_AOT_CHECK_INDICES, TILE_KERNELS_AOT_LAUNCH_PLANS).
+env_switch reads the package's 0/1 environment switches (TILE_KERNELS_AOT_CHECK_INDICES, TILE_KERNELS_AOT_LAUNCH_PLANS,
+TILE_KERNELS_AOT_NATIVE_LAUNCH).
 """
 
 from __future__ import annotations

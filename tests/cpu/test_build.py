@@ -5,6 +5,7 @@ from __future__ import annotations
 import email.parser
 import hashlib
 import json
+import platform
 import subprocess
 import time
 import zipfile
@@ -69,12 +70,15 @@ def test_launch_metadata_is_read_from_the_lowering(built):
 def test_wheels_contents_and_metadata(built):
     wheels = sorted((built / 'dist').glob('*.whl'))
     names = [w.name for w in wheels]
+    machine = platform.machine()
     assert names == [
         'tile_kernels_aot-0.1.0-py3-none-any.whl',
+        f'tile_kernels_aot_runtime-0.1.0-cp311-abi3-manylinux2014_{machine}.whl',
         'tile_kernels_aot_runtime-0.1.0-py3-none-any.whl',
         'tile_kernels_aot_sm100f-0.1.0-py3-none-any.whl',
         'tile_kernels_aot_sm90a-0.1.0-py3-none-any.whl',
     ]
+    wheels.pop(1)  # the native runtime: below, the other four; its own test is test_native_runtime_wheel
     for wheel in wheels:
         assert wheel.stat().st_size < 50 * 2**20
         meta = wheel_metadata(wheel)
@@ -100,6 +104,18 @@ def test_wheels_contents_and_metadata(built):
                     source = z.read(f'tile_kernels_aot_{target}/{entry.source}').decode()
                     assert entry.launches[0].symbol in source
             assert all(info.date_time == (1980, 1, 1, 0, 0, 0) for info in z.infolist())
+
+
+def test_native_runtime_wheel(built):
+    """The native runtime wheel is the pure one plus the C extension and its source, and the extension launches
+    through the driver function it is bound to."""
+    (native,) = (built / 'dist').glob('tile_kernels_aot_runtime-*-abi3-*.whl')
+    (pure,) = (built / 'dist').glob('tile_kernels_aot_runtime-*-py3-none-any.whl')
+    with zipfile.ZipFile(native) as zn, zipfile.ZipFile(pure) as zp:
+        extra = set(zn.namelist()) - set(zp.namelist())
+        assert {n for n in extra if 'dist-info' not in n} == {'tile_kernels_aot/_driver_native.abi3.so', 'tile_kernels_aot/_driver_native.c'}
+        assert not any('_driver_native' in n for n in zp.namelist())
+    assert wheel_metadata(native)['Version'] == '0.1.0'
 
 
 def test_noop_rebuild_is_fast_and_touches_nothing(built, capsys):

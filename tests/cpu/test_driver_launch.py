@@ -1,5 +1,6 @@
-"""Driver.launch passes every argument of cuLaunchKernel with its full value, though it calls the function without a
-prototype: checked against a stand-in libcuda, compiled here with the host C compiler, that records what it gets."""
+"""Driver.launch passes every argument of cuLaunchKernel with its full value, both ways it can make the call: through the
+C extension tile_kernels_aot._driver_native, and through ctypes without a prototype. Checked against a stand-in
+libcuda, compiled here with the host C compiler, that records what it gets."""
 
 from __future__ import annotations
 
@@ -41,8 +42,18 @@ def stub(tmp_path_factory) -> ctypes.CDLL:
     return lib
 
 
-def test_every_argument_arrives_whole(stub):
+@pytest.fixture(params=['native', 'ctypes'])
+def drv(request, stub, monkeypatch) -> _driver.Driver:
+    if request.param == 'ctypes':
+        monkeypatch.setenv(_driver.NATIVE_ENV, '0')
     drv = _driver.Driver(stub)
+    if request.param == 'native' and drv.native is None:
+        pytest.fail('tile_kernels_aot._driver_native is not built: `pip install -e .` builds it (it needs a C compiler)')
+    assert (drv.native is None) == (request.param == 'ctypes')
+    return drv
+
+
+def test_every_argument_arrives_whole(drv, stub):
     params = (ctypes.c_void_p * 3)()
     fn = _driver.CUfunction(0x7F12_3456_7890)
     stream = 0xFFFF_8000_1234_5678  # all 64 bits matter
@@ -53,7 +64,18 @@ def test_every_argument_arrives_whole(stub):
     assert stub.seen_argument(8) == 0
 
 
-def test_an_error_code_raises_with_the_drivers_name(stub):
-    drv = _driver.Driver(stub)
+def test_an_error_code_raises_with_the_drivers_name(drv):
     with pytest.raises(_driver.CudaDriverError, match='CUDA_ERROR_STUB'):
         drv.launch(_driver.CUfunction(1), (7, 1, 1), (32, 1, 1), 0, 0, (ctypes.c_void_p * 1)())
+
+
+def test_the_extension_refuses_what_does_not_fit(stub):
+    drv = _driver.Driver(stub)
+    assert drv.native is not None
+    params = (ctypes.c_void_p * 1)()
+    with pytest.raises(OverflowError, match='grid'):
+        drv.launch(_driver.CUfunction(1), (2**32, 1, 1), (32, 1, 1), 0, 0, params)
+    with pytest.raises(TypeError, match='block must be a tuple of 3 ints'):
+        drv.native.launch(1, (1, 1, 1), [32, 1, 1], 0, 0, ctypes.addressof(params))
+    with pytest.raises(TypeError, match='6 arguments'):
+        drv.native.launch(1, (1, 1, 1))
