@@ -6,7 +6,9 @@ For each case of benchmarks.upstream (one or more per kernel), at a decode-sized
 of our op (a loop of 2000 calls timed on the host, benchmarks.run.Timer.host_us: at decode sizes the device keeps
 up, so the loop's time is the host's), of the same op with launch plans off (tile_kernels_aot._plans: every call checks its arguments and chooses its
 binary again), of `torch.neg` on the largest floating-point tensor the case passes to the op (its input, so of the
-op's shape), and of upstream's op when `tile_kernels` is importable (after one call, its JIT compile). They are timed
+op's shape), and of upstream's op when `tile_kernels` is importable (after one call, its JIT compile). Where the runtime's C
+extension makes the driver call (tile_kernels_aot._driver_native), ours is timed a second time with that call made
+through ctypes instead (ours_ctypes_us), so one run compares the two launch paths. They are timed
 interleaved, three rounds, and each takes its lowest. The rows go to --out as JSON Lines, which benchmarks.record
 condenses into 'host' lines; benchmarks.host_profile breaks one call down by layer.
 """
@@ -16,11 +18,12 @@ from __future__ import annotations
 import argparse
 import inspect
 import sys
+import types
 
 import torch
 
 from benchmarks.common import RowWriter
-from tile_kernels_aot import _plans
+from tile_kernels_aot import _driver, _plans
 from benchmarks.run import Timer, cases_of, installed_kernels, select
 from benchmarks.upstream import CASES
 
@@ -63,12 +66,16 @@ def main() -> int:
     except ImportError:
         tk = None
     timer = Timer()
+    drv = _driver.driver()
+    launch = drv.launch  # the C extension's call where it is installed
     record = RowWriter(args.out)
     kernels, _ = select(CASES, args.kernels, installed_kernels())
     for kernel in kernels:
         for label, mine, theirs, _, _ in cases_of(CASES[kernel], tk, args.tokens):
             reference, torch_op = torch_reference(mine)
             timed = {'ours': mine, 'ours_in_full': mine, 'torch': torch_op}
+            if drv.native is not None:
+                timed['ours_ctypes'] = mine
             if tk is not None:
                 theirs()  # its JIT compile, outside the timing
                 timed['upstream'] = theirs
@@ -76,15 +83,20 @@ def main() -> int:
             for _ in range(3):  # interleaved rounds
                 for side, fn in timed.items():
                     _plans.enable(side != 'ours_in_full')
+                    if side == 'ours_ctypes':
+                        drv.launch = types.MethodType(_driver.Driver.launch, drv)
                     try:
                         best[side] = min(best.get(side, float('inf')), timer.host_us(fn))
                     finally:
                         _plans.enable(True)
+                        drv.launch = launch
             row = {'what': 'host', 'kernel': kernel, 'shape': label, 'tokens': args.tokens, 'ours_us': best['ours'],
-                   'ours_in_full_us': best['ours_in_full'], 'torch_us': best['torch'], 'torch_op': reference, 'upstream_us': best.get('upstream')}
+                   'ours_in_full_us': best['ours_in_full'], 'ours_ctypes_us': best.get('ours_ctypes'), 'torch_us': best['torch'],
+                   'torch_op': reference, 'upstream_us': best.get('upstream')}
             record(row)
             upstream = f'upstream {row["upstream_us"]:6.1f} us' if tk is not None else 'upstream -'
-            print(f'{kernel:34s} {label:38s} ours {row["ours_us"]:6.1f} us (in full {row["ours_in_full_us"]:6.1f})  {reference} '
+            ctypes_us = f', ctypes {row["ours_ctypes_us"]:6.1f}' if drv.native is not None else ''
+            print(f'{kernel:34s} {label:38s} ours {row["ours_us"]:6.1f} us (in full {row["ours_in_full_us"]:6.1f}{ctypes_us})  {reference} '
                   f'{row["torch_us"]:6.1f} us  {upstream}', flush=True)
     record.close()
     return 0

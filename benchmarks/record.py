@@ -146,7 +146,7 @@ def sanitizer_lines(text: str) -> list[dict]:
 def host_line(row: dict) -> dict:
     """A row of benchmarks.host_overhead, condensed."""
     return {'type': 'host', 'kernel': row['kernel'], 'shape': row['shape'], 'tokens': row['tokens'], 'ours_us': _round(row['ours_us'], 2),
-            'ours_in_full_us': _round(row.get('ours_in_full_us'), 2), 'torch_us': _round(row['torch_us'], 2), 'torch_op': row['torch_op'],
+            'ours_in_full_us': _round(row.get('ours_in_full_us'), 2), 'ours_ctypes_us': _round(row.get('ours_ctypes_us'), 2), 'torch_us': _round(row['torch_us'], 2), 'torch_op': row['torch_op'],
             'upstream_us': _round(row.get('upstream_us'), 2)}
 
 

@@ -330,16 +330,17 @@ def host_table(record: Record) -> list[str]:
     """benchmarks.host_overhead's cases in one record: host us per call, ours against torch and upstream."""
     rows = []
     for line in record.of_type('host'):
-        upstream, in_full = line.get('upstream_us'), line.get('ours_in_full_us')
+        upstream, in_full, through_ctypes = line.get('upstream_us'), line.get('ours_in_full_us'), line.get('ours_ctypes_us')
         rows.append([line['kernel'].split('.', 1)[1], line['shape'], f'{line["ours_us"]:.1f}', f'{in_full:.1f}' if in_full else '—',
-                     f'{line["torch_us"]:.1f}', f'{line["ours_us"] / line["torch_us"]:.2f}', f'{upstream:.1f}' if upstream else '—',
+                     f'{through_ctypes:.1f}' if through_ctypes else '—', f'{line["torch_us"]:.1f}', f'{line["ours_us"] / line["torch_us"]:.2f}', f'{upstream:.1f}' if upstream else '—',
                      f'{line["ours_us"] / upstream:.2f}' if upstream else '—'])
     return ['## Host time per call', '',
             wrap(f'benchmarks/host_overhead.py at {record.of_type("host")[0]["tokens"]} tokens: a loop of 2000 calls timed on the host, '
                  'the lowest of three interleaved rounds; "in full" is the op with launch plans off (every call checks its arguments '
-                 'again), "torch" is torch.neg on the op\'s largest floating-point input, in the same '
+                 'again), "via ctypes" the op with the driver call made through ctypes instead of the runtime\'s C extension, '
+                 '"torch" is torch.neg on the op\'s largest floating-point input, in the same '
                  f'process. From {record.link} ({record.gpu}), {record.when}, commit {record.commit}.'), '',
-            *table(['op', 'case', 'ours (us)', 'in full (us)', 'torch (us)', 'ours / torch', 'upstream (us)', 'ours / upstream'], rows), '']
+            *table(['op', 'case', 'ours (us)', 'in full (us)', 'via ctypes (us)', 'torch (us)', 'ours / torch', 'upstream (us)', 'ours / upstream'], rows), '']
 
 
 def not_run(env: dict) -> str:

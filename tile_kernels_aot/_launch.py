@@ -276,6 +276,37 @@ class LoadedKernel:
         else:
             self._launch_all(device, pointers, env)
 
+    def replayer(self, device: int, buffers: tuple[tuple[str, int, int], ...], env: dict[str, int]) -> Callable[[list], None]:
+        """A launch plan's launch step (tile_kernels_aot._plans): launch on `device` with each buffer at (name, tensor
+        number, byte offset) of a call's numbered tensors (number -1: the offset is the address), and the dims and
+        scalars `env`, checked when the plan was recorded. For a plain kernel (one launch, no launch attributes) the step
+        fills this thread's argument block and calls the driver itself; otherwise, and while another device is current
+        or this thread has not launched the binary yet, it goes through launch()."""
+
+        def through_launch(tensors: list) -> None:
+            self.launch(device, {name: tensors[index].data_ptr() + offset if index >= 0 else offset for name, index, offset in buffers}, env)
+
+        if not self._plain:
+            return through_launch
+        launch = self.entry.launches[0]
+        where = {name: (index, offset) for name, index, offset in buffers}
+        order = tuple(where[arg.name] for arg in launch.args if arg.kind == 'ptr')  # the argument block's tensor slots, in order
+        block, smem, grid_of, packs_of_thread = launch.block, launch.dynamic_smem, self._grids[0], self._packs
+
+        def replay(tensors: list) -> None:
+            packs = packs_of_thread.__dict__.get('value')
+            functions = self._functions.get(device)
+            if packs is None or functions is None or _current_device() != device or _thread_state.__dict__.get('device') != device:
+                return through_launch(tensors)
+            pack = packs[0]
+            if pack.env is not env:
+                self._bind_env(launch, pack, grid_of(env), env)
+            if pack.grid is not None:
+                for (slot, _), (index, offset) in zip(pack.tensor_slots, order):
+                    slot.value = tensors[index].data_ptr() + offset if index >= 0 else offset
+                self._driver.launch(functions[0], pack.grid, block, smem, _current_stream(device), pack.pointers)
+        return replay
+
     def _launch_all(self, device: int, pointers: Mapping[str, int], env: dict[str, int]) -> None:
         functions = self._functions.get(device) or self.functions(device)
         if _thread_state.__dict__.get('device') != device:

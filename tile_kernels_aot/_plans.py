@@ -466,10 +466,7 @@ def _action(step: tuple) -> Callable[[list], None]:
     kind = step[0]
     if kind is _LAUNCH:
         _, kernel, device, buffers, env = step
-
-        def launch(tensors):
-            kernel.launch(device, {name: tensors[index].data_ptr() + offset if index >= 0 else offset for name, index, offset in buffers}, env)
-        return launch
+        return kernel.replayer(device, buffers, env)
     if kind is _TABLE:
         _, numbers, device, made = step
 

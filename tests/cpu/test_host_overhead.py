@@ -13,7 +13,7 @@ from benchmarks import host_overhead, record, report
 from .test_report import _write_record, write_out_dir
 
 ROW = {'what': 'host', 'kernel': 'moe.topk_gate', 'shape': 'E256 K8', 'tokens': 128, 'ours_us': 12.3456, 'ours_in_full_us': 30.04,
-       'torch_us': 8.2, 'torch_op': 'torch.neg (128, 256) float32', 'upstream_us': 40.0}
+       'ours_ctypes_us': 13.5, 'torch_us': 8.2, 'torch_op': 'torch.neg (128, 256) float32', 'upstream_us': 40.0}
 
 
 def test_the_tensors_a_case_reads_are_found_through_partials_and_nested_lambdas():
@@ -36,14 +36,14 @@ def test_the_tensors_a_case_reads_are_found_through_partials_and_nested_lambdas(
 def test_record_and_report_carry_the_rows(tmp_path):
     out = write_out_dir(tmp_path / 'out')
     no_upstream = dict(ROW, kernel='quant.per_token_cast', shape='bf16 H7168', upstream_us=None)
-    del no_upstream['ours_in_full_us']  # a record from before launch plans
+    del no_upstream['ours_in_full_us'], no_upstream['ours_ctypes_us']  # a record from before launch plans and the C extension
     (out / 'host.jsonl').write_text(json.dumps(ROW) + '\n' + json.dumps(no_upstream) + '\n')
     lines = [line for line in record.condense(out) if line['type'] == 'host']
     assert lines[0] == {'type': 'host', 'kernel': 'moe.topk_gate', 'shape': 'E256 K8', 'tokens': 128, 'ours_us': 12.35, 'ours_in_full_us': 30.04,
-                        'torch_us': 8.2, 'torch_op': 'torch.neg (128, 256) float32', 'upstream_us': 40.0}
-    assert lines[1]['upstream_us'] is None and lines[1]['ours_in_full_us'] is None
+                        'ours_ctypes_us': 13.5, 'torch_us': 8.2, 'torch_op': 'torch.neg (128, 256) float32', 'upstream_us': 40.0}
+    assert lines[1]['upstream_us'] is None and lines[1]['ours_in_full_us'] is None and lines[1]['ours_ctypes_us'] is None
     _write_record(tmp_path / 'm', '2026-12-24-h200', record.condense(out))
     md = report.benchmarks_md(report.Sources.of(report.load_records(tmp_path / 'm')))
     section = md.split('## Host time per call')[1]
-    assert '| topk_gate | E256 K8 | 12.3 | 30.0 | 8.2 | 1.51 | 40.0 | 0.31 |' in section
-    assert '| per_token_cast | bf16 H7168 | 12.3 | — | 8.2 | 1.51 | — | — |' in section
+    assert '| topk_gate | E256 K8 | 12.3 | 30.0 | 13.5 | 8.2 | 1.51 | 40.0 | 0.31 |' in section
+    assert '| per_token_cast | bf16 H7168 | 12.3 | — | — | 8.2 | 1.51 | — | — |' in section

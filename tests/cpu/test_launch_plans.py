@@ -4,6 +4,8 @@ would: the same binary, dims and scalars, each buffer at the address the op woul
 
 from __future__ import annotations
 
+import ctypes
+import dataclasses
 import importlib
 import os
 import subprocess
@@ -19,7 +21,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from tile_kernels_aot import _custom_ops, _index_checks, _launch, _plans, _select, config, moe, quant
 from tile_kernels_aot._launch import LoadedKernel
-from tile_kernels_aot.manifest import entry_from_plain
+from tile_kernels_aot.manifest import KernelArg, Launch, entry_from_plain
 
 ENTRY = entry_from_plain({
     'kernel': 'demo.copy', 'key': 'h=64', 'params': {'h': 64}, 'target': 'sm_90a', 'cubin': 'x.cubin', 'sha256': '0' * 64,
@@ -406,3 +408,47 @@ def test_host_python_times_and_checks_replays_over_a_build(built):
     skipped, timed = result.stdout.splitlines()
     assert skipped.startswith('topk_gate') and 'skipped' in skipped and 'num_experts=64' in skipped  # not in the small build
     assert timed.startswith('per_token_cast') and 'in full' in timed and 'replayed' in timed and 'DIFFER' not in timed
+
+
+class RecordingDriver:
+    """A driver whose launch reads the argument block as cuLaunchKernel would: each parameter's value, by its kind."""
+
+    def __init__(self, kinds: list[str]) -> None:
+        self.kinds = kinds
+        self.seen = []
+
+    def launch(self, fn, grid, block, smem, stream, params) -> None:
+        types = {'ptr': ctypes.c_uint64, 'int32': ctypes.c_int32}
+        values = tuple(types[kind].from_address(params[i]).value for i, kind in enumerate(self.kinds))
+        self.seen.append((fn.value, grid, block, smem, stream, values))
+
+
+def test_a_replayed_launch_fills_the_argument_block_as_a_full_call_does(monkeypatch):
+    """Below LoadedKernel.launch: a replay of a plain kernel writes the argument block and calls the driver itself."""
+    plain = dict(ENTRY.launches[0].__dict__, args=(KernelArg('x', 'ptr'), KernelArg('out', 'ptr'), KernelArg('num_tokens', 'int32'),
+                                                   KernelArg('num_sms', 'int32')), grid=('num_tokens', 1, 1))
+    kernel = LoadedKernel(dataclasses.replace(ENTRY, launches=(Launch(**plain),)), Path('.'))
+    drv = RecordingDriver(['ptr', 'ptr', 'int32', 'int32'])
+    monkeypatch.setattr(LoadedKernel, '_load', lambda self, device: (setattr(self, '_driver', drv), [ctypes.c_void_p(0xF00)])[1])
+    monkeypatch.setattr(_launch, '_ensure_context', lambda device: setattr(_launch._thread_state, 'device', device))
+    monkeypatch.setattr(_launch, '_current_device', lambda: 0)
+    monkeypatch.setattr(_launch, '_current_stream', lambda device: 0x5EA)
+    through_launch = Counter()
+    monkeypatch.setattr(LoadedKernel, 'launch', lambda self, *a: (through_launch.update([1]), LoadedKernel._launch_all(self, *a)))
+
+    @_plans.launch_plan
+    def op(x, skip=0):
+        out = torch.empty((x.shape[0] - skip, 2))
+        kernel(0, {'x': x[skip:], 'out': out}, {'num_sms': 132})
+        return out
+
+    calls = []
+    for tokens, skip in [(3, 0), (3, 0), (3, 0), (3, 0), (4, 1), (4, 1), (4, 1), (3, 0)]:
+        x = x_of(tokens)
+        calls.append((x, skip, op(x, skip)))
+    assert through_launch[1] == 4  # the two signatures' first and recorded calls; the four replays call the driver directly
+    assert len(drv.seen) == 8
+    for (x, skip, out), (fn, grid, block, smem, stream, values) in zip(calls, drv.seen):
+        rows = x.shape[0] - skip
+        assert (fn, grid, block, smem, stream) == (0xF00, (rows, 1, 1), (128, 1, 1), 0, 0x5EA)
+        assert values == (x[skip:].data_ptr(), out.data_ptr(), rows, 132)
