@@ -9,9 +9,10 @@
   tile-kernels-aot-sm100f   likewise for sm_100f
 
 Names are plain PEP 440 versions with no local label, so PyPI accepts them; all but the native runtime are
-py3-none-any since a cubin does not depend on the host CPU. The native runtime's extension links nothing (no libc
-symbol, no shared library), which check_native_extension verifies, so the manylinux2014 tag holds. Each wheel is built by setuptools' PEP 517 backend from a staged
-directory with a fixed SOURCE_DATE_EPOCH, so two builds of one commit give identical bytes.
+py3-none-any since a cubin does not depend on the host CPU. The native runtime is built for the build machine's CPU;
+its extension links nothing (no libc symbol, no shared library), which check_native_extension verifies, so the
+manylinux2014 tag holds. Each wheel is built by setuptools' PEP 517 backend from a staged directory with a fixed
+SOURCE_DATE_EPOCH, so two builds of one commit give identical bytes.
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ static int dims(PyObject *tuple, const char *what, unsigned out[3]) {
 }
 
 /* launch(function, grid, block, shared_bytes, stream, params) -> CUresult
- * function, stream and params are addresses (params: the void* array of the kernel's arguments); grid and block are
+ * function (or None for a null one), stream and params are addresses (params: the void* array of the kernel's arguments); grid and block are
  * tuples of 3 ints. The CUresult is returned, not raised: _driver.py turns a failure into its named error. */
 static PyObject *launch(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 6) {
@@ -60,7 +60,7 @@ static PyObject *launch(PyObject *module, PyObject *const *args, Py_ssize_t narg
     unsigned long shared_bytes = PyLong_AsUnsignedLong(args[3]);
     if (shared_bytes == (unsigned long)-1 && PyErr_Occurred())
         return NULL;
-    void *function = PyLong_AsVoidPtr(args[0]);
+    void *function = args[0] == Py_None ? NULL : PyLong_AsVoidPtr(args[0]);  /* a null c_void_p's value is None */
     void *stream = PyLong_AsVoidPtr(args[4]);
     void **params = (void **)PyLong_AsVoidPtr(args[5]);
     if (PyErr_Occurred())
