@@ -1,13 +1,15 @@
 """The Python part of every op's host time, on a machine without a GPU: each case of tests/fixtures/custom_ops.py with
-CPU tensors, the binaries' manifests from a build folder, and the launch replaced by a record, so that what is timed is
-the op's own code and the loader up to the driver call. Each case is timed in full (launch plans off) and replayed
-(tile_kernels_aot._plans), and the replayed calls' launches are checked against the full calls': the same binaries,
-dims and scalars, and each buffer at the same place in the call's tensors.
+CPU tensors and the binaries' manifests from a build folder. First each launch is replaced by a record, and the replayed
+calls' launches are checked against the full calls': the same binaries, dims and scalars, and each buffer at the same
+place in the call's tensors. Then each case is timed in full (launch plans off) and replayed (tile_kernels_aot._plans)
+down to the driver call, over a stand-in libcuda (tests/fixtures/stub_libcuda.c, compiled with the host C compiler;
+without one the launch stays a record): the op's own code, the loader, and the call through the runtime's C
+extension, and replayed once more through ctypes where the extension is built.
 
     python -m benchmarks.host_python build/sm_90a [--tokens 1] [--cases mhc_post_fwd,engram_*]
 
-The figures are this CPU's and leave out what a GPU adds (CUDA allocations, the driver call); benchmarks.host_overhead
-measures the whole on a GPU host.
+The figures are this CPU's and leave out what a GPU adds (CUDA allocations, the driver's own work);
+benchmarks.host_overhead measures the whole on a GPU host.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ import functools
 import importlib
 import os
 import sys
+import tempfile
 import time
+import types
 
 import torch
 from torch.utils import _pytree as pytree
@@ -26,7 +30,7 @@ from torch.utils import _pytree as pytree
 
 def fake_device(kernel_dir: str) -> list:
     """Serve `kernel_dir`'s manifests as an H200's, let CPU tensors pass the device check, and record every launch
-    (kernel, {buffer: address}, env) instead of making it. Returns the list the launches go to."""
+    (kernel, {buffer: address}, env) instead of making it, until recording(False). Returns the list the launches go to."""
     os.environ['TILE_KERNELS_AOT_KERNEL_DIRS'] = kernel_dir
     from tile_kernels_aot import _checks, _launch, _select, config
 
@@ -39,9 +43,40 @@ def fake_device(kernel_dir: str) -> list:
             module.get_device_num_sms = sms
     config.get_device_num_sms = sms
     _launch.LoadedKernel.blocks_per_sm = lambda self, device: 4
-    _launch.LoadedKernel.launch = lambda self, device, pointers, env: launched.append((self.entry.kernel, dict(pointers), dict(env)))
+    _launches['record'] = lambda self, device, pointers, env: launched.append((self.entry.kernel, dict(pointers), dict(env)))
+    _launches['make'] = _launch.LoadedKernel.launch
+    recording(True)
     _select.reset()
     return launched
+
+
+_launches: dict = {}
+
+
+def recording(on: bool) -> None:
+    """Launches recorded (fake_device's list), or made through the loader's driver bindings (stub_driver)."""
+    from tile_kernels_aot import _launch
+
+    _launch.LoadedKernel.launch = _launches['record' if on else 'make']
+
+
+def stub_driver(folder: str):
+    """The driver bindings over a stand-in libcuda built in `folder` (device 0 and its null stream current), for the
+    launches made after recording(False); None where there is no C compiler."""
+    from pathlib import Path
+
+    from tests.fixtures import stub_driver as stub
+    from tile_kernels_aot import _driver, _launch
+
+    lib = stub.build(Path(folder))
+    if lib is None:
+        return None
+    drv = _driver.Driver(lib)
+    _driver.driver = lambda: drv
+    _launch._ensure_context = lambda device: setattr(_launch._thread_state, 'device', device)
+    _launch._current_device = lambda: 0
+    _launch._current_stream = lambda device: 0
+    return drv
 
 
 def aligned_copy(t: torch.Tensor) -> torch.Tensor:
@@ -86,8 +121,13 @@ def main() -> int:
     args = parser.parse_args()
     launched = fake_device(args.kernel_dir)
     from tests.fixtures.custom_ops import CASES
-    from tile_kernels_aot import _custom_ops, _plans
+    from tile_kernels_aot import _custom_ops, _driver, _plans
     from tile_kernels_aot.errors import SpecNotPrebuiltError
+
+    stub_folder = tempfile.TemporaryDirectory()
+    drv = stub_driver(stub_folder.name)
+    if drv is None:
+        print('no C compiler: each launch is timed as a record, not a driver call')
 
     public = {op: qualified for qualified, op in _custom_ops.PUBLIC.items()}
     failed = 0
@@ -99,24 +139,32 @@ def main() -> int:
         try:
             inputs = pytree.tree_map_only(torch.Tensor, aligned_copy, case.args(args.tokens))
             records = []
+            recording(True)
             for _ in range(4):  # in full, recorded, replayed twice
                 call_args = pytree.tree_map_only(torch.Tensor, aligned_copy, inputs)
                 launched.clear()
                 result = op(*call_args)
                 tensors = [t for t in pytree.tree_leaves((call_args, result)) if isinstance(t, torch.Tensor)]
                 records.append([(kernel, roles(pointers, tensors), env) for kernel, pointers, env in launched])
+            recording(drv is None)
             _plans.enable(False)
             full = per_call_us(lambda: op(*call_args))
             _plans.enable(True)
             replayed = per_call_us(lambda: op(*call_args))
+            through_ctypes = ''
+            if drv is not None and drv.native is not None:
+                drv.launch = types.MethodType(_driver.Driver.launch, drv)
+                through_ctypes = f'  replayed via ctypes {per_call_us(lambda: op(*call_args)):6.1f} us'
         except (ValueError, TypeError, SpecNotPrebuiltError) as exc:  # a case the token count or the build does not suit
             print(f'{case.name:60s} skipped: {str(exc).splitlines()[0]}')
             continue
         finally:
             _plans.enable(True)
+            if drv is not None and drv.native is not None:
+                drv.launch = drv._launch_native
         same = all(r == records[0] for r in records[1:])
         failed += not same
-        print(f'{case.name:60s} in full {full:6.1f} us  replayed {replayed:6.1f} us  {full / replayed:4.1f}x'
+        print(f'{case.name:60s} in full {full:6.1f} us  replayed {replayed:6.1f} us  {full / replayed:4.1f}x{through_ctypes}'
               f'{"" if same else "  REPLAYED LAUNCHES DIFFER"}', flush=True)
     return 1 if failed else 0
 

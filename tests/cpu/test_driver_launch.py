@@ -5,40 +5,19 @@ libcuda, compiled here with the host C compiler, that records what it gets."""
 from __future__ import annotations
 
 import ctypes
-import shutil
-import subprocess
 
 import pytest
 
 from tile_kernels_aot import _driver
 
-STUB = r'''
-#include <stdint.h>
-static uint64_t seen[11];
-int cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned smem,
-                   void *stream, void **params, void **extra) {
-  uint64_t v[11] = {(uint64_t)f, gx, gy, gz, bx, by, bz, smem, (uint64_t)stream, (uint64_t)params, (uint64_t)extra};
-  for (int i = 0; i < 11; ++i) seen[i] = v[i];
-  return gx == 7 ? 700 : 0;  /* an error code for the test of the error path */
-}
-uint64_t seen_argument(int i) { return seen[i]; }
-int cuGetErrorName(int code, const char **name) { *name = "CUDA_ERROR_STUB"; return 0; }
-int cuGetErrorString(int code, const char **text) { *text = "a stub error"; return 0; }
-'''
-OTHERS = [name for name in _driver._SIGNATURES if name not in ('cuGetErrorName', 'cuGetErrorString')]
+from tests.fixtures import stub_driver
 
 
 @pytest.fixture(scope='module')
 def stub(tmp_path_factory) -> ctypes.CDLL:
-    cc = shutil.which('cc') or shutil.which('gcc')
-    if cc is None:
+    lib = stub_driver.build(tmp_path_factory.mktemp('stub'))
+    if lib is None:
         pytest.skip('no C compiler')
-    folder = tmp_path_factory.mktemp('stub')
-    source = folder / 'stub.c'
-    source.write_text(STUB + ''.join(f'int {name}() {{ return 0; }}\n' for name in OTHERS))
-    subprocess.run([cc, '-shared', '-fPIC', '-O1', '-o', str(folder / 'libstub.so'), str(source)], check=True)
-    lib = ctypes.CDLL(str(folder / 'libstub.so'))
-    lib.seen_argument.restype = ctypes.c_uint64
     return lib
 
 
