@@ -22,7 +22,6 @@ import os
 import sys
 import tempfile
 import time
-import types
 
 import torch
 from torch.utils import _pytree as pytree
@@ -121,11 +120,12 @@ def main() -> int:
     args = parser.parse_args()
     launched = fake_device(args.kernel_dir)
     from tests.fixtures.custom_ops import CASES
-    from tile_kernels_aot import _custom_ops, _driver, _plans
+    from tile_kernels_aot import _custom_ops, _plans
     from tile_kernels_aot.errors import SpecNotPrebuiltError
 
     stub_folder = tempfile.TemporaryDirectory()
     drv = stub_driver(stub_folder.name)
+    native = drv.native if drv is not None else None  # None for a launch through ctypes
     if drv is None:
         print('no C compiler: each launch is timed as a record, not a driver call')
 
@@ -152,16 +152,16 @@ def main() -> int:
             _plans.enable(True)
             replayed = per_call_us(lambda: op(*call_args))
             through_ctypes = ''
-            if drv is not None and drv.native is not None:
-                drv.launch = types.MethodType(_driver.Driver.launch, drv)
+            if native is not None:
+                drv.native = None
                 through_ctypes = f'  replayed via ctypes {per_call_us(lambda: op(*call_args)):6.1f} us'
         except (ValueError, TypeError, SpecNotPrebuiltError) as exc:  # a case the token count or the build does not suit
             print(f'{case.name:60s} skipped: {str(exc).splitlines()[0]}')
             continue
         finally:
             _plans.enable(True)
-            if drv is not None and drv.native is not None:
-                drv.launch = drv._launch_native
+            if native is not None:
+                drv.native = native
         same = all(r == records[0] for r in records[1:])
         failed += not same
         print(f'{case.name:60s} in full {full:6.1f} us  replayed {replayed:6.1f} us  {full / replayed:4.1f}x{through_ctypes}'

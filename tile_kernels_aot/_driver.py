@@ -89,9 +89,7 @@ class Driver:
         # cuLaunchKernel without a prototype, for launch(): see there.
         self._launch_unprototyped = lib['cuLaunchKernel']
         self._launch_unprototyped.restype = CUresult
-        self.native = _native_launcher(self._launch_unprototyped)
-        if self.native is not None:
-            self.launch = self._launch_native
+        self.native = _native_launcher(self._launch_unprototyped)  # None: launches go through ctypes
         self.check('cuInit', self._cuInit(0))
 
     def error_text(self, code: int) -> tuple[str, str]:
@@ -110,17 +108,16 @@ class Driver:
 
     def launch(self, fn: CUfunction, grid: tuple[int, int, int], block: tuple[int, int, int], smem: int, stream: int, params) -> None:
         """cuLaunchKernel, the one driver call on every op's path: `fn` is a CUfunction, `params` the ctypes array of
-        argument pointers. Where the runtime's C extension is installed (see _native_launcher) the call goes through it
-        (_launch_native); this is the ctypes way. It calls the function without a prototype, because ctypes' conversion
-        of eleven prototyped arguments costs more than the rest of the call: the grid, block and shared-memory sizes
-        are ints below 2**31 (the caller checks the grid), which ctypes passes as C ints (the same bits as the unsigned
-        ints the driver reads), and the stream goes as a c_void_p, all 64 bits of it."""
-        code = self._launch_unprototyped(fn, grid[0], grid[1], grid[2], block[0], block[1], block[2], smem, CUstream(stream), params, None)
-        if code:
-            self.check('cuLaunchKernel', code)
-
-    def _launch_native(self, fn: CUfunction, grid: tuple[int, int, int], block: tuple[int, int, int], smem: int, stream: int, params) -> None:
-        code = self.native.launch(fn.value, grid, block, smem, stream, ctypes.addressof(params))
+        argument pointers. Where the runtime's C extension is bound (self.native, see _native_launcher) it makes the
+        call; else ctypes does, without a prototype, because ctypes' conversion of eleven prototyped arguments costs
+        more than the rest of the call: the grid, block and shared-memory sizes are ints below 2**31 (the caller checks
+        the grid), which ctypes passes as C ints (the same bits as the unsigned ints the driver reads), and the stream
+        goes as a c_void_p, all 64 bits of it."""
+        native = self.native
+        if native is not None:
+            code = native.launch(fn.value, grid, block, smem, stream, ctypes.addressof(params))
+        else:
+            code = self._launch_unprototyped(fn, grid[0], grid[1], grid[2], block[0], block[1], block[2], smem, CUstream(stream), params, None)
         if code:
             self.check('cuLaunchKernel', code)
 

@@ -115,6 +115,7 @@ class _ArgPack:
 
     def __init__(self, launch: Launch) -> None:
         self.pointers = (ctypes.c_void_p * max(len(launch.args), 1))()
+        self.address = ctypes.addressof(self.pointers)
         tensor_slots, scalar_slots, map_slots = [], [], []
         recipes = iter(launch.tma)
         for i, arg in enumerate(launch.args):
@@ -304,7 +305,12 @@ class LoadedKernel:
             if pack.grid is not None:
                 for (slot, _), (index, offset) in zip(pack.tensor_slots, order):
                     slot.value = tensors[index].data_ptr() + offset if index >= 0 else offset
-                self._driver.launch(functions[0], pack.grid, block, smem, _current_stream(device), pack.pointers)
+                drv = self._driver
+                native = drv.native
+                if native is None:
+                    drv.launch(functions[0], pack.grid, block, smem, _current_stream(device), pack.pointers)
+                elif code := native.launch(functions[0].value, pack.grid, block, smem, _current_stream(device), pack.address):
+                    drv.check('cuLaunchKernel', code)  # Driver.launch, spelled out: a replay's one driver call
         return replay
 
     def _launch_all(self, device: int, pointers: Mapping[str, int], env: dict[str, int]) -> None:

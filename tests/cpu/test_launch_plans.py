@@ -411,24 +411,30 @@ def test_host_python_times_and_checks_replays_over_a_build(built):
 
 
 class RecordingDriver:
-    """A driver whose launch reads the argument block as cuLaunchKernel would: each parameter's value, by its kind."""
+    """A driver whose launch reads the argument block as cuLaunchKernel would: each parameter's value, by its kind. With
+    `native`, it also stands in for the C extension, which takes addresses (tile_kernels_aot._driver_native.launch)."""
 
-    def __init__(self, kinds: list[str]) -> None:
+    def __init__(self, kinds: list[str], native: bool) -> None:
         self.kinds = kinds
         self.seen = []
+        self.native = self if native else None
 
-    def launch(self, fn, grid, block, smem, stream, params) -> None:
+    def launch(self, fn, grid, block, smem, stream, params) -> int:
+        if isinstance(fn, int):  # the extension's call: the function's handle and the array's address
+            fn, params = ctypes.c_void_p(fn), (ctypes.c_void_p * len(self.kinds)).from_address(params)
         types = {'ptr': ctypes.c_uint64, 'int32': ctypes.c_int32}
         values = tuple(types[kind].from_address(params[i]).value for i, kind in enumerate(self.kinds))
         self.seen.append((fn.value, grid, block, smem, stream, values))
+        return 0
 
 
-def test_a_replayed_launch_fills_the_argument_block_as_a_full_call_does(monkeypatch):
+@pytest.mark.parametrize('native', [True, False], ids=['native', 'ctypes'])
+def test_a_replayed_launch_fills_the_argument_block_as_a_full_call_does(monkeypatch, native):
     """Below LoadedKernel.launch: a replay of a plain kernel writes the argument block and calls the driver itself."""
     plain = dict(ENTRY.launches[0].__dict__, args=(KernelArg('x', 'ptr'), KernelArg('out', 'ptr'), KernelArg('num_tokens', 'int32'),
                                                    KernelArg('num_sms', 'int32')), grid=('num_tokens', 1, 1))
     kernel = LoadedKernel(dataclasses.replace(ENTRY, launches=(Launch(**plain),)), Path('.'))
-    drv = RecordingDriver(['ptr', 'ptr', 'int32', 'int32'])
+    drv = RecordingDriver(['ptr', 'ptr', 'int32', 'int32'], native)
     monkeypatch.setattr(LoadedKernel, '_load', lambda self, device: (setattr(self, '_driver', drv), [ctypes.c_void_p(0xF00)])[1])
     monkeypatch.setattr(_launch, '_ensure_context', lambda device: setattr(_launch._thread_state, 'device', device))
     monkeypatch.setattr(_launch, '_current_device', lambda: 0)
