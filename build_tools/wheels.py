@@ -17,6 +17,7 @@ SOURCE_DATE_EPOCH, so two builds of one commit give identical bytes.
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import shutil
@@ -97,9 +98,6 @@ def _stage_arch(arch: Arch, jobs: list, manifest: Path, build_dir: Path, stage: 
     ))
 
 
-NATIVE_SOURCE = 'tile_kernels_aot/_driver_native.c'
-
-
 def _stage_runtime(stage: Path, native: bool) -> None:
     """The runtime's files; setup.py builds the C extension where its source is staged (native)."""
     for name in ('pyproject.toml', 'setup.py', 'README.md', 'LICENSE'):
@@ -145,8 +143,8 @@ def _tree_hash(root: Path) -> str:
 def _run_backend(stage: Path, out_dir: Path, plat_name: str | None = None) -> Path:
     env = {**os.environ, 'SOURCE_DATE_EPOCH': SOURCE_DATE_EPOCH, 'PYTHONDONTWRITEBYTECODE': '1'}
     settings = {'--build-option': ['--plat-name', plat_name]} if plat_name else None
-    code = 'import sys; from setuptools import build_meta; print(build_meta.build_wheel(sys.argv[1], config_settings=eval(sys.argv[2])))'
-    result = subprocess.run([sys.executable, '-c', code, str(out_dir), repr(settings)], cwd=stage, env=env, capture_output=True, text=True)
+    code = 'import json, sys; from setuptools import build_meta; print(build_meta.build_wheel(sys.argv[1], config_settings=json.loads(sys.argv[2])))'
+    result = subprocess.run([sys.executable, '-c', code, str(out_dir), json.dumps(settings)], cwd=stage, env=env, capture_output=True, text=True)
     if result.returncode != 0:
         raise BuildError(f'building the wheel in {stage} failed:\n{result.stdout}\n{result.stderr}')
     return out_dir / result.stdout.strip().splitlines()[-1]

@@ -43,8 +43,9 @@ static int dims(PyObject *tuple, const char *what, unsigned out[3]) {
 }
 
 /* launch(function, grid, block, shared_bytes, stream, params) -> CUresult
- * function (or None for a null one), stream and params are addresses (params: the void* array of the kernel's arguments); grid and block are
- * tuples of 3 ints. The CUresult is returned, not raised: _driver.py turns a failure into its named error. */
+ * function (or None for a null one), stream and params are addresses (params: the void* array of the kernel's
+ * arguments); grid and block are tuples of 3 ints. The CUresult is returned, not raised: _driver.py turns a failure
+ * into its named error. */
 static PyObject *launch(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 6) {
         PyErr_Format(PyExc_TypeError, "launch takes 6 arguments, got %zd", nargs);
