@@ -73,7 +73,7 @@ def main() -> int:
         for label, mine, theirs, _, _ in cases_of(CASES[kernel], tk, args.tokens):
             reference, torch_op = torch_reference(mine)
             timed = {'ours': mine, 'ours_in_full': mine, 'torch': torch_op}
-            if drv.native is not None:
+            if native is not None:
                 timed['ours_ctypes'] = mine
             if tk is not None:
                 theirs()  # its JIT compile, outside the timing
@@ -94,7 +94,7 @@ def main() -> int:
                    'torch_op': reference, 'upstream_us': best.get('upstream')}
             record(row)
             upstream = f'upstream {row["upstream_us"]:6.1f} us' if tk is not None else 'upstream -'
-            ctypes_us = f', ctypes {row["ours_ctypes_us"]:6.1f}' if drv.native is not None else ''
+            ctypes_us = f', ctypes {row["ours_ctypes_us"]:6.1f}' if native is not None else ''
             print(f'{kernel:34s} {label:38s} ours {row["ours_us"]:6.1f} us (in full {row["ours_in_full_us"]:6.1f}{ctypes_us})  {reference} '
                   f'{row["torch_us"]:6.1f} us  {upstream}', flush=True)
     record.close()
