@@ -6,10 +6,11 @@ int32(h_n mod vocab[l, n-1, j]) + offsets[l, (n-1) * M + j], the modulus floored
 divisor) and the int32 sum wrapping, as torch computes them, so every int32 id and int64 multiplier gives
 torch's answer. A table size below 1 fails a device assert (kernel_src/bounds.py).
 
-One thread per token and layer: a CTA of THREADS threads takes THREADS consecutive tokens of one layer,
-reads the layer's multipliers, table sizes and offsets (the same addresses across the CTA: broadcast loads)
-and writes its token's (N-1) * M indices as 16-byte vectors. N and M are the spec; the token count, the
-layer count L and the row stride of the ids are run-time.
+One thread per output index: a CTA of THREADS threads (rounded down to whole tokens) takes consecutive tokens of
+one layer, thread c of a token computing column c = (n-1) * M + j. It reruns the hash up to order n from the
+token's ids (the same addresses across the token's threads: broadcast loads), so every int64 modulus, the cost
+of the kernel, runs on its own thread and a CTA's stores cover one contiguous span. N and M are the spec; the
+token count, the layer count L and the row stride of the ids are run-time.
 """
 
 from tilelang import language as T
@@ -18,8 +19,7 @@ from kernel_src.bounds import device_assert
 from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
 from kernel_src.models import engram_hash_shapes
 
-THREADS = 128
-OUT_VEC = 4  # int32 indices a store
+THREADS = 128  # threads of a CTA, at most: whole tokens of (N - 1) * M threads each
 MAX_NGRAM = 8
 MAX_TABLES = 32
 
@@ -27,6 +27,7 @@ MAX_TABLES = 32
 def build(arch: Arch, max_ngram_size: int, tables_per_ngram: int) -> KernelProgram:
     n, m = max_ngram_size, tables_per_ngram
     cols = (n - 1) * m
+    tokens = max(1, THREADS // cols)  # tokens of a CTA
     num_tokens, num_layers, ids_stride = T.dynamic('num_tokens'), T.dynamic('num_layers'), T.dynamic('ids_stride')
 
     @T.prim_func
@@ -37,34 +38,24 @@ def build(arch: Arch, max_ngram_size: int, tables_per_ngram: int) -> KernelProgr
         offsets: T.Tensor[(num_layers, cols), T.int32],
         output: T.Tensor[(num_layers, num_tokens, cols), T.int32],
     ):
-        with T.Kernel(T.ceildiv(num_tokens, THREADS), num_layers, threads=THREADS) as (pid_t, layer):
+        with T.Kernel(T.ceildiv(num_tokens, tokens), num_layers, threads=tokens * cols) as (pid_t, layer):
             tid = T.get_thread_binding()
-            token = pid_t * THREADS + tid
-            ids = T.alloc_local((n,), T.int32)
-            out = T.alloc_local((cols,), T.int32)
+            token = pid_t * tokens + tid // cols
+            col = tid % cols
+            order = col // m + 1  # the column hashes ids 0 .. order
             mixed = T.alloc_var(T.int64)
-            sizes_ok = T.alloc_var(T.bool)
             if token < num_tokens:
-                sizes_ok = True
-                for i in T.unroll(n):
-                    ids[i] = ngram_token_ids[token, i]
-                mixed = T.Cast(T.int64, ids[0]) * multipliers[layer, 0]
+                mixed = T.Cast(T.int64, ngram_token_ids[token, 0]) * multipliers[layer, 0]
                 for i in T.unroll(1, n):
-                    mixed = T.bitwise_xor(mixed, T.Cast(T.int64, ids[i]) * multipliers[layer, i])
-                    for j in T.unroll(m):
-                        sizes_ok = sizes_ok and vocab_sizes[layer, i - 1, j] > 0
-                        vocab = T.Cast(T.int64, T.max(vocab_sizes[layer, i - 1, j], 1))  # masked: no modulus by 0
-                        out[(i - 1) * m + j] = T.Cast(T.int32, T.floormod(mixed, vocab)) + offsets[layer, (i - 1) * m + j]
-                device_assert(sizes_ok)
-                for c in T.unroll(cols // OUT_VEC):
-                    for e in T.vectorized(OUT_VEC):
-                        output[layer, token, c * OUT_VEC + e] = out[c * OUT_VEC + e]
-                for c in T.unroll(cols // OUT_VEC * OUT_VEC, cols):
-                    output[layer, token, c] = out[c]
+                    if i <= order:
+                        mixed = T.bitwise_xor(mixed, T.Cast(T.int64, ngram_token_ids[token, i]) * multipliers[layer, i])
+                size = vocab_sizes[layer, order - 1, col % m]
+                device_assert(size > 0)
+                vocab = T.Cast(T.int64, T.max(size, 1))  # masked: no modulus by 0
+                output[layer, token, col] = T.Cast(T.int32, T.floormod(mixed, vocab)) + offsets[layer, col]
 
-    vec_bytes = 16 if cols % OUT_VEC == 0 else 4
     return KernelProgram(engram_hash, alignment={'ngram_token_ids': 4, 'multipliers': 8, 'vocab_sizes': 4, 'offsets': 4,
-                                                 'output': vec_bytes})
+                                                 'output': 4})
 
 
 def check(max_ngram_size: int, tables_per_ngram: int) -> None:
