@@ -8,8 +8,8 @@ The gate, for token t and stream h of x, k (T, 4, H) and v (T, H)::
     out = bf16(x + gate * v)
 
 engram_gate_bwd returns the weight gradient as partials, one per chunk of consecutive tokens (the chunk size
-follows from the token count alone), and grad_w_reduce sums them in chunk order: the gradients do not
-depend on set_num_sms, bitwise. Every kernel takes the token count, eps, clamp_value and the row strides of
+follows from the token count alone), and grad_w_reduce sums them in an order fixed by their count: the
+gradients do not depend on set_num_sms, bitwise. Every kernel takes the token count, eps, clamp_value and the row strides of
 k and v at run time; the gate kernels are built per hidden size H (kernel_src/models.py), with 4 streams.
 """
 
@@ -305,7 +305,8 @@ def grad_w_reduce(
     grad_weight_hidden: torch.Tensor,
     grad_weight_embed: torch.Tensor,
 ) -> None:
-    """Sum the partials (in order) into gw and accumulate in place: grad_weight_hidden += gw * weight_embed,
+    """Sum the partials (in an order that depends on P alone: kernel_src/engram/grad_w_reduce.py) into gw and
+    accumulate in place: grad_weight_hidden += gw * weight_embed,
     grad_weight_embed += gw * weight_hidden.
 
     Args:

@@ -1,9 +1,12 @@
 """engram.grad_w_reduce: grad_weight_hidden += gw * weight_embed and grad_weight_embed += gw * weight_hidden,
 where gw = sum over p of grad_w_partial[p] (the fused-weight gradient engram_gate_bwd leaves in partials).
 
-A thread owns VEC consecutive elements of the hc * H columns and adds the P partials of each in order
-p = 0, 1, ..., P-1 (UNROLL loads in flight, added in that order), so the sum depends only on the partials,
-never on the grid. P and the column count are run-time (columns a multiple of VEC); the spec is hc.
+PARTS adjacent lanes own VEC consecutive elements of the hc * H columns. Lane q adds the partials p = q, q + PARTS,
+q + 2 * PARTS, ... in that order (UNROLL loads in flight), then the lanes add their sums by two shuffle steps,
+(s0 + s1) + (s2 + s3) in every lane alike (each add commutes), and lane q updates element q. So the sum depends
+only on the partials and P, never on the grid, and a thread's chain of dependent loads is P / PARTS long: with
+one thread a column group, a grid of 7168 threads (hc 4, H 7168) waits out all P = 132 of them.
+P and the column count are run-time (columns a multiple of VEC); the spec is hc.
 """
 
 from tilelang import language as T
@@ -11,9 +14,10 @@ from tilelang import language as T
 from kernel_src.decl import Arch, KernelDecl, KernelProgram
 from kernel_src.engram.common import HC_PARAMS, check_hc, hc_specs
 
-THREADS = 64
-VEC = 4  # fp32 columns a thread: one 16-byte load a partial
-UNROLL = 8  # partials loaded before they are added
+THREADS = 128
+PARTS = 4  # lanes that share a column group, each summing every PARTS-th partial
+VEC = 4  # fp32 columns a lane group: one 16-byte load a partial; lane q then updates column q of them
+UNROLL = 8  # partials a lane loads before it adds them
 
 
 def build(arch: Arch, hc: int) -> KernelProgram:
@@ -27,46 +31,43 @@ def build(arch: Arch, hc: int) -> KernelProgram:
         grad_weight_hidden: T.Tensor[(count,), T.float32],
         grad_weight_embed: T.Tensor[(count,), T.float32],
     ):
-        with T.Kernel(T.ceildiv(count, THREADS * VEC), threads=THREADS) as pid:
+        with T.Kernel(T.ceildiv(count, THREADS // PARTS * VEC), threads=THREADS) as pid:
             T.assume(count % VEC == 0)
             tid = T.get_thread_binding()
-            first = (pid * THREADS + tid) * VEC
+            q = tid % PARTS
+            first = (pid * (THREADS // PARTS) + tid // PARTS) * VEC
             acc = T.alloc_local((VEC,), T.float32)
             loaded = T.alloc_local((UNROLL * VEC,), T.float32)
-            wh = T.alloc_local((VEC,), T.bfloat16)
-            we = T.alloc_local((VEC,), T.bfloat16)
-            gh = T.alloc_local((VEC,), T.float32)
-            ge = T.alloc_local((VEC,), T.float32)
+            for e in T.unroll(VEC):
+                acc[e] = T.float32(0)
             if first < count:
-                for e in T.unroll(VEC):
-                    acc[e] = T.float32(0)
-                for group in T.serial(num_partials // UNROLL):
+                for group in T.serial(num_partials // (UNROLL * PARTS)):
                     for u in T.unroll(UNROLL):
                         for e in T.vectorized(VEC):
-                            loaded[u * VEC + e] = grad_w_partial[group * UNROLL + u, first + e]
+                            loaded[u * VEC + e] = grad_w_partial[(group * UNROLL + u) * PARTS + q, first + e]
                     for u in T.unroll(UNROLL):
                         for e in T.unroll(VEC):
                             acc[e] = acc[e] + loaded[u * VEC + e]
-                for p in T.serial(num_partials // UNROLL * UNROLL, num_partials):
+                for p in T.serial(num_partials // (UNROLL * PARTS) * UNROLL * PARTS + q, num_partials, PARTS):
                     for e in T.vectorized(VEC):
                         loaded[e] = grad_w_partial[p, first + e]
                     for e in T.unroll(VEC):
                         acc[e] = acc[e] + loaded[e]
-                for e in T.vectorized(VEC):
-                    wh[e] = weight_hidden[first + e]
-                for e in T.vectorized(VEC):
-                    we[e] = weight_embed[first + e]
-                for e in T.vectorized(VEC):
-                    gh[e] = grad_weight_hidden[first + e]
-                for e in T.vectorized(VEC):
-                    ge[e] = grad_weight_embed[first + e]
-                for e in T.vectorized(VEC):
-                    grad_weight_hidden[first + e] = gh[e] + acc[e] * T.Cast(T.float32, we[e])
-                for e in T.vectorized(VEC):
-                    grad_weight_embed[first + e] = ge[e] + acc[e] * T.Cast(T.float32, wh[e])
+            # Every lane of the warp shuffles (whole lane groups are in or out of range together).
+            for step in T.unroll(2):
+                for e in T.unroll(VEC):
+                    acc[e] = acc[e] + T.shfl_xor(acc[e], 1 << step)
+            if first < count:
+                column = first + q
+                gw = T.alloc_var(T.float32)
+                gw = acc[0]
+                for e in T.unroll(1, VEC):
+                    gw = T.if_then_else(q == e, acc[e], gw)
+                grad_weight_hidden[column] = grad_weight_hidden[column] + gw * T.Cast(T.float32, weight_embed[column])
+                grad_weight_embed[column] = grad_weight_embed[column] + gw * T.Cast(T.float32, weight_hidden[column])
 
-    return KernelProgram(grad_w_reduce, alignment={'grad_w_partial': 16, 'weight_hidden': 8, 'weight_embed': 8,
-                                                   'grad_weight_hidden': 16, 'grad_weight_embed': 16})
+    return KernelProgram(grad_w_reduce, alignment={'grad_w_partial': 16, 'weight_hidden': 2, 'weight_embed': 2,
+                                                   'grad_weight_hidden': 4, 'grad_weight_embed': 4})
 
 
 DECL = KernelDecl(
