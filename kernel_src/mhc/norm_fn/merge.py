@@ -6,7 +6,8 @@ into the given buffers. A CTA takes BWD_COLUMNS_PER_BLOCK columns; ROW_GROUPS th
 group k taking rows k, k + ROW_GROUPS, ... in order, its part of the sum kept in a register from 0. The parts meet in
 shared memory, and group 0 adds them in group order and adds that once to normw_grad. The order depends on the row
 count alone, so the result does not depend on the grid. (One thread a column, with every row on it, leaves a width of
-4 * 7168 with 7168 threads, each a chain of all the rows' loads.) The width is a run-time dim (a multiple of VEC);
+4 * 7168 with 7168 threads, each a chain of all the rows' loads; eight groups of three rows give 57344 threads in
+224 CTAs.) The width is a run-time dim (a multiple of VEC);
 one binary per mhc.
 """
 
@@ -18,8 +19,8 @@ from kernel_src.mhc.norm_fn.common import MHC_PARAMS, check_mhc, mhc_specs, mix_
 VEC = 4  # float32 columns per thread: one 16-byte access
 THREADS = 128
 COLUMNS_PER_BLOCK = VEC * THREADS
-BWD_COLUMN_THREADS = 64  # threads across a backward CTA's columns: 112 CTAs at a width of 4 * 7168
-ROW_GROUPS = 4  # threads down a backward CTA's rows, per VEC columns
+BWD_COLUMN_THREADS = 32  # threads across a backward CTA's columns: 224 CTAs at a width of 4 * 7168, every SM busy
+ROW_GROUPS = 8  # threads down a backward CTA's rows, per VEC columns: 3 rows each at mhc 4
 BWD_COLUMNS_PER_BLOCK = VEC * BWD_COLUMN_THREADS
 
 
