@@ -13,7 +13,7 @@ from tile_kernels_aot.mhc import _mix_checks as checks
 from tile_kernels_aot.mhc import head_compute_mix, pre_apply_mix, pre_split_mixes, sinkhorn
 from tile_kernels_aot.mhc.norm_fn import check_pre_norm_fn_fwd, mix_count
 from tile_kernels_aot.modeling.mhc.ops import (
-    expand_to_mhc, mhc_head_compute_mix, mhc_pre_apply_mix, mhc_pre_big_fuse, mhc_pre_norm_fn, mhc_pre_split_mixes,
+    expand_to_mhc, mhc_head_compute_mix, mhc_pre_apply_mix, mhc_pre_big_fuse, mhc_pre_split_mixes, pre_norm_fn_checked,
     sinkhorn_normalize,
 )
 
@@ -87,7 +87,7 @@ def mhc_pre(
         return layer_input, (post_mix, comb_mix)
     _check_step('mhc_pre', residual, fn, scale, base, norm_weight, norm_eps, mhc_mult, n_splits,
                 {'post_mult_value': post_mult_value, 'pre_eps': pre_eps, 'sinkhorn_eps': sinkhorn_eps}, sinkhorn_repeat)
-    mixes = mhc_pre_norm_fn(residual, fn, norm_weight, norm_eps, n_splits=n_splits)
+    mixes = pre_norm_fn_checked(residual, fn, norm_weight, norm_eps, n_splits=n_splits)
     pre_mix, post_mix, comb_mix = mhc_pre_split_mixes(mixes, scale, base, mhc_mult, post_mult_value, pre_eps)
     comb_mix = sinkhorn_normalize(comb_mix, repeat=sinkhorn_repeat, eps=sinkhorn_eps)
     return mhc_pre_apply_mix(residual, pre_mix), (post_mix, comb_mix)
@@ -122,7 +122,7 @@ def mhc_head(
     if fn.dim() == 2 and fn.shape[0] < rows:
         fn = F.pad(fn, (0, 0, 0, rows - fn.shape[0]))
     _check_step('mhc_head', residual, fn, scale, base, norm_weight, norm_eps, mhc_mult, n_splits, {'pre_eps': pre_eps})
-    mixes = mhc_pre_norm_fn(residual, fn, norm_weight, norm_eps, n_splits=n_splits)[..., :mhc_mult].contiguous()
+    mixes = pre_norm_fn_checked(residual, fn, norm_weight, norm_eps, n_splits=n_splits)[..., :mhc_mult].contiguous()
     if isinstance(scale, torch.Tensor) and scale.numel() == 1:
         scale = scale.reshape(1)
     mix = mhc_head_compute_mix(mixes, scale, base, pre_eps)

@@ -110,9 +110,15 @@ def mhc_pre_norm_fn(residual: torch.Tensor, mhc_fn: torch.Tensor, mhc_norm_weigh
     """The mixes (..., mhc3) of the pre step: the flattened streams times tf32(fn) (times the norm weight, if
     given), scaled by the RMS norm of the streams. The GEMM is split over `n_splits` slices of mhc * H, whose
     partial sums are added in slice order."""
+    if mhc_norm_weight is not None and not torch.compiler.is_compiling():  # the forward's checks, before the merge launches
+        check_pre_norm_fn_fwd('mhc_pre_norm_fn', residual, mhc_fn, mhc_norm_eps, n_splits, mhc_norm_weight=mhc_norm_weight)
+    return pre_norm_fn_checked(residual, mhc_fn, mhc_norm_weight, mhc_norm_eps, fuse_grad_acc, n_splits)
+
+
+def pre_norm_fn_checked(residual: torch.Tensor, mhc_fn: torch.Tensor, mhc_norm_weight: torch.Tensor | None,
+                        mhc_norm_eps: float, fuse_grad_acc: bool = True, n_splits: int = 16) -> torch.Tensor:
+    """mhc_pre_norm_fn for a caller that has run check_pre_norm_fn_fwd on these operands (the composites)."""
     if mhc_norm_weight is not None:
-        if not torch.compiler.is_compiling():  # the forward's checks, before the merge launches
-            check_pre_norm_fn_fwd('mhc_pre_norm_fn', residual, mhc_fn, mhc_norm_eps, n_splits, mhc_norm_weight=mhc_norm_weight)
         mhc_fn = _MHCFnNormwMerge.apply(mhc_fn, mhc_norm_weight)
     return MHCPreNormFn.apply(residual, mhc_fn, mhc_norm_eps, fuse_grad_acc, n_splits)
 
