@@ -20,7 +20,7 @@ from kernel_src.mhc import chunk_sums
 from kernel_src.mhc.chunk_sums import CHUNK, WARP
 from kernel_src.mhc.pre_split_mixes import check, pre_mix
 
-FWD_TOKENS = 128  # threads (tokens) of a forward CTA
+FWD_TOKENS = 32  # threads (tokens) of a forward CTA: one warp, so that T = 8192 fills every SM
 
 
 def build_fwd(arch: Arch, mhc: int) -> KernelProgram:

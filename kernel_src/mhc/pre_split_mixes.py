@@ -26,7 +26,7 @@ from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
 from kernel_src.mhc import chunk_sums
 from kernel_src.mhc.chunk_sums import CHUNK, WARP
 
-FWD_TOKENS = 128  # threads (tokens) of a forward CTA
+FWD_TOKENS = 32  # threads (tokens) of a forward CTA: one warp, so that T = 8192 fills every SM
 MHC_VALUES = (2, 4, 8)  # n: a row of n floats is one vector of 8, 16 or 32 bytes
 
 
