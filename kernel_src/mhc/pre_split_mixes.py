@@ -6,8 +6,8 @@ Forward, n = mhc, per token t (columns j of the pre and post groups, j * n + k o
     comb[t, j * n + k] = mixes[t, 2n + j * n + k] * scale[2] + base[2n + j * n + k]
 written once, in the expression helpers below, which mhc.pre_big_fuse uses too. Each `mix * scale + base` is
 one explicit fma (__fmaf_rn), so no kernel depends on what nvcc contracts; sigmoid(z) is 1 / (1 + expf(-z)),
-IEEE division. One thread owns one token: it reads its row of mixes as n + 2 vectors of n
-floats and writes n-float vectors, FWD_TOKENS tokens a CTA.
+IEEE division. One thread owns one token: it reads its row of mixes and the base as n + 2 vectors of n
+floats each (base 16-byte aligned) and writes n-float vectors, FWD_TOKENS tokens a CTA.
 
 Backward, with z the pre-activation (mixes * scale + base) and sigma = sigmoid(z) recomputed from mixes:
     dz = pre_grad * sigma (1 - sigma), post_grad * post_mult_value * sigma (1 - sigma), comb_grad
@@ -69,16 +69,20 @@ def build_fwd(arch: Arch, mhc: int) -> KernelProgram:
         with T.Kernel(T.ceildiv(num_tokens, FWD_TOKENS), threads=FWD_TOKENS) as pid:
             token = pid * FWD_TOKENS + T.get_thread_binding()
             m = T.alloc_local((mhc3,), T.float32)
+            b = T.alloc_local((mhc3,), T.float32)
             out = T.alloc_local((mhc3,), T.float32)
             if token < num_tokens:
                 for g in T.unroll(n + 2):
                     for k in T.vectorized(n):
                         m[g * n + k] = mixes[token, g * n + k]
+                for g in T.unroll(n + 2):
+                    for k in T.vectorized(n):
+                        b[g * n + k] = base[g * n + k]
                 for j in T.unroll(n):
-                    out[j] = pre_mix(m[j], scale[0], base[j], pre_eps)
-                    out[n + j] = post_mix(m[n + j], scale[1], base[n + j], post_mult_value)
+                    out[j] = pre_mix(m[j], scale[0], b[j], pre_eps)
+                    out[n + j] = post_mix(m[n + j], scale[1], b[n + j], post_mult_value)
                 for j in T.unroll(n * n):
-                    out[2 * n + j] = comb_mix(m[2 * n + j], scale[2], base[2 * n + j])
+                    out[2 * n + j] = comb_mix(m[2 * n + j], scale[2], b[2 * n + j])
                 for k in T.vectorized(n):
                     pre[token, k] = out[k]
                 for k in T.vectorized(n):
@@ -87,7 +91,7 @@ def build_fwd(arch: Arch, mhc: int) -> KernelProgram:
                     for k in T.vectorized(n):
                         comb[token, j * n + k] = out[2 * n + j * n + k]
 
-    return KernelProgram(pre_split_mixes_fwd, alignment={'mixes': 16, 'scale': 4, 'base': 4, 'pre': 16, 'post': 16, 'comb': 16})
+    return KernelProgram(pre_split_mixes_fwd, alignment={'mixes': 16, 'scale': 4, 'base': 16, 'pre': 16, 'post': 16, 'comb': 16})
 
 
 @T.macro

@@ -55,6 +55,7 @@ BAD_SPLIT_FWD = [
     (dict(scale=torch.ones(3, dtype=torch.float64)), TypeError, 'scale must be float32'),
     (dict(base=torch.zeros(MHC3 - 1)), ValueError, 'base must have 24 elements'),
     (dict(base=torch.zeros(2 * MHC3)[::2]), ValueError, 'base must be contiguous'),
+    (dict(base=misaligned(torch.zeros(MHC3))), ValueError, 'base must be 16-byte aligned'),
     (dict(mhc_mult=4.0), TypeError, 'mhc_mult must be an int'),
     (dict(mhc_mult=0), ValueError, 'mhc_mult must be >= 1'),
     (dict(mhc_mult=2), ValueError, r'mixes must have shape \(\.\.\., 8\)'),

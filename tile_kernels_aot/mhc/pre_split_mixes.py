@@ -30,7 +30,7 @@ def mhc_pre_split_mixes_fwd(mixes: torch.Tensor, scale: torch.Tensor, base: torc
     Args:
         mixes: ``[..., mhc * (mhc + 2)]`` float32, contiguous, 16-byte aligned.
         scale: ``[3]`` float32: the scales of the pre, post and comb groups.
-        base: ``[mhc * (mhc + 2)]`` float32.
+        base: ``[mhc * (mhc + 2)]`` float32, 16-byte aligned.
         mhc_mult: ``mhc``, the number of residual streams.
         post_mult_value, pre_eps: finite floats.
 
@@ -44,7 +44,7 @@ def mhc_pre_split_mixes_fwd(mixes: torch.Tensor, scale: torch.Tensor, base: torc
     op = 'mhc_pre_split_mixes_fwd'
     mhc3, num_tokens = _mixes(op, mixes, mhc_mult)
     checks.vector(op, 'scale', scale, 3)
-    checks.vector(op, 'base', base, mhc3)
+    checks.contiguous_aligned(op, 'base', checks.vector(op, 'base', base, mhc3))
     post_mult_value = _checks.real(op, 'post_mult_value', post_mult_value)
     pre_eps = _checks.real(op, 'pre_eps', pre_eps)
     device = _checks.on_one_cuda_device(op, mixes=mixes, scale=scale, base=base)
