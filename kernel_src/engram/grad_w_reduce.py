@@ -2,10 +2,11 @@
 where gw = sum over p of grad_w_partial[p] (the fused-weight gradient engram_gate_bwd leaves in partials).
 
 PARTS adjacent lanes own VEC consecutive elements of the hc * H columns. Lane q adds the partials p = q, q + PARTS,
-q + 2 * PARTS, ... in that order (UNROLL loads in flight), then the lanes add their sums by two shuffle steps,
-(s0 + s1) + (s2 + s3) in every lane alike (each add commutes), and lane q updates element q. So the sum depends
-only on the partials and P, never on the grid, and a thread's chain of dependent loads is P / PARTS long: with
-one thread a column group, a grid of 7168 threads (hc 4, H 7168) waits out all P = 132 of them.
+q + 2 * PARTS, ... in that order (UNROLL loads in flight), then the lanes add their sums by three shuffle steps,
+((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7)) in every lane alike (each add commutes), and lane q < VEC
+updates element q. So the sum depends only on the partials and P, never on the grid. With PARTS lanes a column
+group, a thread's chain of dependent loads is P / (PARTS * UNROLL) rounds long (two at P = 132), and the weights and
+gradients the update reads are loaded before the partials, so their latency hides behind the sum.
 P and the column count are run-time (columns a multiple of VEC); the spec is hc.
 """
 
@@ -15,9 +16,9 @@ from kernel_src.decl import Arch, KernelDecl, KernelProgram
 from kernel_src.engram.common import HC_PARAMS, check_hc, hc_specs
 
 THREADS = 128
-PARTS = 4  # lanes that share a column group, each summing every PARTS-th partial
-VEC = 4  # fp32 columns a lane group: one 16-byte load a partial; lane q then updates column q of them
-UNROLL = 8  # partials a lane loads before it adds them
+PARTS = 8  # lanes that share a column group, each summing every PARTS-th partial
+VEC = 4  # fp32 columns a lane group: one 16-byte load a partial; lane q < VEC then updates column q of them
+UNROLL = 16  # partials a lane loads before it adds them
 
 
 def build(arch: Arch, hc: int) -> KernelProgram:
@@ -36,11 +37,17 @@ def build(arch: Arch, hc: int) -> KernelProgram:
             tid = T.get_thread_binding()
             q = tid % PARTS
             first = (pid * (THREADS // PARTS) + tid // PARTS) * VEC
+            column = first + q % VEC
             acc = T.alloc_local((VEC,), T.float32)
             loaded = T.alloc_local((UNROLL * VEC,), T.float32)
+            update = T.alloc_local((4,), T.float32)  # weight_embed, weight_hidden and the two gradients at `column`
             for e in T.unroll(VEC):
                 acc[e] = T.float32(0)
             if first < count:
+                update[0] = T.Cast(T.float32, weight_embed[column])
+                update[1] = T.Cast(T.float32, weight_hidden[column])
+                update[2] = grad_weight_hidden[column]
+                update[3] = grad_weight_embed[column]
                 for group in T.serial(num_partials // (UNROLL * PARTS)):
                     for u in T.unroll(UNROLL):
                         for e in T.vectorized(VEC):
@@ -54,17 +61,16 @@ def build(arch: Arch, hc: int) -> KernelProgram:
                     for e in T.unroll(VEC):
                         acc[e] = acc[e] + loaded[e]
             # Every lane of the warp shuffles (whole lane groups are in or out of range together).
-            for step in T.unroll(2):
+            for step in T.unroll(3):
                 for e in T.unroll(VEC):
                     acc[e] = acc[e] + T.shfl_xor(acc[e], 1 << step)
-            if first < count:
-                column = first + q
+            if first < count and q < VEC:
                 gw = T.alloc_var(T.float32)
                 gw = acc[0]
                 for e in T.unroll(1, VEC):
                     gw = T.if_then_else(q == e, acc[e], gw)
-                grad_weight_hidden[column] = grad_weight_hidden[column] + gw * T.Cast(T.float32, weight_embed[column])
-                grad_weight_embed[column] = grad_weight_embed[column] + gw * T.Cast(T.float32, weight_hidden[column])
+                grad_weight_hidden[column] = update[2] + gw * update[0]
+                grad_weight_embed[column] = update[3] + gw * update[1]
 
     return KernelProgram(grad_w_reduce, alignment={'grad_w_partial': 16, 'weight_hidden': 2, 'weight_embed': 2,
                                                    'grad_weight_hidden': 4, 'grad_weight_embed': 4})
