@@ -37,6 +37,7 @@ def _count_in_shared(indices, local, num_bins, num_tokens, num_topk, num_blocks,
     UNROLLED together (predicated), the rest in a loop. Its (row, k) advances by divmod(THREADS, num_topk)
     per element, with one carry, so there is no division per index."""
     tid = T.get_thread_binding()
+    loaded = T.alloc_local((UNROLLED,), indices.dtype)
     values = T.alloc_local((UNROLLED,), T.int32)
     row = T.alloc_var(T.int32)
     k = T.alloc_var(T.int32)
@@ -57,11 +58,14 @@ def _count_in_shared(indices, local, num_bins, num_tokens, num_topk, num_blocks,
         row = (step * num_blocks + pid) * THREADS + row_in_step
         k = first_k
         for j in T.unroll(UNROLLED):
-            values[j] = -1
+            loaded[j] = T.Cast(indices.dtype, -1)
             if j < num_topk:  # uniform: a small top-k skips the rest of the unrolled steps
-                values[j] = T.if_then_else(row < num_tokens, index_as_int32(indices[row, k], num_bins), -1)
+                loaded[j] = T.if_then_else(row < num_tokens, indices[row, k], T.Cast(indices.dtype, -1))
                 row = row + rows_per_pass + T.if_then_else(k + ks_per_pass >= num_topk, 1, 0)
                 k = T.if_then_else(k + ks_per_pass >= num_topk, k + ks_per_pass - num_topk, k + ks_per_pass)
+        # Narrowed once all the loads are issued: a clamp next to its load would wait for it there.
+        for j in T.unroll(UNROLLED):
+            values[j] = index_as_int32(loaded[j], num_bins)
         in_range = T.alloc_var(T.bool)
         in_range = True
         for j in T.unroll(UNROLLED):

@@ -38,9 +38,13 @@ def build(arch: Arch, index_dtype: str) -> KernelProgram:
                 # min() keeps the address of a lane past the top-k inside the row; its value is unused.
                 for k in T.unroll(UNROLLED):
                     first[k] = T.if_then_else(k < num_topk, index_as_int32(group_indices[row, T.min(k, num_topk - 1)], num_groups), -1)
+                in_range = T.alloc_var(T.bool)
+                in_range = True
+                for k in T.unroll(UNROLLED):
+                    in_range = in_range and first[k] < num_groups  # -1 past the top-k
+                device_assert(in_range)  # one assert for the unrolled indices
                 for k in T.unroll(UNROLLED):
                     if k < num_topk:
-                        device_assert(first[k] < num_groups)
                         repeat = T.alloc_var(T.bool)
                         repeat = False
                         for j in T.unroll(k):
