@@ -117,13 +117,21 @@ for step in $steps; do
              --sanitizer ${ADVERSARIAL_SANITIZER:-memcheck} --out "$OUT/adversarial.jsonl" 2>&1 | tee "$OUT/adversarial.log" | tail -n 80
            [ ${PIPESTATUS[0]} -ne 0 ] && status=1 ;;
     ab)    # A/B of a build of some kernels (AB_BUILD, e.g. build-bf/sm_90a, carried): the installed package against the same
-           # with AB_BUILD's kernels in place (benchmarks.overlay); AB_KERNELS (default KERNELS) timed on each, back to back,
-           # then compared; AB_TESTS (a pytest selection) run on the overlay.
+           # with AB_BUILD's kernels in place (benchmarks.overlay); AB_KERNELS (default KERNELS) timed on each in turn,
+           # AB_ROUNDS times (default 2: base, new, base, new), then compared (benchmarks.compare: medians over the rounds,
+           # and the control, the last base round against the first); AB_LABEL says what the A/B measures (e.g. "device
+           # checks"); AB_TESTS (a pytest selection) run on the overlay.
            rm -rf /tmp/tk-ab && python3 -m benchmarks.overlay "$SITE/tile_kernels_aot_sm90a" "$OLDPWD/$AB_BUILD" /tmp/tk-ab | tee "$OUT/ab.log"
-           timeout ${AB_TIMEOUT:-150} python3 -m benchmarks.run --kernels "${AB_KERNELS:-$KERNELS}" --out "$OUT/ab-base.jsonl" >> "$OUT/ab.log" 2>&1
-           TILE_KERNELS_AOT_KERNEL_DIRS=/tmp/tk-ab timeout ${AB_TIMEOUT:-150} python3 -m benchmarks.run --kernels "${AB_KERNELS:-$KERNELS}" \
-             --out "$OUT/ab-new.jsonl" >> "$OUT/ab.log" 2>&1
-           python3 -m benchmarks.compare "$OUT/ab-base.jsonl" "$OUT/ab-new.jsonl" 2>&1 | tee "$OUT/ab-compare.txt" | tail -n 30
+           python3 -c 'import json, sys; print(json.dumps(dict(zip(("build", "label", "kernels"), sys.argv[1:]))))' \
+             "$AB_BUILD" "${AB_LABEL:-}" "${AB_KERNELS:-$KERNELS}" > "$OUT/ab.json"
+           bases=; news=
+           for round in $(seq "${AB_ROUNDS:-2}"); do
+             timeout ${AB_TIMEOUT:-150} python3 -m benchmarks.run --kernels "${AB_KERNELS:-$KERNELS}" --out "$OUT/ab-base-$round.jsonl" >> "$OUT/ab.log" 2>&1
+             TILE_KERNELS_AOT_KERNEL_DIRS=/tmp/tk-ab timeout ${AB_TIMEOUT:-150} python3 -m benchmarks.run --kernels "${AB_KERNELS:-$KERNELS}" \
+               --out "$OUT/ab-new-$round.jsonl" >> "$OUT/ab.log" 2>&1
+             bases=$bases${bases:+,}$OUT/ab-base-$round.jsonl; news=$news${news:+,}$OUT/ab-new-$round.jsonl
+           done
+           python3 -m benchmarks.compare "$bases" "$news" 2>&1 | tee "$OUT/ab-compare.txt" | tail -n 30
            if [ -n "${AB_TESTS:-}" ]; then
              TILE_KERNELS_AOT_KERNEL_DIRS=/tmp/tk-ab timeout ${AB_TESTS_TIMEOUT:-200} python3 -m pytest $AB_TESTS -q -p no:cacheprovider -rfEs 2>&1 \
                | tee "$OUT/ab-pytest.log" | tail -n 15
@@ -140,7 +148,7 @@ for step in $steps; do
 done
 # The record: what the steps measured, a few lines of JSON (benchmarks/record.py says which).
 if [ -f "$OUT/bench.jsonl" ] || [ -f "$OUT/upstream.jsonl" ] || [ -f "$OUT/junit.xml" ] || [ -f "$OUT/sanitize.log" ] || [ -f "$OUT/adversarial.jsonl" ] \
-   || [ -f "$OUT/host.jsonl" ]; then
+   || [ -f "$OUT/host.jsonl" ] || [ -f "$OUT/ab.json" ]; then
   if [ "$COMMIT" = unknown ]; then
     echo "## no record written: COMMIT is unset; run python -m benchmarks.record OUT_DIR --commit SHA on the fetched output"
   else

@@ -1,11 +1,14 @@
-"""Device time of the same cases in two runs of benchmarks.run: the ratio of each case, and a summary.
+"""Device time of the same cases in two sets of runs of benchmarks.run: the ratio of each case, and a summary.
 
     python -m benchmarks.compare BASE NEW [--kernels GLOB] [--limit 1.02]
 
-BASE and NEW are bench.jsonl files (benchmarks.run --out) or records in docs/measurements. Cases are matched by
-kernel, spec, shape and token count; each row gives both medians and NEW / BASE. The summary gives, per kernel, the
-median and the largest ratio, and the exit status is 1 when a kernel's median ratio is above --limit. Used to show
-what a change to kernels costs: run the benchmark on the binaries before and after it, back to back on one GPU.
+BASE and NEW are bench.jsonl files (benchmarks.run --out) or records in docs/measurements, or comma-separated lists
+of them: runs of one side taken in turn with the other's (base, new, base, new, ...), each case's time being the
+median over its side's runs. Cases are matched by kernel, spec, shape and token count; each gives NEW / BASE. The
+summary gives, per kernel, the median and the largest ratio, and the exit status is 1 when a kernel's median ratio is
+above --limit. With two or more BASE runs it also gives each kernel's median ratio of the last BASE run to the first
+(the control: what the same binaries measure against themselves). Used to show what a change to kernels costs: run
+the benchmark on the binaries before and after it, back to back on one GPU (.ci/gpu-run.sh ab).
 """
 
 from __future__ import annotations
@@ -32,6 +35,18 @@ def cases(path: Path) -> dict[tuple, float]:
     return out
 
 
+def median_cases(paths: list[Path]) -> dict[tuple, float]:
+    """Each case's median time over the runs `paths` that measured it."""
+    runs = [cases(path) for path in paths]
+    keys = dict.fromkeys(key for run in runs for key in run)
+    return {key: statistics.median(run[key] for run in runs if key in run) for key in keys}
+
+
+def summary(ratios: dict[str, list[float]]) -> dict[str, tuple[int, float, float]]:
+    """kernel -> (cases, median ratio, largest ratio)."""
+    return {kernel: (len(values), statistics.median(values), max(values)) for kernel, values in ratios.items()}
+
+
 def compare(base: dict[tuple, float], new: dict[tuple, float], pattern: str = '*') -> dict[str, list[float]]:
     """kernel -> the NEW / BASE ratios of its cases measured in both."""
     ratios: dict[str, list[float]] = {}
@@ -43,23 +58,25 @@ def compare(base: dict[tuple, float], new: dict[tuple, float], pattern: str = '*
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('base', type=Path)
-    parser.add_argument('new', type=Path)
+    parser.add_argument('base', help='a run, or runs separated by commas')
+    parser.add_argument('new', help='a run, or runs separated by commas')
     parser.add_argument('--kernels', default='*')
     parser.add_argument('--limit', type=float, default=1.02, help='the largest median ratio per kernel that passes')
     args = parser.parse_args()
-    base, new = cases(args.base), cases(args.new)
-    ratios = compare(base, new, args.kernels)
+    base_runs, new_runs = ([Path(p) for p in side.split(',')] for side in (args.base, args.new))
+    ratios = compare(median_cases(base_runs), median_cases(new_runs), args.kernels)
     if not ratios:
         print('no case measured in both')
         return 1
+    control = summary(compare(cases(base_runs[0]), cases(base_runs[-1]), args.kernels)) if len(base_runs) > 1 else {}
     worst = 0.0
-    for kernel, values in ratios.items():
-        median = statistics.median(values)
+    for kernel, (count, median, largest) in summary(ratios).items():
         worst = max(worst, median)
         flag = '' if median <= args.limit else f'  above {args.limit}'
-        print(f'{kernel:50s} {len(values):3d} cases  median {median:.3f}  max {max(values):.3f}{flag}')
-    print(f'{sum(map(len, ratios.values()))} cases of {len(ratios)} kernels; the largest median ratio is {worst:.3f}')
+        same = f'  control {control[kernel][1]:.3f}' if kernel in control else ''
+        print(f'{kernel:50s} {count:3d} cases  median {median:.3f}  max {largest:.3f}{same}{flag}')
+    runs = f' ({len(base_runs)} and {len(new_runs)} runs)' if len(base_runs) + len(new_runs) > 2 else ''
+    print(f'{sum(map(len, ratios.values()))} cases of {len(ratios)} kernels{runs}; the largest median ratio is {worst:.3f}')
     return 0 if worst <= args.limit else 1
 
 

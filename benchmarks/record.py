@@ -3,7 +3,8 @@
     python -m benchmarks.record OUT_DIR [--commit SHA] [--gpu h200] [--out docs/measurements/] [--note TEXT ...]
 
 OUT_DIR is what .ci/gpu-run.sh leaves: environment.txt, and where their steps ran bench.jsonl,
-upstream.jsonl, junit.xml or pytest.log, cold_start.log, sanitize.log, adversarial.jsonl (benchmarks/adversarial.py),
+upstream.jsonl, junit.xml or pytest.log, cold_start.log, sanitize.log, adversarial.jsonl (benchmarks/adversarial.py), ab.json
+with its rounds,
 host.jsonl (benchmarks/host_overhead.py) and ep_moe.jsonl (the lines examples/ep_moe.py prints, one per torchrun launch). --out is a folder (the file is named
 DATE-GPU.jsonl, with -2, -3, ... when that name is taken) or a .jsonl path. The commit comes from --commit, else
 from environment.txt's `commit` line.
@@ -25,6 +26,9 @@ The record is one JSON object a line, each with a "type":
   host         one case of benchmarks.host_overhead: host us per call of ours, of torch.neg on its input, of upstream's
   adversarial  per sanitizer (or none) of benchmarks.adversarial: bad-index cases run and held, invalid accesses reported,
                the cases that did not hold
+  ab           one kernel of an A/B (.ci/gpu-run.sh ab: ab.json and the rounds ab-base-N.jsonl, ab-new-N.jsonl): the
+               build put in place, the label, rounds, cases, the median and largest new / base ratio of its cases (each
+               case's time a median over the rounds), and the control (the last base round against the first)
   ep_moe       one run of examples/ep_moe.py: ranks, tokens per rank, the layer's sizes, ms per step, tokens per second over
                all ranks, and the ms per step (and share of the step) in our kernels, NCCL and the expert GEMMs
   note         a sentence given with --note: what the run's output cannot say (why tests failed, what a later commit
@@ -42,6 +46,8 @@ import re
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
+
+from benchmarks import compare
 
 FORMAT = 1
 
@@ -180,6 +186,23 @@ def ep_moe_line(row: dict) -> dict:
     return line
 
 
+def ab_lines(out_dir: Path) -> list[dict]:
+    """The 'ab' lines of an A/B's rounds, a line a kernel."""
+    about = out_dir / 'ab.json'
+    if not about.is_file():
+        return []
+    facts = json.loads(about.read_text())
+    bases, news = (sorted(out_dir.glob(f'ab-{side}-*.jsonl'), key=lambda p: int(p.stem.rsplit('-', 1)[1])) for side in ('base', 'new'))
+    if not bases or not news:
+        return []
+    ratios = compare.summary(compare.compare(compare.median_cases(bases), compare.median_cases(news)))
+    control = compare.summary(compare.compare(compare.cases(bases[0]), compare.cases(bases[-1]))) if len(bases) > 1 else {}
+    return [{'type': 'ab', 'build': facts.get('build'), 'label': facts.get('label') or None, 'kernel': kernel,
+             'rounds': min(len(bases), len(news)), 'cases': count, 'median_ratio': _round(median, 3),
+             'max_ratio': _round(largest, 3), 'control_ratio': _round(control[kernel][1], 3) if kernel in control else None}
+            for kernel, (count, median, largest) in ratios.items()]
+
+
 def condense(out_dir: Path, commit: str | None = None, default_tokens: int = 8192) -> list[dict]:
     """The record's lines from a run's raw output folder."""
     env_file = out_dir / 'environment.txt'
@@ -221,6 +244,7 @@ def condense(out_dir: Path, commit: str | None = None, default_tokens: int = 819
         lines += sanitizer_lines(sanitize.read_text())
     lines += adversarial_lines(_lines(out_dir / 'adversarial.jsonl'))
     lines += [host_line(r) for r in _lines(out_dir / 'host.jsonl') if r.get('what') == 'host']
+    lines += ab_lines(out_dir)
     return lines
 
 

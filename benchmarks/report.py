@@ -193,7 +193,24 @@ def reliability_region(records: list[Record]) -> str:
     body = (table(['record', 'date', 'GPU', 'commit', 'GPU tests', 'compute-sanitizer', 'adversarial indices'], rows)
             if rows else ['No GPU run has recorded tests, sanitizer or adversarial-index results yet.'])
     # The links are relative to docs/, where both this page and benchmarks.md live.
-    return '\n'.join([RELIABILITY_BEGIN, *body, RELIABILITY_END])
+    return '\n'.join([RELIABILITY_BEGIN, *body, *ab_tables(records), RELIABILITY_END])
+
+
+def ab_tables(records: list[Record]) -> list[str]:
+    """A table a recorded A/B, newest first: each kernel's median new / base ratio over its cases and the control."""
+    out = []
+    for r in records:
+        lines = r.of_type('ab')
+        if not lines:
+            continue
+        first = lines[0]
+        label = f'{first["label"]}: ' if first.get('label') else ''
+        out += ['', f'A/B, {label}{r.link} ({r.env["date"][:10]}, {r.env["gpu"]}, {r.commit}) against `{first["build"]}` in place '
+                    f'("new"), {first["rounds"]} rounds each:', '']
+        out += table(['kernel', 'cases', 'new / base, median', 'control (base / base)'],
+                     [[line['kernel'], str(line['cases']), f'{line["median_ratio"]:.3f}',
+                       '—' if line['control_ratio'] is None else f'{line["control_ratio"]:.3f}'] for line in lines])
+    return out
 
 
 METHOD = '''\

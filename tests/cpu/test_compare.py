@@ -60,3 +60,18 @@ def test_overlay_serves_the_build_s_kernels_and_the_base_s_others(tmp_path, monk
     other = make_package(tmp_path / 'sm100', target='sm_100f')
     with pytest.raises(ValueError, match='is for sm_100f'):
         overlay(base, other, tmp_path / 'out2')
+
+
+def test_runs_in_turn_are_medians_and_the_base_runs_give_a_control(tmp_path, capsys, monkeypatch):
+    """base, new, base, new, base: each side's case time is its median over its runs; the control is the last base run
+    against the first."""
+    spec = {'num_experts': 256}
+    row = lambda us: {'kernel': 'moe.topk_gate', 'spec': spec, 'shape': 'T', 'tokens': 8192, 'us': us}  # noqa: E731
+    base = [_rows(tmp_path / f'base{i}.jsonl', [row(us)]) for i, us in enumerate((10.0, 30.0, 11.0))]
+    new = [_rows(tmp_path / f'new{i}.jsonl', [row(us)]) for i, us in enumerate((12.0, 13.0))]
+    assert compare.median_cases(base) == {('moe.topk_gate', json.dumps(spec), 'T', 8192): 11.0}
+    assert compare.median_cases(new) == {('moe.topk_gate', json.dumps(spec), 'T', 8192): 12.5}
+    monkeypatch.setattr('sys.argv', ['compare', ','.join(map(str, base)), ','.join(map(str, new)), '--limit', '1.2'])
+    assert compare.main() == 0
+    out = capsys.readouterr().out
+    assert 'median 1.136' in out and 'control 1.100' in out and '(3 and 2 runs)' in out

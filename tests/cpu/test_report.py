@@ -27,7 +27,7 @@ def test_committed_records_are_records():
         assert env['type'] == 'environment' and env['format'] == record.FORMAT, path
         assert path.stem.startswith(env['date'][:10]) and env['commit'] and env['gpu'], path
         assert {line['type'] for line in lines[1:]} <= {'case', 'upstream', 'error', 'cold_start', 'tests', 'sanitizer', 'note', 'ep_moe',
-                                                    'adversarial', 'host'}, path
+                                                    'adversarial', 'host', 'ab'}, path
 
 
 ENVIRONMENT = '''2026-12-24T10:00:00Z
@@ -110,6 +110,25 @@ def test_record_condenses_a_run_folder(tmp_path):
     assert by_type['sanitizer'] == [
         {'type': 'sanitizer', 'tool': 'memcheck', 'kernels': 'quant.*', 'specs': 3, 'cases': 4, 'errors': 0, 'exit': 0},
         {'type': 'sanitizer', 'tool': 'racecheck', 'kernels': 'quant.*', 'specs': 3, 'cases': 4, 'errors': 1, 'exit': 1}]
+
+
+def test_record_condenses_an_ab_of_rounds_with_its_control(tmp_path):
+    out = tmp_path / 'out'
+    out.mkdir()
+    (out / 'environment.txt').write_text(ENVIRONMENT)
+    (out / 'ab.json').write_text(json.dumps({'build': 'build-nochecks/sm_90a', 'label': 'device checks', 'kernels': 'moe.*'}))
+    row = lambda kernel, us: json.dumps({'kernel': kernel, 'spec': {}, 'shape': 'T', 'tokens': 8192, 'us': us}) + '\n'  # noqa: E731
+    for round_, (base, new) in enumerate(((10.0, 9.0), (10.4, 9.4)), start=1):
+        (out / f'ab-base-{round_}.jsonl').write_text(row('moe.aux_fi', base) + row('moe.group_count', 5.0))
+        (out / f'ab-new-{round_}.jsonl').write_text(row('moe.aux_fi', new) + row('moe.group_count', 5.0))
+    lines = [line for line in record.condense(out) if line['type'] == 'ab']
+    assert lines == [
+        {'type': 'ab', 'build': 'build-nochecks/sm_90a', 'label': 'device checks', 'kernel': 'moe.aux_fi', 'rounds': 2, 'cases': 1,
+         'median_ratio': 0.902, 'max_ratio': 0.902, 'control_ratio': 1.04},
+        {'type': 'ab', 'build': 'build-nochecks/sm_90a', 'label': 'device checks', 'kernel': 'moe.group_count', 'rounds': 2, 'cases': 1,
+         'median_ratio': 1.0, 'max_ratio': 1.0, 'control_ratio': 1.0}]
+    region = report.reliability_region([report.Record('2026-12-24-h200', record.condense(out)[0], record.condense(out)[1:])])
+    assert '| moe.aux_fi | 1 | 0.902 | 1.040 |' in region and 'device checks' in region
 
 
 def test_record_reads_pytests_last_line_without_junit_and_needs_a_commit(tmp_path):
