@@ -121,13 +121,14 @@ def test_record_condenses_an_ab_of_rounds_with_its_control(tmp_path):
     for round_, (base, new) in enumerate(((10.0, 9.0), (10.4, 9.4)), start=1):
         (out / f'ab-base-{round_}.jsonl').write_text(row('moe.aux_fi', base) + row('moe.group_count', 5.0))
         (out / f'ab-new-{round_}.jsonl').write_text(row('moe.aux_fi', new) + row('moe.group_count', 5.0))
-    lines = [line for line in record.condense(out) if line['type'] == 'ab']
+    condensed = record.condense(out)
+    lines = [line for line in condensed if line['type'] == 'ab']
     assert lines == [
         {'type': 'ab', 'build': 'build-nochecks/sm_90a', 'label': 'device checks', 'kernel': 'moe.aux_fi', 'rounds': 2, 'cases': 1,
          'median_ratio': 0.902, 'max_ratio': 0.902, 'control_ratio': 1.04},
         {'type': 'ab', 'build': 'build-nochecks/sm_90a', 'label': 'device checks', 'kernel': 'moe.group_count', 'rounds': 2, 'cases': 1,
          'median_ratio': 1.0, 'max_ratio': 1.0, 'control_ratio': 1.0}]
-    region = report.reliability_region([report.Record('2026-12-24-h200', record.condense(out)[0], record.condense(out)[1:])])
+    region = report.reliability_region([report.Record('2026-12-24-h200', condensed[0], condensed[1:])])
     assert '| moe.aux_fi | 1 | 0.902 | 1.040 |' in region and 'device checks' in region
 
 
