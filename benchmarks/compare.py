@@ -47,6 +47,14 @@ def summary(ratios: dict[str, list[float]]) -> dict[str, tuple[int, float, float
     return {kernel: (len(values), statistics.median(values), max(values)) for kernel, values in ratios.items()}
 
 
+def rounds(base_runs: list[Path], new_runs: list[Path], pattern: str = '*') -> tuple[dict, dict]:
+    """An A/B of runs taken in turn: (kernel -> summary of NEW / BASE over the case medians, kernel -> summary of the
+    control, the last BASE run against the first; empty with one BASE run)."""
+    ratios = summary(compare(median_cases(base_runs), median_cases(new_runs), pattern))
+    control = summary(compare(cases(base_runs[0]), cases(base_runs[-1]), pattern)) if len(base_runs) > 1 else {}
+    return ratios, control
+
+
 def compare(base: dict[tuple, float], new: dict[tuple, float], pattern: str = '*') -> dict[str, list[float]]:
     """kernel -> the NEW / BASE ratios of its cases measured in both."""
     ratios: dict[str, list[float]] = {}
@@ -64,19 +72,18 @@ def main() -> int:
     parser.add_argument('--limit', type=float, default=1.02, help='the largest median ratio per kernel that passes')
     args = parser.parse_args()
     base_runs, new_runs = ([Path(p) for p in side.split(',')] for side in (args.base, args.new))
-    ratios = compare(median_cases(base_runs), median_cases(new_runs), args.kernels)
+    ratios, control = rounds(base_runs, new_runs, args.kernels)
     if not ratios:
         print('no case measured in both')
         return 1
-    control = summary(compare(cases(base_runs[0]), cases(base_runs[-1]), args.kernels)) if len(base_runs) > 1 else {}
     worst = 0.0
-    for kernel, (count, median, largest) in summary(ratios).items():
+    for kernel, (count, median, largest) in ratios.items():
         worst = max(worst, median)
         flag = '' if median <= args.limit else f'  above {args.limit}'
         same = f'  control {control[kernel][1]:.3f}' if kernel in control else ''
         print(f'{kernel:50s} {count:3d} cases  median {median:.3f}  max {largest:.3f}{same}{flag}')
     runs = f' ({len(base_runs)} and {len(new_runs)} runs)' if len(base_runs) + len(new_runs) > 2 else ''
-    print(f'{sum(map(len, ratios.values()))} cases of {len(ratios)} kernels{runs}; the largest median ratio is {worst:.3f}')
+    print(f'{sum(count for count, _, _ in ratios.values())} cases of {len(ratios)} kernels{runs}; the largest median ratio is {worst:.3f}')
     return 0 if worst <= args.limit else 1
 
 

@@ -195,8 +195,7 @@ def ab_lines(out_dir: Path) -> list[dict]:
     bases, news = (sorted(out_dir.glob(f'ab-{side}-*.jsonl'), key=lambda p: int(p.stem.rsplit('-', 1)[1])) for side in ('base', 'new'))
     if not bases or not news:
         return []
-    ratios = compare.summary(compare.compare(compare.median_cases(bases), compare.median_cases(news)))
-    control = compare.summary(compare.compare(compare.cases(bases[0]), compare.cases(bases[-1]))) if len(bases) > 1 else {}
+    ratios, control = compare.rounds(bases, news)
     return [{'type': 'ab', 'build': facts.get('build'), 'label': facts.get('label') or None, 'kernel': kernel,
              'rounds': min(len(bases), len(news)), 'cases': count, 'median_ratio': _round(median, 3),
              'max_ratio': _round(largest, 3), 'control_ratio': _round(control[kernel][1], 3) if kernel in control else None}

@@ -205,7 +205,7 @@ def ab_tables(records: list[Record]) -> list[str]:
             continue
         first = lines[0]
         label = f'{first["label"]}: ' if first.get('label') else ''
-        out += ['', f'A/B, {label}{r.link} ({r.env["date"][:10]}, {r.env["gpu"]}, {r.commit}) against `{first["build"]}` in place '
+        out += ['', f'A/B, {label}{r.link} ({r.when}, {r.gpu}, {r.commit}) against `{first["build"]}` in place '
                     f'("new"), {first["rounds"]} rounds each:', '']
         out += table(['kernel', 'cases', 'new / base, median', 'control (base / base)'],
                      [[line['kernel'], str(line['cases']), f'{line["median_ratio"]:.3f}',
