@@ -2,7 +2,7 @@
 
 Forward: out[t, j] = sigmoid(mix[t, j] * scale[0] + base[j]) + pre_eps, the pre weight of
 kernel_src.mhc.pre_split_mixes (the same expression helper). One thread owns one token and moves its n floats
-as one vector, FWD_TOKENS tokens a CTA.
+as one vector, reading the base (16-byte aligned) as one vector too, FWD_TOKENS tokens a CTA.
 
 Backward, with sigma = sigmoid(mix * scale + base) recomputed: dz = grad * sigma (1 - sigma);
 input_grad = dz * scale, base_grad[j] = sum_t dz[t, j], scale_grad = sum_t sum_j dz[t, j] * mix[t, j] (the
@@ -38,15 +38,18 @@ def build_fwd(arch: Arch, mhc: int) -> KernelProgram:
         with T.Kernel(T.ceildiv(num_tokens, FWD_TOKENS), threads=FWD_TOKENS) as pid:
             token = pid * FWD_TOKENS + T.get_thread_binding()
             m = T.alloc_local((n,), T.float32)
+            b = T.alloc_local((n,), T.float32)
             if token < num_tokens:
                 for k in T.vectorized(n):
                     m[k] = input_mix[token, k]
+                for k in T.vectorized(n):
+                    b[k] = base[k]
                 for j in T.unroll(n):
-                    m[j] = pre_mix(m[j], scale[0], base[j], pre_eps)
+                    m[j] = pre_mix(m[j], scale[0], b[j], pre_eps)
                 for k in T.vectorized(n):
                     out[token, k] = m[k]
 
-    return KernelProgram(head_compute_mix_fwd, alignment={'input_mix': 16, 'scale': 4, 'base': 4, 'out': 16})
+    return KernelProgram(head_compute_mix_fwd, alignment={'input_mix': 16, 'scale': 4, 'base': 16, 'out': 16})
 
 
 def build_bwd(arch: Arch, mhc: int) -> KernelProgram:
