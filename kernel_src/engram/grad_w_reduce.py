@@ -1,12 +1,11 @@
 """engram.grad_w_reduce: grad_weight_hidden += gw * weight_embed and grad_weight_embed += gw * weight_hidden,
 where gw = sum over p of grad_w_partial[p] (the fused-weight gradient engram_gate_bwd leaves in partials).
 
-PARTS adjacent lanes own VEC consecutive elements of the hc * H columns. Lane q adds the partials p = q, q + PARTS,
-q + 2 * PARTS, ... in that order (UNROLL loads in flight), then the lanes add their sums by three shuffle steps,
-((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7)) in every lane alike (each add commutes), and lane q < VEC
-updates element q. So the sum depends only on the partials and P, never on the grid. With PARTS lanes a column
-group, a thread's chain of dependent loads is P / (PARTS * UNROLL) rounds long (two at P = 132), and the weights and
-gradients the update reads are loaded before the partials, so their latency hides behind the sum.
+A CTA owns COLUMNS consecutive elements of the hc * H columns, VEC a lane, so each warp load reads 512 contiguous
+bytes of one partial. Warp w adds the partials p = w, w + WARPS, w + 2 * WARPS, ... in that order (UNROLL loads in
+flight: two rounds at P = 132), the warps' sums meet in shared memory, and thread c adds them in warp order,
+((s0 + s1) + s2) + ..., for column c. So the sum depends only on the partials and P, never on the grid. The
+weights and gradients of the update are loaded before the partials, so their latency hides behind the sum.
 P and the column count are run-time (columns a multiple of VEC); the spec is hc.
 """
 
@@ -15,9 +14,10 @@ from tilelang import language as T
 from kernel_src.decl import Arch, KernelDecl, KernelProgram
 from kernel_src.engram.common import HC_PARAMS, check_hc, hc_specs
 
-THREADS = 128
-PARTS = 8  # lanes that share a column group, each summing every PARTS-th partial
-VEC = 4  # fp32 columns a lane group: one 16-byte load a partial; lane q < VEC then updates column q of them
+THREADS = 256
+WARPS = THREADS // 32  # warp w sums every WARPS-th partial
+VEC = 4  # fp32 columns a lane: one 16-byte load a partial
+COLUMNS = 32 * VEC  # columns a CTA
 UNROLL = 16  # partials a lane loads before it adds them
 
 
@@ -32,43 +32,44 @@ def build(arch: Arch, hc: int) -> KernelProgram:
         grad_weight_hidden: T.Tensor[(count,), T.float32],
         grad_weight_embed: T.Tensor[(count,), T.float32],
     ):
-        with T.Kernel(T.ceildiv(count, THREADS // PARTS * VEC), threads=THREADS) as pid:
+        with T.Kernel(T.ceildiv(count, COLUMNS), threads=THREADS) as pid:
             T.assume(count % VEC == 0)
             tid = T.get_thread_binding()
-            q = tid % PARTS
-            first = (pid * (THREADS // PARTS) + tid // PARTS) * VEC
-            column = first + q % VEC
+            warp, lane = tid // 32, tid % 32
+            first = pid * COLUMNS + lane * VEC
+            column = pid * COLUMNS + tid  # the column thread tid < COLUMNS updates
+            sums = T.alloc_shared((WARPS, COLUMNS), T.float32)
             acc = T.alloc_local((VEC,), T.float32)
             loaded = T.alloc_local((UNROLL * VEC,), T.float32)
             update = T.alloc_local((4,), T.float32)  # weight_embed, weight_hidden and the two gradients at `column`
-            for e in T.unroll(VEC):
-                acc[e] = T.float32(0)
-            if first < count:
+            if tid < COLUMNS and column < count:
                 update[0] = T.Cast(T.float32, weight_embed[column])
                 update[1] = T.Cast(T.float32, weight_hidden[column])
                 update[2] = grad_weight_hidden[column]
                 update[3] = grad_weight_embed[column]
-                for group in T.serial(num_partials // (UNROLL * PARTS)):
+            for e in T.unroll(VEC):
+                acc[e] = T.float32(0)
+            if first < count:
+                for group in T.serial(num_partials // (UNROLL * WARPS)):
                     for u in T.unroll(UNROLL):
                         for e in T.vectorized(VEC):
-                            loaded[u * VEC + e] = grad_w_partial[(group * UNROLL + u) * PARTS + q, first + e]
+                            loaded[u * VEC + e] = grad_w_partial[(group * UNROLL + u) * WARPS + warp, first + e]
                     for u in T.unroll(UNROLL):
                         for e in T.unroll(VEC):
                             acc[e] = acc[e] + loaded[u * VEC + e]
-                for p in T.serial(num_partials // (UNROLL * PARTS) * UNROLL * PARTS + q, num_partials, PARTS):
+                for p in T.serial(num_partials // (UNROLL * WARPS) * UNROLL * WARPS + warp, num_partials, WARPS):
                     for e in T.vectorized(VEC):
                         loaded[e] = grad_w_partial[p, first + e]
                     for e in T.unroll(VEC):
                         acc[e] = acc[e] + loaded[e]
-            # Every lane of the warp shuffles (whole lane groups are in or out of range together).
-            for step in T.unroll(3):
-                for e in T.unroll(VEC):
-                    acc[e] = acc[e] + T.shfl_xor(acc[e], 1 << step)
-            if first < count and q < VEC:
+            for e in T.vectorized(VEC):
+                sums[warp, lane * VEC + e] = acc[e]
+            T.sync_threads()
+            if tid < COLUMNS and column < count:
                 gw = T.alloc_var(T.float32)
-                gw = acc[0]
-                for e in T.unroll(1, VEC):
-                    gw = T.if_then_else(q == e, acc[e], gw)
+                gw = sums[0, tid]
+                for w in T.unroll(1, WARPS):
+                    gw = gw + sums[w, tid]
                 grad_weight_hidden[column] = update[2] + gw * update[0]
                 grad_weight_embed[column] = update[3] + gw * update[1]
 
