@@ -27,8 +27,9 @@ UNROLLED = 16  # indices per row loaded together; covers the top-k of every mode
 
 
 @T.macro
-def _count_in_shared(indices, local, num_bins, num_tokens, num_topk, num_blocks, pid):
-    """Grid-stride histogram of indices[:, :num_topk] into this block's shared `local` (num_bins used).
+def _count_in_shared(indices, local, in_range, num_bins, num_tokens, num_topk, num_blocks, pid):
+    """Grid-stride histogram of indices[:, :num_topk] into this block's shared `local` (num_bins used);
+    in_range[0] turns False at an index past the last bin.
 
     A block takes THREADS rows a step and reads their THREADS * num_topk indices in row-major order:
     element j * THREADS + tid goes to thread tid, so a warp's load covers 32 consecutive indices (2-3
@@ -66,17 +67,14 @@ def _count_in_shared(indices, local, num_bins, num_tokens, num_topk, num_blocks,
         # Narrowed once all the loads are issued: a clamp next to its load would wait for it there.
         for j in T.unroll(UNROLLED):
             values[j] = index_as_int32(loaded[j], num_bins)
-        in_range = T.alloc_var(T.bool)
-        in_range = True
         for j in T.unroll(UNROLLED):
-            in_range = in_range and values[j] < num_bins
-        device_assert(in_range)  # one assert for the unrolled indices
+            in_range[0] = in_range[0] and values[j] < num_bins
         for j in T.unroll(UNROLLED):
             if values[j] >= 0 and values[j] < num_bins:
                 T.atomic_add(local[values[j]], 1)
         for j in T.serial(T.max(num_topk - UNROLLED, 0)):
             index = T.if_then_else(row < num_tokens, index_as_int32(indices[row, k], num_bins), -1)
-            device_assert(index < num_bins)
+            in_range[0] = in_range[0] and index < num_bins
             if index >= 0 and index < num_bins:
                 T.atomic_add(local[index], 1)
             row = row + rows_per_pass + T.if_then_else(k + ks_per_pass >= num_topk, 1, 0)
@@ -108,12 +106,15 @@ def build_group_count(arch: Arch, index_dtype: str) -> KernelProgram:
         with T.Kernel(num_blocks, threads=THREADS) as pid:
             tid = T.get_thread_binding()
             local = T.alloc_shared((MAX_BINS,), T.int32)
-            _count_in_shared(group_idx, local, num_groups, num_tokens, num_topk, num_blocks, pid)
+            in_range = T.alloc_local((1,), T.bool)
+            in_range[0] = True
+            _count_in_shared(group_idx, local, in_range, num_groups, num_tokens, num_topk, num_blocks, pid)
             _wait_for_zeroed_output()
             for i in T.serial(T.ceildiv(num_groups, THREADS)):
                 b = i * THREADS + tid
                 if b < num_groups and local[b] > 0:
                     T.atomic_add(out[b], local[b])  # `out` zeroed by the op
+            device_assert(in_range[0])  # last: nothing is live across its call
 
     return KernelProgram(group_count, alignment={'group_idx': 4, 'out': 4})
 
@@ -145,7 +146,9 @@ def build_aux_fi(arch: Arch, index_dtype: str) -> KernelProgram:
         with T.Kernel(num_blocks, threads=THREADS) as pid:
             tid = T.get_thread_binding()
             local = T.alloc_shared((MAX_BINS,), T.int32)
-            _count_in_shared(topk_idx, local, num_experts, num_tokens, num_topk, num_blocks, pid)
+            in_range = T.alloc_local((1,), T.bool)
+            in_range[0] = True
+            _count_in_shared(topk_idx, local, in_range, num_experts, num_tokens, num_topk, num_blocks, pid)
             _wait_for_zeroed_output()
             # A thread's slot atomics are all issued before any result is used: one round trip.
             before = T.alloc_local((MAX_BINS // THREADS,), T.uint64)
@@ -159,6 +162,7 @@ def build_aux_fi(arch: Arch, index_dtype: str) -> KernelProgram:
                     count = T.Cast('int64', before[i] % T.uint64(ARRIVAL)) + T.Cast('int64', local[e])
                     # The integer product is exact; each float conversion and the division round once.
                     out[e] = T.Cast('float32', count * num_experts) / T.Cast('float32', T.Cast('int64', num_tokens) * num_aux_topk)
+            device_assert(in_range[0])  # last: nothing is live across its call
 
     return KernelProgram(aux_fi, alignment={'topk_idx': 4, 'slots': 8, 'out': 4})
 

@@ -42,7 +42,6 @@ def build(arch: Arch, index_dtype: str) -> KernelProgram:
                 in_range = True
                 for k in T.unroll(UNROLLED):
                     in_range = in_range and first[k] < num_groups  # -1 past the top-k
-                device_assert(in_range)  # one assert for the unrolled indices
                 for k in T.unroll(UNROLLED):
                     if k < num_topk:
                         repeat = T.alloc_var(T.bool)
@@ -53,7 +52,7 @@ def build(arch: Arch, index_dtype: str) -> KernelProgram:
                             group_indices[row, k] = T.Cast(index_dtype, -1)
                 for k in T.serial(T.max(num_topk - UNROLLED, 0)):
                     index = index_as_int32(group_indices[row, UNROLLED + k], num_groups)
-                    device_assert(index < num_groups)
+                    in_range = in_range and index < num_groups
                     if index >= 0:
                         repeat = T.alloc_var(T.bool)
                         repeat = False
@@ -63,6 +62,7 @@ def build(arch: Arch, index_dtype: str) -> KernelProgram:
                             repeat = repeat or index_as_int32(group_indices[row, UNROLLED + j], num_groups) == index
                         if repeat:
                             group_indices[row, UNROLLED + k] = T.Cast(index_dtype, -1)
+                device_assert(in_range)  # last: nothing is live across its call
 
     return KernelProgram(inplace_unique_group_indices, alignment={'group_indices': 4})
 

@@ -278,10 +278,10 @@ def build(arch: Arch, num_experts: int, num_topk: int, num_groups: int, num_topk
                                 my_index = my_index - tp_rank * experts_per_rank
                                 my_index = my_index - my_index // experts_per_dp * (experts_per_dp - experts_per_rank)
                                 my_index = T.if_then_else(my_index < 0, -1, my_index)
-                    device_assert(inputs_ok)
                     if lane < num_slots:
                         topk_idx[token, lane] = T.Cast('int64', my_index)
                         topk_weights[token, lane] = my_score
+                    device_assert(inputs_ok)  # last: nothing is live across its call
 
     return KernelProgram(top2_sum_gate, alignment={
         'logits': 16, 'bias': 16, 'mask': 1, 'fix_routing_mask': 1, 'to_physical_map': 4, 'logical_count': 4,

@@ -54,9 +54,9 @@ def build(arch: Arch, num_groups: int, experts_per_group: int, num_topk_sum: int
                 for i in T.unroll(per_lane):
                     finite = finite and (lane + 32 * i >= num_experts or T.isfinite(rows[warp, lane + 32 * i]))
                 rank_groups(rows, warp, lane, num_groups, experts_per_group, num_topk_sum, rank)
-                device_assert(finite)  # after rank_groups' shuffles (see topk_gate)
                 if lane < num_groups and rank[0] < num_topk_groups:
                     group_topk_idx[token, rank[0]] = T.Cast('int64', lane)
+                device_assert(finite)  # last: after rank_groups' shuffles (see topk_gate), nothing live across its call
 
     return KernelProgram(topk_sum_and_topk_group_idx, alignment={'scores': 4, 'group_topk_idx': 8})
 
