@@ -342,10 +342,13 @@ def group_count(group_idx: torch.Tensor, num_groups: int) -> torch.Tensor:
     _checks.integer(op, 'num_groups', num_groups, low=1, high=kernel_constant('moe.group_count', 'max_bins', device))
     if _index_checks.enabled:
         _index_checks.below(op, 'group_idx', group_idx, num_groups, what=f'num_groups ({num_groups})')
-    out = torch.zeros((num_groups,), dtype=torch.int32, device=group_idx.device)
-    if group_idx.numel():
-        kernel = find_kernel('moe.group_count', {'index_dtype': INDEX_DTYPES[group_idx.dtype]}, device)
-        kernel(device, {'group_idx': group_idx, 'out': out}, {'num_blocks': _persistent_blocks(kernel, group_idx.shape[0], device)})
+    if not group_idx.numel():
+        return torch.zeros((num_groups,), dtype=torch.int32, device=group_idx.device)
+    kernel = find_kernel('moe.group_count', {'index_dtype': INDEX_DTYPES[group_idx.dtype]}, device)
+    num_blocks = _persistent_blocks(kernel, group_idx.shape[0], device)
+    # Several blocks add their counts to a zeroed output; one block writes every count itself.
+    out = (torch.empty if num_blocks == 1 else torch.zeros)((num_groups,), dtype=torch.int32, device=group_idx.device)
+    kernel(device, {'group_idx': group_idx, 'out': out}, {'num_blocks': num_blocks})
     return out
 
 
@@ -376,12 +379,27 @@ def aux_fi(topk_idx: torch.Tensor, num_experts: int, num_aux_topk: int) -> torch
     num_tokens = topk_idx.shape[0]
     if num_tokens == 0:
         return torch.zeros((num_experts,), dtype=torch.float32, device=topk_idx.device)  # as upstream
-    out = torch.empty((num_experts,), dtype=torch.float32, device=topk_idx.device)
-    slots = torch.zeros((num_experts,), dtype=torch.int64, device=topk_idx.device)  # blocks arrived << 32 | count
     kernel = find_kernel('moe.aux_fi', {'index_dtype': INDEX_DTYPES[topk_idx.dtype]}, device)
-    kernel(device, {'topk_idx': topk_idx, 'slots': slots, 'out': out},
-           {'num_aux_topk': num_aux_topk, 'num_blocks': _persistent_blocks(kernel, num_tokens, device)})
+    num_blocks = _persistent_blocks(kernel, num_tokens, device)
+    out = torch.empty((num_experts,), dtype=torch.float32, device=topk_idx.device)
+    if num_blocks == 1:  # one block has the whole count and leaves the slots alone
+        slots = _unused_slots(topk_idx.device, num_experts)
+    else:
+        slots = torch.zeros((num_experts,), dtype=torch.int64, device=topk_idx.device)  # blocks arrived << 32 | count
+    kernel(device, {'topk_idx': topk_idx, 'slots': slots, 'out': out}, {'num_aux_topk': num_aux_topk, 'num_blocks': num_blocks})
     return out
+
+
+def _unused_slots(device: torch.device, num_experts: int) -> torch.Tensor:
+    """aux_fi's slots for a grid of one block, which binds them and never touches them: made once per device and
+    expert count, so that a launch plan or a CUDA graph binds them by address."""
+    key = (device, num_experts)
+    if key not in _no_slots:
+        _no_slots[key] = _plans.persistent({'slots': torch.empty((num_experts,), dtype=torch.int64, device=device)})['slots']
+    return _no_slots[key]
+
+
+_no_slots: dict[tuple[torch.device, int], torch.Tensor] = {}
 
 
 @_plans.launch_plan

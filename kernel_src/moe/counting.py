@@ -6,7 +6,9 @@ aux_fi needs the whole count before it can divide, without a second launch or a 
 round trip: each block adds `(1 << 32) + its count` to a 64-bit slot per expert and gets the slot's
 previous value back. The block whose add comes last on that slot sees `num_blocks - 1` arrivals in
 the high half and every other block's count in the low half, and writes
-f_e = count_e * E / (T * num_aux_topk) itself, one rounding per expert. (Upstream adds per-block
+f_e = count_e * E / (T * num_aux_topk) itself, one rounding per expert. A grid of one block (up to
+rows_per_block tokens: decode) has the whole count alone and writes its outputs with plain stores, so the
+op zeroes nothing for it (group_count's output comes from torch.empty, aux_fi's slots go unused). (Upstream adds per-block
 fractions with float atomics, so its result depends on the block order; this one does not.) Negative
 indices are padding and skipped; an index past the last bin fails a device assert and is not counted
 (kernel_src/bounds.py). The top-k, the number
@@ -82,14 +84,15 @@ def _count_in_shared(indices, local, in_range, num_bins, num_tokens, num_topk, n
     T.sync_threads()
 
 
-def _wait_for_zeroed_output():
+def _wait_for_the_kernel_before():
     """cudaGridDependencySynchronize: wait for the kernel before this one on the stream to finish.
 
     The kernels are launched with programmatic stream serialization (PDL; the manifest records it from
-    this call), so they may start while the op's torch.zeros of the global counts is still finishing,
-    and count their indices meanwhile. Only the global atomics wait. The indices themselves are safe
-    to read before the wait: the zero fill was launched without PDL, so whatever wrote the indices had
-    completed before it started, and this kernel cannot start before every block of the fill has run."""
+    this call), so they may start while the kernel before them is still finishing. A grid of several blocks
+    follows the op's torch.zeros of the global counts: it counts its indices meanwhile and only the global
+    atomics wait. The indices are safe to read before the wait: the zero fill was launched without PDL, so
+    whatever wrote the indices had completed before it started, and this kernel cannot start before every
+    block of the fill has run. A grid of one block follows no fill, so it waits before it reads anything."""
     return T.call_intrin('void', tirx.op.Op.get('tl.pdl_sync'))
 
 
@@ -108,12 +111,20 @@ def build_group_count(arch: Arch, index_dtype: str) -> KernelProgram:
             local = T.alloc_shared((MAX_BINS,), T.int32)
             in_range = T.alloc_local((1,), T.bool)
             in_range[0] = True
+            if num_blocks == 1:
+                _wait_for_the_kernel_before()
             _count_in_shared(group_idx, local, in_range, num_groups, num_tokens, num_topk, num_blocks, pid)
-            _wait_for_zeroed_output()
-            for i in T.serial(T.ceildiv(num_groups, THREADS)):
-                b = i * THREADS + tid
-                if b < num_groups and local[b] > 0:
-                    T.atomic_add(out[b], local[b])  # `out` zeroed by the op
+            if num_blocks == 1:
+                for i in T.serial(T.ceildiv(num_groups, THREADS)):
+                    b = i * THREADS + tid
+                    if b < num_groups:
+                        out[b] = local[b]  # the whole count: `out` is not zeroed
+            else:
+                _wait_for_the_kernel_before()
+                for i in T.serial(T.ceildiv(num_groups, THREADS)):
+                    b = i * THREADS + tid
+                    if b < num_groups and local[b] > 0:
+                        T.atomic_add(out[b], local[b])  # `out` zeroed by the op
             device_assert(in_range[0])  # last: nothing is live across its call
 
     return KernelProgram(group_count, alignment={'group_idx': 4, 'out': 4})
@@ -148,20 +159,29 @@ def build_aux_fi(arch: Arch, index_dtype: str) -> KernelProgram:
             local = T.alloc_shared((MAX_BINS,), T.int32)
             in_range = T.alloc_local((1,), T.bool)
             in_range[0] = True
+            if num_blocks == 1:
+                _wait_for_the_kernel_before()
             _count_in_shared(topk_idx, local, in_range, num_experts, num_tokens, num_topk, num_blocks, pid)
-            _wait_for_zeroed_output()
-            # A thread's slot atomics are all issued before any result is used: one round trip.
-            before = T.alloc_local((MAX_BINS // THREADS,), T.uint64)
-            for i in T.unroll(MAX_BINS // THREADS):
-                if i * THREADS + tid < num_experts:
-                    # Every block arrives at every slot, with a count of 0 too: the arrivals tell the last.
-                    before[i] = _global_fetch_add(slots, i * THREADS + tid, T.Cast('uint64', local[i * THREADS + tid]) + T.uint64(ARRIVAL))
-            for i in T.unroll(MAX_BINS // THREADS):
-                e = i * THREADS + tid
-                if e < num_experts and before[i] // T.uint64(ARRIVAL) == T.Cast('uint64', num_blocks - 1):
-                    count = T.Cast('int64', before[i] % T.uint64(ARRIVAL)) + T.Cast('int64', local[e])
-                    # The integer product is exact; each float conversion and the division round once.
-                    out[e] = T.Cast('float32', count * num_experts) / T.Cast('float32', T.Cast('int64', num_tokens) * num_aux_topk)
+            # The integer products are exact; each float conversion and the division round once.
+            total = T.Cast('float32', T.Cast('int64', num_tokens) * num_aux_topk)
+            if num_blocks == 1:
+                for i in T.unroll(MAX_BINS // THREADS):
+                    e = i * THREADS + tid
+                    if e < num_experts:
+                        out[e] = T.Cast('float32', T.Cast('int64', local[e]) * num_experts) / total  # slots unused
+            else:
+                _wait_for_the_kernel_before()
+                # A thread's slot atomics are all issued before any result is used: one round trip.
+                before = T.alloc_local((MAX_BINS // THREADS,), T.uint64)
+                for i in T.unroll(MAX_BINS // THREADS):
+                    if i * THREADS + tid < num_experts:
+                        # Every block arrives at every slot, with a count of 0 too: the arrivals tell the last.
+                        before[i] = _global_fetch_add(slots, i * THREADS + tid, T.Cast('uint64', local[i * THREADS + tid]) + T.uint64(ARRIVAL))
+                for i in T.unroll(MAX_BINS // THREADS):
+                    e = i * THREADS + tid
+                    if e < num_experts and before[i] // T.uint64(ARRIVAL) == T.Cast('uint64', num_blocks - 1):
+                        count = T.Cast('int64', before[i] % T.uint64(ARRIVAL)) + T.Cast('int64', local[e])
+                        out[e] = T.Cast('float32', count * num_experts) / total
             device_assert(in_range[0])  # last: nothing is live across its call
 
     return KernelProgram(aux_fi, alignment={'topk_idx': 4, 'slots': 8, 'out': 4})
