@@ -12,7 +12,7 @@ import torch
 
 import tile_kernels_aot
 from tile_kernels_aot import _checks
-from tile_kernels_aot._launch import _current_stream
+from tile_kernels_aot._launch import _current_device, _current_stream
 from tile_kernels_aot._select import find_kernel
 
 from benchmarks.run import Timer
@@ -30,25 +30,38 @@ def main():
     kernel(0, tensors)  # loads the module and creates this thread's argument block
     launch, fn, pack = kernel.entry.launches[0], kernel.functions(0)[0], kernel._packs.value[0]
     topk_gate = tile_kernels_aot.moe.topk_gate
+    native = kernel._driver.native
     rows = {
         'torch.neg (reference point)': per_call_us(lambda: torch.neg(scores)),
         'torch.empty(1, 8, int64)': per_call_us(lambda: torch.empty((1, 8), dtype=torch.int64, device=scores.device)),
         'argument checks': per_call_us(lambda: (_checks.tensor('op', 'scores', scores, ndim=2, dtypes=(torch.float32,)),
                                                 _checks.integer('op', 'num_topk', 8, low=1, high=32), _checks.inner_contiguous('op', 'scores', scores),
                                                 _checks.on_one_cuda_device('op', scores=scores))),
+        'torch.empty_strided(1, 8)': per_call_us(lambda: torch.empty_strided((1, 8), (8, 1), dtype=torch.int64, device=scores.device)),
+        'torch.empty(1, 8, device=0)': per_call_us(lambda: torch.empty((1, 8), dtype=torch.int64, device=0)),
+        'torch.empty_like(1, 8)': per_call_us(lambda: torch.empty_like(idx)),
+        'scores.new_empty(1, 8)': per_call_us(lambda: scores.new_empty((1, 8), dtype=torch.int64)),
+        'torch.empty(64 bytes) + 2 views': per_call_us(lambda: torch.empty(64, dtype=torch.uint8, device=scores.device).view(torch.int64).view(1, 8)),
+        'a view (as_strided)': per_call_us(lambda: idx.as_strided((1, 8), (8, 1), 0)),
+        'data_ptr()': per_call_us(lambda: idx.data_ptr()),
+        'current device': per_call_us(lambda: _current_device()),
         'find_kernel (memoised)': per_call_us(lambda: find_kernel('moe.topk_gate', {'num_experts': 256, 'num_topk': 8}, 0)),
         'bind': per_call_us(lambda: kernel._plan.bind(tensors, {}, {})),
         'grid + scalars': per_call_us(lambda: kernel._bind_env(launch, pack, kernel._grids[0](env), env)),
         'LoadedKernel.launch (bound)': per_call_us(lambda: kernel.launch(0, pointers, env)),
         'current stream': per_call_us(lambda: _current_stream(0)),
         'cuLaunchKernel via ctypes': per_call_us(lambda: kernel._launch_one(0, launch, fn, (1, 1, 1), _current_stream(0), pack.pointers)),
+        'cuLaunchKernel via the C extension': native and per_call_us(lambda: native.launch(fn.value, (1, 1, 1), launch.block,
+                                                                                         launch.dynamic_smem, _current_stream(0), pack.address)),
         'LoadedKernel call': per_call_us(lambda: kernel(0, tensors)),
         'topk_gate op, in full': per_call_us(lambda: topk_gate.__wrapped__(scores, 8)),
         'topk_gate op (its launch plan)': per_call_us(lambda: topk_gate(scores, 8)),
     }
     for name, us in rows.items():
-        print(f'{name:32s} {us:6.2f} us')
-    for name, call in [('topk_gate', lambda: tile_kernels_aot.moe.topk_gate(scores, 8)), *many_tensor_calls()]:
+        print(f'{name:36s} {us:6.2f} us' if us else f'{name:36s} (no C extension)')
+    weights = torch.rand(1, 8, device='cuda')
+    for name, call in [('topk_gate', lambda: tile_kernels_aot.moe.topk_gate(scores, 8)),
+                       ('normalize_weight', lambda: tile_kernels_aot.moe.normalize_weight(weights)), *many_tensor_calls()]:
         call()
         print(f'\n## {name}: {per_call_us(call):.2f} us a call')
         profile = cProfile.Profile()

@@ -19,10 +19,9 @@ the kernels compute with, so that no int64 value wraps to another valid index. O
 to spare for an assert's call (the bf16 SwiGLU forward, at its register cap): it checks with a predicated
 trap instead (kernel_src/cuda/trap_unless.cuh), which ends the kernel the same way, without the message.
 
-Where an assert's place shows in a kernel's time (the counting, dedup and gating kernels), the kernel gathers its
-checks into a flag and asserts once, after its last store, where no value is live across the assert's call: an
-assert inside a loop or ahead of the stores makes ptxas keep values alive around the call. The masking keeps every
-access in bounds until then. An assert (or trap) ahead of a shuffle makes ptxas compile the shuffle twice, once for
+The counting, dedup and gating kernels gather their checks into a flag and assert once, after their last store,
+where no value is live across the assert's call (an assert inside a loop or ahead of the stores makes ptxas keep
+values alive around the call). The masking keeps every access in bounds until then. An assert (or trap) ahead of a shuffle makes ptxas compile the shuffle twice, once for
 a warp no longer whole, so kernels whose warps shuffle assert after the last one.
 """
 
