@@ -77,17 +77,19 @@ def load_records(folder: Path = MEASUREMENTS) -> list[Record]:
 @dataclasses.dataclass
 class Sources:
     """Which record each kernel's figures come from. The primary record is the newest with benchmark cases; a kernel's
-    cases come from the newest record of the primary's GPU that has them, its comparison with upstream (both sides timed
-    in one run) from the newest record of any GPU that has one, each table naming the GPU of every record it uses."""
+    cases come from the newest record of the primary's GPU that has them, its comparison with upstream and its host
+    times (each row timed against its references in one run) from the newest record of any GPU that has one, each
+    table naming the GPU of every record it uses."""
     primary: Record
     records: list[Record]  # every record, newest first
     cases: dict[str, Record]
     upstream: dict[str, Record]
+    host: dict[str, Record]
 
     @classmethod
     def of(cls, records: list[Record]) -> Sources:
         primary = next((r for r in records if r.of_type('case')), records[0])
-        pools = {'case': [r for r in records if r.gpu == primary.gpu], 'upstream': records}
+        pools = {'case': [r for r in records if r.gpu == primary.gpu], 'upstream': records, 'host': records}
         picked: dict[str, dict[str, Record]] = {}
         for kind, pool in pools.items():
             chosen: dict[str, Record] = {}
@@ -97,10 +99,11 @@ class Sources:
             # Kernels in the order of the record that measured the most of them (a full run's manifest order).
             order = dict.fromkeys(k for r in sorted(pool, key=lambda r: -len(r.kernels(kind))) for k in r.kernels(kind))
             picked[kind] = {k: chosen[k] for k in order}
-        return cls(primary, records, picked['case'], picked['upstream'])
+        return cls(primary, records, picked['case'], picked['upstream'], picked['host'])
 
     def used(self) -> list[Record]:
-        return [r for r in self.records if r is self.primary or r in self.cases.values() or r in self.upstream.values()]
+        return [r for r in self.records
+                if r is self.primary or r in self.cases.values() or r in self.upstream.values() or r in self.host.values()]
 
 
 def main_record(by_kernel: dict[str, Record]) -> Record:
@@ -260,7 +263,8 @@ def records_table(sources: Sources) -> list[str]:
     for r in sources.used():
         e = r.env
         tests = next(iter(r.of_type('tests')), None)
-        use = '; '.join(filter(None, (uses(r, sources.cases, 'the cases'), uses(r, sources.upstream, 'the comparison with upstream'))))
+        use = '; '.join(filter(None, (uses(r, sources.cases, 'the cases'), uses(r, sources.upstream, 'the comparison with upstream'),
+                                      uses(r, sources.host, 'the host times'))))
         rows.append([
             r.link, e['date'][:16].replace('T', ' '), e['gpu'], e.get('driver') or '—', f'{e.get("torch")} / CUDA {e.get("cuda")}', r.commit,
             f'{e["copy_gbs"]:.0f}' if e.get('copy_gbs') else '—',
@@ -343,20 +347,22 @@ def ep_moe_table(record: Record) -> list[str]:
             *table(['ranks', 'tokens per rank', 'layer', 'step (ms)', 'tokens/s', 'our kernels, ms', 'NCCL, ms', 'expert GEMMs, ms'], rows), '']
 
 
-def host_table(record: Record) -> list[str]:
-    """benchmarks.host_overhead's cases in one record: host us per call, ours against torch and upstream."""
+def host_table(sources: Sources) -> list[str]:
+    """benchmarks.host_overhead's cases, each op's from the newest record that has it: host us per call, ours against
+    torch and upstream timed in the same process."""
     rows = []
-    for line in record.of_type('host'):
+    for line in (x for kernel, record in sources.host.items() for x in record.of_type('host') if x['kernel'] == kernel):
         upstream, in_full, through_ctypes = line.get('upstream_us'), line.get('ours_in_full_us'), line.get('ours_ctypes_us')
         rows.append([line['kernel'].split('.', 1)[1], line['shape'], f'{line["ours_us"]:.1f}', f'{in_full:.1f}' if in_full else '—',
                      f'{through_ctypes:.1f}' if through_ctypes else '—', f'{line["torch_us"]:.1f}', f'{line["ours_us"] / line["torch_us"]:.2f}', f'{upstream:.1f}' if upstream else '—',
                      f'{line["ours_us"] / upstream:.2f}' if upstream else '—'])
+    tokens = '/'.join(str(t) for t in dict.fromkeys(x['tokens'] for r in dict.fromkeys(sources.host.values()) for x in r.of_type('host')))
     return ['## Host time per call', '',
-            wrap(f'benchmarks/host_overhead.py at {record.of_type("host")[0]["tokens"]} tokens: a loop of 2000 calls timed on the host, '
+            wrap(f'benchmarks/host_overhead.py at {tokens} tokens: a loop of 2000 calls timed on the host, '
                  'the lowest of three interleaved rounds; "in full" is the op with launch plans off (every call checks its arguments '
                  'again), "via ctypes" the op with the driver call made through ctypes instead of the runtime\'s C extension, '
                  '"torch" is torch.neg on the op\'s largest floating-point input, in the same '
-                 f'process. From {record.link} ({record.gpu}), {record.when}, commit {record.commit}.'), '',
+                 f'process, each row\'s references timed in its own run. Measured {measured_on(sources.host)}.'), '',
             *table(['op', 'case', 'ours (us)', 'in full (us)', 'via ctypes (us)', 'torch (us)', 'ours / torch', 'upstream (us)', 'ours / upstream'], rows), '']
 
 
@@ -389,9 +395,8 @@ def benchmarks_md(sources: Sources) -> str:
     cold = next((r for r in sources.records if r.of_type('cold_start')), None)
     if cold is not None:
         out += cold_start_table(cold)
-    host = next((r for r in sources.records if r.of_type('host')), None)
-    if host is not None:
-        out += host_table(host)
+    if sources.host:
+        out += host_table(sources)
     ep_moe = next((r for r in sources.records if r.of_type('ep_moe')), None)
     if ep_moe is not None:
         out += ep_moe_table(ep_moe)

@@ -47,3 +47,19 @@ def test_record_and_report_carry_the_rows(tmp_path):
     section = md.split('## Host time per call')[1]
     assert '| topk_gate | E256 K8 | 12.3 | 30.0 | 13.5 | 8.2 | 1.51 | 40.0 | 0.31 |' in section
     assert '| per_token_cast | bf16 H7168 | 12.3 | — | — | 8.2 | 1.51 | — | — |' in section
+
+
+def test_each_ops_host_rows_come_from_the_newest_record_that_timed_it(tmp_path):
+    out = write_out_dir(tmp_path / 'out')
+    other = dict(ROW, kernel='quant.per_token_cast', shape='bf16 H7168')
+    (out / 'host.jsonl').write_text(json.dumps(ROW) + '\n' + json.dumps(other) + '\n')
+    older = record.condense(out)
+    _write_record(tmp_path / 'm', '2026-12-24-h200', older)
+    newer_env = dict(older[0], date='2026-12-25T09:00:00Z', commit='5678def', gpu='NVIDIA H100 80GB HBM3')
+    newer_row = {'type': 'host', **{k: v for k, v in ROW.items() if k != 'what'}, 'ours_us': 9.0}
+    _write_record(tmp_path / 'm', '2026-12-25-h100', [newer_env, newer_row])
+    md = report.benchmarks_md(report.Sources.of(report.load_records(tmp_path / 'm')))
+    section = md.split('## Host time per call')[1]
+    assert '| topk_gate | E256 K8 | 9.0 |' in section and '| topk_gate | E256 K8 | 12.3 |' not in section
+    assert '| per_token_cast | bf16 H7168 | 12.3 |' in section  # only the older record timed it
+    assert 'NVIDIA H100 80GB HBM3' in section and '`5678def`' in section
