@@ -120,20 +120,13 @@ for step in $steps; do
            # with AB_BUILD's kernels in place (benchmarks.overlay); AB_KERNELS (default KERNELS) timed on each in turn,
            # AB_ROUNDS times (default 2: base, new, base, new), then compared (benchmarks.compare: medians over the rounds,
            # and the control, the last base round against the first); AB_LABEL says what the A/B measures (e.g. "device
-           # checks"); AB_TESTS (a pytest selection) run on the overlay. AB_BASE_BUILD, where set, is overlaid on the base side
-           # the same way, so that two builds are compared on one installed package.
-           rm -rf /tmp/tk-ab /tmp/tk-ab-base && python3 -m benchmarks.overlay "$SITE/tile_kernels_aot_sm90a" "$OLDPWD/$AB_BUILD" /tmp/tk-ab | tee "$OUT/ab.log"
-           base_dirs=
-           if [ -n "${AB_BASE_BUILD:-}" ]; then
-             python3 -m benchmarks.overlay "$SITE/tile_kernels_aot_sm90a" "$OLDPWD/$AB_BASE_BUILD" /tmp/tk-ab-base | tee -a "$OUT/ab.log"
-             base_dirs=/tmp/tk-ab-base
-           fi
+           # checks"); AB_TESTS (a pytest selection) run on the overlay.
+           rm -rf /tmp/tk-ab && python3 -m benchmarks.overlay "$SITE/tile_kernels_aot_sm90a" "$OLDPWD/$AB_BUILD" /tmp/tk-ab | tee "$OUT/ab.log"
            python3 -c 'import json, sys; print(json.dumps(dict(zip(("build", "label", "kernels"), sys.argv[1:]))))' \
              "$AB_BUILD" "${AB_LABEL:-}" "${AB_KERNELS:-$KERNELS}" > "$OUT/ab.json"
            bases=; news=
            for round in $(seq "${AB_ROUNDS:-2}"); do
-             TILE_KERNELS_AOT_KERNEL_DIRS=$base_dirs timeout ${AB_TIMEOUT:-150} python3 -m benchmarks.run --kernels "${AB_KERNELS:-$KERNELS}" \
-               --out "$OUT/ab-base-$round.jsonl" >> "$OUT/ab.log" 2>&1
+             timeout ${AB_TIMEOUT:-150} python3 -m benchmarks.run --kernels "${AB_KERNELS:-$KERNELS}" --out "$OUT/ab-base-$round.jsonl" >> "$OUT/ab.log" 2>&1
              TILE_KERNELS_AOT_KERNEL_DIRS=/tmp/tk-ab timeout ${AB_TIMEOUT:-150} python3 -m benchmarks.run --kernels "${AB_KERNELS:-$KERNELS}" \
                --out "$OUT/ab-new-$round.jsonl" >> "$OUT/ab.log" 2>&1
              bases=$bases${bases:+,}$OUT/ab-base-$round.jsonl; news=$news${news:+,}$OUT/ab-new-$round.jsonl

@@ -21,8 +21,9 @@ trap instead (kernel_src/cuda/trap_unless.cuh), which ends the kernel the same w
 
 The counting, dedup and gating kernels gather their checks into a flag and assert once, after their last store,
 where no value is live across the assert's call (an assert inside a loop or ahead of the stores makes ptxas keep
-values alive around the call). The masking keeps every access in bounds until then. An assert (or trap) ahead of a shuffle makes ptxas compile the shuffle twice, once for
-a warp no longer whole, so kernels whose warps shuffle assert after the last one.
+values alive around the call). The masking keeps every access in bounds until then. An assert (or trap) ahead of
+a shuffle makes ptxas compile the shuffle twice, once for a warp no longer whole, so kernels whose warps shuffle
+assert after the last one.
 """
 
 import tilelang  # noqa: F401 - puts tilelang's bundled tvm on the path before `tvm` is imported

@@ -8,10 +8,10 @@ previous value back. The block whose add comes last on that slot sees `num_block
 the high half and every other block's count in the low half, and writes
 f_e = count_e * E / (T * num_aux_topk) itself, one rounding per expert. A grid of one block (up to
 rows_per_block tokens: decode) has the whole count alone and writes its outputs with plain stores, so the
-op zeroes nothing for it (group_count's output comes from torch.empty, aux_fi's slots go unused). (Upstream adds per-block
-fractions with float atomics, so its result depends on the block order; this one does not.) Negative
-indices are padding and skipped; an index past the last bin fails a device assert and is not counted
-(kernel_src/bounds.py). The top-k, the number
+op zeroes nothing for it (group_count's output comes from torch.empty, aux_fi's slots go unused).
+(Upstream adds per-block fractions with float atomics, so its result depends on the block order; this
+one does not.) Negative indices are padding and skipped; an index past the last bin fails a device
+assert and is not counted (kernel_src/bounds.py). The top-k, the number
 of experts (up to MAX_BINS) and the block count are run-time arguments: one binary serves every model
 and every GPU size.
 """
