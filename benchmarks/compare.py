@@ -3,7 +3,7 @@
     python -m benchmarks.compare BASE NEW [--kernels GLOB] [--limit 1.02]
 
 BASE and NEW are bench.jsonl files (benchmarks.run --out) or records in docs/measurements, or comma-separated lists
-of them: runs of one side taken in turn with the other's (base, new, base, new, ...), each case's time being the
+of them: runs of one side taken in turn with the other's (base, new, new, base, ...), each case's time being the
 median over its side's runs. Cases are matched by kernel, spec, shape and token count; each gives NEW / BASE. The
 summary gives, per kernel, the median and the largest ratio, and the exit status is 1 when a kernel's median ratio is
 above --limit. With two or more BASE runs it also gives each kernel's median ratio of the last BASE run to the first
