@@ -1,8 +1,8 @@
 """mhc.head_compute_mix_fwd and mhc.head_compute_mix_bwd: the head's stream weights from its mixes (T, n).
 
 Forward: out[t, j] = sigmoid(mix[t, j] * scale[0] + base[j]) + pre_eps, the pre weight of
-kernel_src.mhc.pre_split_mixes (the same expression helper). One thread owns one token and moves its n floats
-as one vector, reading the base (16-byte aligned) as one vector too, FWD_TOKENS tokens a CTA.
+kernel_src.mhc.pre_split_mixes (the same expression helper). One thread owns one element, FWD_TOKENS tokens a
+CTA: a warp reads and writes 32 consecutive floats, and each thread has one sigmoid on its path.
 
 Backward, with sigma = sigmoid(mix * scale + base) recomputed: dz = grad * sigma (1 - sigma);
 input_grad = dz * scale, base_grad[j] = sum_t dz[t, j], scale_grad = sum_t sum_j dz[t, j] * mix[t, j] (the
@@ -20,7 +20,7 @@ from kernel_src.mhc import chunk_sums
 from kernel_src.mhc.chunk_sums import CHUNK, WARP
 from kernel_src.mhc.pre_split_mixes import check, pre_mix
 
-FWD_TOKENS = 32  # threads (tokens) of a forward CTA: one warp, so that T = 8192 fills every SM
+FWD_TOKENS = 32  # tokens of a forward CTA (32 * mhc threads)
 
 
 def build_fwd(arch: Arch, mhc: int) -> KernelProgram:
@@ -35,19 +35,12 @@ def build_fwd(arch: Arch, mhc: int) -> KernelProgram:
         out: T.Tensor[(num_tokens, n), T.float32],
         pre_eps: T.float32,
     ):
-        with T.Kernel(T.ceildiv(num_tokens, FWD_TOKENS), threads=FWD_TOKENS) as pid:
-            token = pid * FWD_TOKENS + T.get_thread_binding()
-            m = T.alloc_local((n,), T.float32)
-            b = T.alloc_local((n,), T.float32)
+        with T.Kernel(T.ceildiv(num_tokens, FWD_TOKENS), threads=FWD_TOKENS * n) as pid:
+            tid = T.get_thread_binding()
+            token = pid * FWD_TOKENS + tid // n
+            j = tid % n
             if token < num_tokens:
-                for k in T.vectorized(n):
-                    m[k] = input_mix[token, k]
-                for k in T.vectorized(n):
-                    b[k] = base[k]
-                for j in T.unroll(n):
-                    m[j] = pre_mix(m[j], scale[0], b[j], pre_eps)
-                for k in T.vectorized(n):
-                    out[token, k] = m[k]
+                out[token, j] = pre_mix(input_mix[token, j], scale[0], base[j], pre_eps)
 
     return KernelProgram(head_compute_mix_fwd, alignment={'input_mix': 16, 'scale': 4, 'base': 16, 'out': 16})
 
