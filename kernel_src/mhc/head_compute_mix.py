@@ -42,7 +42,7 @@ def build_fwd(arch: Arch, mhc: int) -> KernelProgram:
             if token < num_tokens:
                 out[token, j] = pre_mix(input_mix[token, j], scale[0], base[j], pre_eps)
 
-    return KernelProgram(head_compute_mix_fwd, alignment={'input_mix': 16, 'scale': 4, 'base': 16, 'out': 16})
+    return KernelProgram(head_compute_mix_fwd, alignment={'input_mix': 16, 'scale': 4, 'base': 4, 'out': 16})
 
 
 def build_bwd(arch: Arch, mhc: int) -> KernelProgram:

@@ -32,7 +32,8 @@ def _check_step(op: str, residual, fn, scale, base, norm_weight, norm_eps: float
     pre = sinkhorn_repeat is not None
     checks.vector(op, 'scale', scale, 3 if pre else 1)
     checks.vector(op, 'base', base, mix_count(mhc_mult) if pre else mhc_mult)
-    checks.contiguous_aligned(op, 'base', base)  # the split (or head) kernel reads it in vectors
+    if pre:
+        checks.contiguous_aligned(op, 'base', base)  # pre_split_mixes_fwd reads it in vectors
     for name, value in floats.items():
         _checks.real(op, name, value)
     if pre:
