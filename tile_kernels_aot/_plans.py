@@ -18,7 +18,7 @@ or a manifest asks for is a power of two up to 256 bytes), each other argument's
 A signature is remembered as not replayable, and its calls run in full, when its call reads tensor values on the
 host (``.item()``, an op whose output shape depends on values, an index check), when an op marks a host sync or a
 Python side effect with :func:`not_replayable`, when a torch op or a launch reads a tensor the call did not get or
-make (other than one registered with :func:`persistent`), or when its argument tensors share memory, where a
+make (other than an op's :func:`stand_ins`), or when its argument tensors share memory, where a
 launched buffer cannot be told apart as one argument's or another's.
 
 A plan keeps no tensor of a call: sizes, dtypes, offsets, torch ops, the loaded binary and its bound dims.
@@ -32,7 +32,7 @@ from __future__ import annotations
 import functools
 import math
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 
 import torch
 from torch.compiler import is_compiling
@@ -196,14 +196,22 @@ def _upload(addresses: list[int], device: torch.device) -> torch.Tensor:
     return torch.tensor(addresses, dtype=torch.int64, pin_memory=device.type == 'cuda').to(device, non_blocking=True)
 
 
-def persistent(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Register tensors an op makes once and binds on every call (stand-ins for absent optional arguments): a plan
-    launches them by their address. Returns `tensors`."""
-    for t in tensors.values():
-        _persistent[t.untyped_storage().data_ptr()] = t
-    return tensors
+def stand_ins(key: Hashable, make: Callable[[], dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """The tensors an op binds in place of absent optional arguments (or a scratch its kernel never touches), made by
+    `make` once per `key` (the op, its device and what sizes them) and kept: a launch plan launches them by their
+    address, and a CUDA graph captured with them stays valid."""
+    made = _stand_ins.get(key)
+    if made is None:
+        with _lock:
+            made = _stand_ins.get(key)
+            if made is None:
+                made = _stand_ins[key] = make()
+                for t in made.values():
+                    _persistent[t.untyped_storage().data_ptr()] = t
+    return made
 
 
+_stand_ins: dict = {}
 _persistent: dict[int, torch.Tensor] = {}
 
 

@@ -95,20 +95,17 @@ def topk_sum_and_topk_group_idx(scores: torch.Tensor, num_topk_sum: int, num_top
 
 SCORING_FUNCS = ('sigmoid', 'sqrtsoftplus', 'softmax')  # top2_sum_gate's; the kernel's run-time id of each is its constant scoring_<name>
 MAX_GATE_EXPERTS = 1024  # top2_sum_gate: a warp holds a token's scores in registers
-_absent: dict = {}  # (device, num_topk) -> one-element stand-ins for top2_sum_gate's optional tensors
 
 
 def _placeholders(device: torch.device, num_topk: int) -> dict[str, torch.Tensor]:
-    """Tensors the kernel binds but never reads when the matching has_* flag is 0. Made once per device,
-    so that CUDA graphs captured with them stay valid."""
-    key = (device, num_topk)
-    if key not in _absent:
+    """top2_sum_gate's stand-ins for its optional tensors, which the kernel binds but never reads when the matching
+    has_* flag is 0."""
+    def make():
         flag = torch.zeros((1,), dtype=torch.bool, device=device)
         count = torch.ones((1,), dtype=torch.int32, device=device)
-        _absent[key] = _plans.persistent({
-            'mask': flag, 'fix_routing_mask': flag, 'to_physical_map': count.view(1, 1), 'logical_count': count,
-            'unmapped_topk_idx': torch.zeros((1, num_topk), dtype=torch.int64, device=device)})
-    return _absent[key]
+        return {'mask': flag, 'fix_routing_mask': flag, 'to_physical_map': count.view(1, 1), 'logical_count': count,
+                'unmapped_topk_idx': torch.zeros((1, num_topk), dtype=torch.int64, device=device)}
+    return _plans.stand_ins(('top2_sum_gate', device, num_topk), make)
 
 
 def _optional(op: str, name: str, t: object, shape: tuple[int, ...], dtype: torch.dtype) -> None:
@@ -391,15 +388,9 @@ def aux_fi(topk_idx: torch.Tensor, num_experts: int, num_aux_topk: int) -> torch
 
 
 def _unused_slots(device: torch.device, num_experts: int) -> torch.Tensor:
-    """aux_fi's slots for a grid of one block, which binds them and never touches them: made once per device and
-    expert count, so that a launch plan or a CUDA graph binds them by address."""
-    key = (device, num_experts)
-    if key not in _no_slots:
-        _no_slots[key] = _plans.persistent({'slots': torch.empty((num_experts,), dtype=torch.int64, device=device)})['slots']
-    return _no_slots[key]
-
-
-_no_slots: dict[tuple[torch.device, int], torch.Tensor] = {}
+    """aux_fi's slots for a grid of one block, which binds them and never touches them."""
+    return _plans.stand_ins(('aux_fi', device, num_experts),
+                            lambda: {'slots': torch.empty((num_experts,), dtype=torch.int64, device=device)})['slots']
 
 
 @_plans.launch_plan
@@ -465,16 +456,14 @@ def mask_indices_by_tp(indices: torch.Tensor, n: int, num_ep_ranks: int, tp_rank
 _INT32_LIMIT = 2**31 - 1  # positions and flat pair indices are int32 in the kernels
 _EXPAND_CARRIERS = {1: torch.uint8, 2: torch.float16, 4: torch.int32}  # bit-for-bit stand-ins by element size
 _REDUCE_IN = {torch.float32: 'float32', torch.bfloat16: 'bfloat16'}
-_fused_absent: dict = {}  # device -> stand-ins for absent optional tensors, never read by the kernels
 
 
 def _fused_placeholders(device: torch.device) -> dict[str, torch.Tensor]:
-    """Made once per device, so that CUDA graphs captured with them stay valid."""
-    if device not in _fused_absent:
+    """The fused-layout ops' stand-ins for absent optional tensors, never read by the kernels."""
+    def make():
         one = torch.ones((1,), dtype=torch.float32, device=device)
-        _fused_absent[device] = _plans.persistent({'no_sf': torch.empty((1, 0), dtype=torch.int32, device=device), 'one': one,
-                                                   'one_2d': one.view(1, 1)})
-    return _fused_absent[device]
+        return {'no_sf': torch.empty((1, 0), dtype=torch.int32, device=device), 'one': one, 'one_2d': one.view(1, 1)}
+    return _plans.stand_ins(('fused layout', device), make)
 
 
 def _contiguous(op: str, name: str, t: torch.Tensor) -> None:

@@ -263,8 +263,9 @@ def test_a_nested_op_runs_in_full_inside_the_recorded_call_and_its_launch_is_rep
     assert full_calls['outer'] == 2 and full_calls['demo'] == 2  # demo runs inside outer's two full calls only
 
 
-def test_a_persistent_tensor_is_launched_at_its_address(launches):
-    standing = _plans.persistent({'out': torch.empty(3, 2)})['out']
+def test_a_stand_in_is_launched_at_its_address(launches):
+    standing = _plans.stand_ins('test stand-in', lambda: {'out': torch.empty(3, 2)})['out']
+    assert _plans.stand_ins('test stand-in', lambda: {'out': torch.empty(3, 2)})['out'] is standing  # made once
 
     @_plans.launch_plan
     def into_standing(x):

@@ -38,18 +38,16 @@ from tile_kernels_aot.quant._common import (
 _E4M3_FLOOR = 1e-4  # amax floor of e4m3 scale factors (upstream's clamp_min)
 _FMT_WHY = ' (the only format upstream fuses with SwiGLU)'
 _FWD_KERNEL = 'quant.swiglu_forward_and_per_token_cast'
-_absent: dict = {}
 
 
 def _placeholders(device: torch.device) -> dict[str, torch.Tensor]:
-    """Tensors the forward kernel binds but never touches when the matching flag is 0; made once per
-    device, so that CUDA graphs captured with them stay valid."""
-    if device not in _absent:
+    """Stand-ins for the tensors the forward kernel binds but never touches when the matching flag is 0."""
+    def make():
         index = torch.zeros((1,), dtype=torch.int32, device=device)
-        _absent[device] = _plans.persistent({'pos_to_token_topk': index, 'pos_to_expert': index,
-                                             'topk_weights': torch.zeros((1,), dtype=torch.float32, device=device),
-                                             'clamped_count': torch.zeros((3,), dtype=torch.int64, device=device)})
-    return _absent[device]
+        return {'pos_to_token_topk': index, 'pos_to_expert': index,
+                'topk_weights': torch.zeros((1,), dtype=torch.float32, device=device),
+                'clamped_count': torch.zeros((3,), dtype=torch.int64, device=device)}
+    return _plans.stand_ins(('swiglu_forward_and_per_token_cast', device), make)
 
 
 def _check_float(op: str, name: str, value: object, *, positive: bool = False) -> Optional[float]:
