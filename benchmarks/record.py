@@ -21,7 +21,7 @@ The record is one JSON object a line, each with a "type":
                their fractions of copy, whether the results matched, upstream's first call; or the error
   error        a kernel the benchmark step could not time (no case for an installed kernel)
   cold_start   the processes of benchmarks/cold_start.py, ms
-  tests        passed, failed, skipped and errors of the GPU tests (junit.xml, else pytest's last line)
+  tests        passed, failed, skipped and errors of the GPU tests (junit.xml and junit-alone.xml, else pytest's last line)
   sanitizer    per compute-sanitizer tool: the kernel selection where logged, specs and cases run, errors, exit status
   host         one case of benchmarks.host_overhead: host us per call of ours, of torch.neg on its input, of upstream's
   adversarial  per sanitizer (or none) of benchmarks.adversarial: bad-index cases run and held, invalid accesses reported,
@@ -110,10 +110,12 @@ def upstream_line(row: dict) -> dict:
 
 
 def test_counts(out_dir: Path) -> dict | None:
-    junit, log = out_dir / 'junit.xml', out_dir / 'pytest.log'
-    if junit.is_file():
-        root = ET.parse(junit).getroot()
-        suites = [root] if root.tag == 'testsuite' else list(root.iter('testsuite'))
+    junits, log = sorted(out_dir.glob('junit*.xml')), out_dir / 'pytest.log'  # junit-alone.xml: the tests run after the workers
+    if junits:
+        suites = []
+        for junit in junits:
+            root = ET.parse(junit).getroot()
+            suites += [root] if root.tag == 'testsuite' else list(root.iter('testsuite'))
         total = {k: sum(int(s.get(k, 0)) for s in suites) for k in ('tests', 'failures', 'errors', 'skipped')}
         return {'type': 'tests', 'passed': total['tests'] - total['failures'] - total['errors'] - total['skipped'], 'failed': total['failures'],
                 'skipped': total['skipped'], 'errors': total['errors'], 'seconds': _round(sum(float(s.get('time', 0)) for s in suites), 1)}

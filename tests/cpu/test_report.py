@@ -132,6 +132,14 @@ def test_record_condenses_an_ab_of_rounds_with_its_control(tmp_path):
     assert '| moe.aux_fi | 1 | 0.902 | 1.040 |' in region and 'device checks' in region
 
 
+def test_record_adds_the_tests_run_alone_to_the_workers_tests(tmp_path):
+    out = write_out_dir(tmp_path / 'out')
+    (out / 'junit-alone.xml').write_text(JUNIT.replace('failures="2" skipped="1" tests="10" time="50.25"',
+                                                       'failures="0" skipped="0" tests="3" time="9.75"'))
+    tests = next(line for line in record.condense(out) if line['type'] == 'tests')
+    assert tests == {'type': 'tests', 'passed': 10, 'failed': 2, 'skipped': 1, 'errors': 0, 'seconds': 60.0}
+
+
 def test_record_reads_pytests_last_line_without_junit_and_needs_a_commit(tmp_path):
     out = write_out_dir(tmp_path / 'out', junit=False)
     tests = next(line for line in record.condense(out) if line['type'] == 'tests')
