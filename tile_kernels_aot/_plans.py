@@ -207,12 +207,12 @@ def stand_ins(key: Hashable, make: Callable[[], dict[str, torch.Tensor]]) -> dic
             if made is None:
                 made = _stand_ins[key] = make()
                 for t in made.values():
-                    _persistent[t.untyped_storage().data_ptr()] = t
+                    _stand_in_storages[t.untyped_storage().data_ptr()] = t
     return made
 
 
 _stand_ins: dict = {}
-_persistent: dict[int, torch.Tensor] = {}
+_stand_in_storages: dict[int, torch.Tensor] = {}  # storage address -> a stand-in on it
 
 
 class _Ref:
@@ -309,12 +309,12 @@ class _Recorder(TorchDispatchMode):
         return out
 
     def _template(self, value: object) -> object:
-        """`value` with each tensor replaced by a _Ref to its number (a registered persistent tensor stays itself)."""
+        """`value` with each tensor replaced by a _Ref to its number (a stand-in stays itself)."""
         if isinstance(value, torch.Tensor):
             index = self.number.get(id(value))
             if index is not None:
                 return _Ref(index)
-            if _persistent.get(value.untyped_storage().data_ptr()) is value:
+            if _stand_in_storages.get(value.untyped_storage().data_ptr()) is value:
                 return value
             raise _Unplannable('a torch op reads a tensor made before the call')
         kind = type(value)
@@ -358,13 +358,13 @@ class _Recorder(TorchDispatchMode):
                 same.append((owner, index))
 
         def buffer(t: torch.Tensor) -> tuple[int, int]:
-            """A launched buffer as (tensor number, byte offset), or (-1, its address) for a persistent tensor's memory."""
+            """A launched buffer as (tensor number, byte offset), or (-1, its address) for a stand-in's memory."""
             storage = t.untyped_storage()
             index = by_storage.get(storage.data_ptr()) if storage.nbytes() else None
             if index is None:
                 if t.numel() == 0:
                     return -1, 0  # no memory is read or written: any pointer serves
-                if storage.data_ptr() in _persistent:
+                if storage.data_ptr() in _stand_in_storages:
                     return -1, t.data_ptr()
                 raise _Unplannable('a launched buffer is neither an argument nor made by the call')
             offset = t.data_ptr() - tensors[index].data_ptr()
