@@ -54,7 +54,7 @@ for step in $steps; do
            # process's hung kernel can keep the GPU busy and slow every later measurement), so the run stops there.
            # A device call lasts at most 600 s: split a long selection over calls with TESTS.
            # TESTS_WORKERS=N spreads the tests over N processes (pytest-xdist, from .whl/), which share the GPU; the tests
-           # marked `alone` (they measure device-wide memory) then run in one process after them.
+           # marked `alone` (device-wide memory checks, the largest allocations) then run in one process after them.
            workers=; [ -n "${TESTS_WORKERS:-}" ] && python3 -c 'import xdist' 2>/dev/null && workers="-n $TESTS_WORKERS"
            if [ -n "$workers" ]; then
              timeout "${TESTS_TIMEOUT:-540}" python3 -m pytest $TESTS $workers -m 'not alone' -q -p no:cacheprovider -rfEs --junitxml="$OUT/junit.xml" 2>&1 | tee "$OUT/pytest.log" | tail -n 25

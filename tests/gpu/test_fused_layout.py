@@ -138,6 +138,7 @@ def _padded_rows(n: int, hidden: int, dtype: torch.dtype, p2e: torch.Tensor, row
     return x
 
 
+@pytest.mark.alone  # about 80k expanded rows of 7168 floats, several copies: beside other workers it runs out of memory
 @pytest.mark.parametrize('spec', installed_specs('moe.reduce_fused'))
 @pytest.mark.parametrize('num_tokens', TOKEN_COUNTS)
 @pytest.mark.parametrize('num_topk', (6, 8, 9))
