@@ -56,17 +56,13 @@ for step in $steps; do
            # TESTS_WORKERS=N spreads the tests over N processes (pytest-xdist, from .whl/), which share the GPU; the tests
            # marked `alone` (device-wide memory checks, the largest allocations) then run in one process after them.
            workers=; [ -n "${TESTS_WORKERS:-}" ] && python3 -c 'import xdist' 2>/dev/null && workers="-n $TESTS_WORKERS"
-           if [ -n "$workers" ]; then
-             timeout "${TESTS_TIMEOUT:-540}" python3 -m pytest $TESTS $workers -m 'not alone' -q -p no:cacheprovider -rfEs --junitxml="$OUT/junit.xml" 2>&1 | tee "$OUT/pytest.log" | tail -n 25
-             rc=${PIPESTATUS[0]}
-             if [ $rc -ne 124 ]; then
-               timeout 300 python3 -m pytest $TESTS -m alone -q -p no:cacheprovider -rfEs --junitxml="$OUT/junit-alone.xml" 2>&1 | tee -a "$OUT/pytest.log" | tail -n 5
-               alone=${PIPESTATUS[0]}
-               [ $alone -ne 0 ] && [ $alone -ne 5 ] && rc=$alone  # 5: the selection has no such test
-             fi
-           else
-             timeout "${TESTS_TIMEOUT:-540}" python3 -m pytest $TESTS -q -p no:cacheprovider -rfEs --junitxml="$OUT/junit.xml" 2>&1 | tee "$OUT/pytest.log" | tail -n 25
-             rc=${PIPESTATUS[0]}
+           marks=(); [ -n "$workers" ] && marks=(-m 'not alone')
+           timeout "${TESTS_TIMEOUT:-540}" python3 -m pytest $TESTS $workers "${marks[@]}" -q -p no:cacheprovider -rfEs --junitxml="$OUT/junit.xml" 2>&1 | tee "$OUT/pytest.log" | tail -n 25
+           rc=${PIPESTATUS[0]}
+           if [ -n "$workers" ] && [ $rc -ne 124 ]; then
+             timeout 300 python3 -m pytest $TESTS -m alone -q -p no:cacheprovider -rfEs --junitxml="$OUT/junit-alone.xml" 2>&1 | tee -a "$OUT/pytest.log" | tail -n 5
+             alone=${PIPESTATUS[0]}
+             [ $alone -ne 0 ] && [ $alone -ne 5 ] && rc=$alone  # 5: the selection has no such test
            fi
            [ $rc -ne 0 ] && status=1
            if [ $rc -eq 124 ]; then echo "## tests timed out: a kernel has likely hung (pytest's faulthandler dump above names the test); stopping the run" | tee -a "$OUT/pytest.log"; break; fi ;;
