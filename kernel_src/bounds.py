@@ -19,12 +19,18 @@ the kernels compute with, so that no int64 value wraps to another valid index. O
 to spare for an assert's call (the bf16 SwiGLU forward, at its register cap): it checks with a predicated
 trap instead (kernel_src/cuda/trap_unless.cuh), which ends the kernel the same way, without the message.
 
+A check gathered over a loop combines its terms with `all_of` and `any_of`, which evaluate every term: `and` and
+`or` become C's short-circuit `&&` and `||`, which ptxas may compile to a branch per term on the kernel's hot path.
+
 The counting, dedup and gating kernels gather their checks into a flag and assert once, after their last store,
 where no value is live across the assert's call (an assert inside a loop or ahead of the stores makes ptxas keep
 values alive around the call). The masking keeps every access in bounds until then. An assert (or trap) ahead of
 a shuffle makes ptxas compile the shuffle twice, once for a warp no longer whole, so kernels whose warps shuffle
 assert after the last one.
 """
+
+import functools
+import operator
 
 import tilelang  # noqa: F401 - puts tilelang's bundled tvm on the path before `tvm` is imported
 from tilelang import language as T
@@ -35,6 +41,16 @@ def device_assert(cond):
     """A device-side assert of `cond` (CUDA `assert`, kept: the build does not define NDEBUG)."""
     # Returned, not just built: the script parser emits a call statement only for the value it gets back.
     return T.call_intrin('void', tirx.op.Op.get('tl.device_assert'), cond)
+
+
+def all_of(*conditions):
+    """Whether every condition holds, each evaluated (a bitwise and of booleans: no branch per term)."""
+    return functools.reduce(operator.and_, conditions)
+
+
+def any_of(*conditions):
+    """Whether some condition holds, each evaluated (a bitwise or of booleans: no branch per term)."""
+    return functools.reduce(operator.or_, conditions)
 
 
 def index_as_int32(value, bound):

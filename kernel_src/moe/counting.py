@@ -19,7 +19,7 @@ and every GPU size.
 from tilelang import language as T
 from tvm import tirx  # after tilelang, which puts its bundled tvm on the path
 
-from kernel_src.bounds import device_assert, index_as_int32
+from kernel_src.bounds import all_of, device_assert, index_as_int32
 from kernel_src.decl import Arch, KernelDecl, KernelProgram
 from kernel_src.moe.common import INDEX_DTYPE_PARAMS, check_index_dtype, index_dtype_specs
 
@@ -70,13 +70,13 @@ def _count_in_shared(indices, local, in_range, num_bins, num_tokens, num_topk, n
         for j in T.unroll(UNROLLED):
             values[j] = index_as_int32(loaded[j], num_bins)
         for j in T.unroll(UNROLLED):
-            in_range[0] = in_range[0] and values[j] < num_bins
+            in_range[0] = all_of(in_range[0], values[j] < num_bins)
         for j in T.unroll(UNROLLED):
             if values[j] >= 0 and values[j] < num_bins:
                 T.atomic_add(local[values[j]], 1)
         for j in T.serial(T.max(num_topk - UNROLLED, 0)):
             index = T.if_then_else(row < num_tokens, index_as_int32(indices[row, k], num_bins), -1)
-            in_range[0] = in_range[0] and index < num_bins
+            in_range[0] = all_of(in_range[0], index < num_bins)
             if index >= 0 and index < num_bins:
                 T.atomic_add(local[index], 1)
             row = row + rows_per_pass + T.if_then_else(k + ks_per_pass >= num_topk, 1, 0)

@@ -15,7 +15,7 @@ run-time arguments, so one binary serves every model.
 
 from tilelang import language as T
 
-from kernel_src.bounds import device_assert, index_as_int32
+from kernel_src.bounds import all_of, device_assert, index_as_int32
 from kernel_src.decl import Arch, KernelDecl, KernelProgram
 from kernel_src.moe.common import INDEX_DTYPE_PARAMS, check_index_dtype, index_dtype_specs
 
@@ -41,7 +41,7 @@ def build(arch: Arch, index_dtype: str) -> KernelProgram:
                 in_range = T.alloc_var(T.bool)
                 in_range = True
                 for k in T.unroll(UNROLLED):
-                    in_range = in_range and first[k] < num_groups  # -1 past the top-k
+                    in_range = all_of(in_range, first[k] < num_groups)  # -1 past the top-k
                 for k in T.unroll(UNROLLED):
                     if k < num_topk:
                         repeat = T.alloc_var(T.bool)
@@ -52,7 +52,7 @@ def build(arch: Arch, index_dtype: str) -> KernelProgram:
                             group_indices[row, k] = T.Cast(index_dtype, -1)
                 for k in T.serial(T.max(num_topk - UNROLLED, 0)):
                     index = index_as_int32(group_indices[row, UNROLLED + k], num_groups)
-                    in_range = in_range and index < num_groups
+                    in_range = all_of(in_range, index < num_groups)
                     if index >= 0:
                         repeat = T.alloc_var(T.bool)
                         repeat = False

@@ -20,7 +20,7 @@ too (kernel_src/bounds.py).
 import tilelang  # noqa: F401 - puts tilelang's bundled tvm on the path before `tvm` is imported
 from tilelang import language as T
 
-from kernel_src.bounds import device_assert
+from kernel_src.bounds import all_of, device_assert
 from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
 
 # Chosen by the sweep of benchmarks/tuning.py (bf16, H 7168, K 8): 64 threads x 2 vectors (1024 bf16 columns a
@@ -88,7 +88,7 @@ def build(arch: Arch, in_dtype: str, out_dtype: str, threads: int = THREADS, vec
                 in_range = T.alloc_var(T.bool)
                 in_range = True
                 for u in T.unroll(topk_in_flight):
-                    in_range = in_range and pos[u] < num_expanded
+                    in_range = all_of(in_range, pos[u] < num_expanded)
                 device_assert(in_range)
                 for u in T.unroll(topk_in_flight):
                     pos[u] = T.if_then_else(pos[u] < num_expanded, pos[u], -1)

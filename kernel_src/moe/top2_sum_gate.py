@@ -29,7 +29,7 @@ shapes of their own dynamic dims, and the op passes a one-element placeholder fo
 from tilelang import language as T
 
 from kernel_src import models
-from kernel_src.bounds import device_assert, index_as_int32
+from kernel_src.bounds import all_of, device_assert, index_as_int32
 from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
 from kernel_src.moe.warp_select import NAN, rank_groups, warp_topk
 
@@ -153,7 +153,7 @@ def build(arch: Arch, num_experts: int, num_topk: int, num_groups: int, num_topk
                                 logit[v * VECTOR + j] = T.float32(0)
                                 offset[v * VECTOR + j] = T.float32(0)
                     for i in T.unroll(per_lane):
-                        inputs_ok = inputs_ok and T.isfinite(logit[i]) and T.isfinite(offset[i])
+                        inputs_ok = all_of(inputs_ok, T.isfinite(logit[i]), T.isfinite(offset[i]))
                     if scoring == 2:
                         row_max = -T.infinity(T.float32)
                         for i in T.unroll(per_lane):
@@ -195,7 +195,7 @@ def build(arch: Arch, num_experts: int, num_topk: int, num_groups: int, num_topk
                     if fixed:
                         if lane < num_topk:
                             winner[0] = index_as_int32(unmapped_topk_idx[token, lane], num_experts)
-                            inputs_ok = inputs_ok and winner[0] >= 0 and winner[0] < num_experts
+                            inputs_ok = all_of(inputs_ok, winner[0] >= 0, winner[0] < num_experts)
                     else:
                         # 2. Group-limited routing: experts of groups not kept become NaN.
                         if groups_in_registers:
@@ -265,7 +265,7 @@ def build(arch: Arch, num_experts: int, num_topk: int, num_groups: int, num_topk
                             # (ep_rank + token * 23333) mod replicas, in 32 bits for any token count:
                             # replicas <= MAX_REPLICAS (checked by the op), so no product below overflows.
                             replicas = logical_count[my_index]
-                            inputs_ok = inputs_ok and replicas >= 1 and replicas <= num_replicas
+                            inputs_ok = all_of(inputs_ok, replicas >= 1, replicas <= num_replicas)
                             replicas = T.max(T.min(replicas, num_replicas), 1)  # masked: the replica indexes the map
                             replica = T.Cast('int32', (T.Cast('uint32', token) % T.Cast('uint32', replicas) * T.Cast('uint32', HASH_PRIME % replicas)
                                                        + T.Cast('uint32', ep_rank)) % T.Cast('uint32', replicas))

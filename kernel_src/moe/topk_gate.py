@@ -8,7 +8,7 @@ one coalesced write. A NaN score fails a device assert (kernel_src/bounds.py); i
 from tilelang import language as T
 
 from kernel_src import models
-from kernel_src.bounds import device_assert
+from kernel_src.bounds import all_of, any_of, device_assert
 from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
 from kernel_src.moe.warp_select import NAN, warp_topk
 
@@ -50,7 +50,7 @@ def build(arch: Arch, num_experts: int, num_topk: int, warps_per_block: int = WA
                     values[i] = T.if_then_else(lane + 32 * i < num_experts, scores[token, T.min(lane + 32 * i, num_experts - 1)], T.float32(NAN))
                 numbers = True
                 for i in T.unroll(per_lane):
-                    numbers = numbers and (lane + 32 * i >= num_experts or not T.isnan(values[i]))
+                    numbers = all_of(numbers, any_of(lane + 32 * i >= num_experts, not T.isnan(values[i])))
                 warp_topk(values, per_lane, _expert_of, no_expert, num_topk, lane, winner)
                 # Asserted after the selection's shuffles: before them, the assert's possible exit would make ptxas
                 # compile every shuffle twice, for a warp that is no longer whole.

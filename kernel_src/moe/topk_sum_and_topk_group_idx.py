@@ -11,7 +11,7 @@ infinite score fails a device assert (kernel_src/bounds.py): a group's sum of +i
 from tilelang import language as T
 
 from kernel_src import models
-from kernel_src.bounds import device_assert
+from kernel_src.bounds import all_of, any_of, device_assert
 from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
 from kernel_src.moe.warp_select import rank_groups
 
@@ -52,7 +52,7 @@ def build(arch: Arch, num_groups: int, experts_per_group: int, num_topk_sum: int
                 T.sync_warp()
                 finite = True
                 for i in T.unroll(per_lane):
-                    finite = finite and (lane + 32 * i >= num_experts or T.isfinite(rows[warp, lane + 32 * i]))
+                    finite = all_of(finite, any_of(lane + 32 * i >= num_experts, T.isfinite(rows[warp, lane + 32 * i])))
                 rank_groups(rows, warp, lane, num_groups, experts_per_group, num_topk_sum, rank)
                 if lane < num_groups and rank[0] < num_topk_groups:
                     group_topk_idx[token, rank[0]] = T.Cast('int64', lane)
