@@ -52,7 +52,8 @@ def build(arch: Arch, num_groups: int, experts_per_group: int, num_topk_sum: int
                 T.sync_warp()
                 finite = True
                 for i in T.unroll(per_lane):
-                    finite = all_of(finite, any_of(lane + 32 * i >= num_experts, T.isfinite(rows[warp, lane + 32 * i])))
+                    # min(): every term is evaluated, so a lane past the row reads its last score instead.
+                    finite = all_of(finite, any_of(lane + 32 * i >= num_experts, T.isfinite(rows[warp, T.min(lane + 32 * i, num_experts - 1)])))
                 rank_groups(rows, warp, lane, num_groups, experts_per_group, num_topk_sum, rank)
                 if lane < num_groups and rank[0] < num_topk_groups:
                     group_topk_idx[token, rank[0]] = T.Cast('int64', lane)
