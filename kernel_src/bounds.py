@@ -19,8 +19,10 @@ the kernels compute with, so that no int64 value wraps to another valid index. O
 to spare for an assert's call (the bf16 SwiGLU forward, at its register cap): it checks with a predicated
 trap instead (kernel_src/cuda/trap_unless.cuh), which ends the kernel the same way, without the message.
 
-A check gathered over a loop combines its terms with `all_of` and `any_of`, which evaluate every term: `and` and
-`or` become C's short-circuit `&&` and `||`, which ptxas may compile to a branch per term on the kernel's hot path.
+A check gathered over a loop combines its terms with `all_of` and `any_of` (or `all_below`, `all_finite` over a
+buffer), which evaluate every term in a balanced tree: `and` and `or` become C's short-circuit `&&` and `||`, which
+ptxas may compile to a branch per term, and a flag and-ed in term by term is a chain of dependent compares. Both sit on
+the hot path of kernels that run a warp or two per scheduler, where every instruction's latency shows.
 
 The counting, dedup and gating kernels gather their checks into a flag and assert once, after their last store,
 where no value is live across the assert's call (an assert inside a loop or ahead of the stores makes ptxas keep
@@ -28,9 +30,6 @@ values alive around the call). The masking keeps every access in bounds until th
 a shuffle makes ptxas compile the shuffle twice, once for a warp no longer whole, so kernels whose warps shuffle
 assert after the last one.
 """
-
-import functools
-import operator
 
 import tilelang  # noqa: F401 - puts tilelang's bundled tvm on the path before `tvm` is imported
 from tilelang import language as T
@@ -44,13 +43,52 @@ def device_assert(cond):
 
 
 def all_of(*conditions):
-    """Whether every condition holds, each evaluated (a bitwise and of booleans: no branch per term)."""
-    return functools.reduce(operator.and_, conditions)
+    """Whether every condition holds, each evaluated: a bitwise and of booleans, as a balanced tree, so that the terms
+    are independent (no branch per term, no chain of one compare waiting for the one before)."""
+    if len(conditions) == 1:
+        return conditions[0]
+    half = len(conditions) // 2
+    return all_of(*conditions[:half]) & all_of(*conditions[half:])
 
 
 def any_of(*conditions):
-    """Whether some condition holds, each evaluated (a bitwise or of booleans: no branch per term)."""
-    return functools.reduce(operator.or_, conditions)
+    """Whether some condition holds, each evaluated (a balanced bitwise or of booleans, as all_of)."""
+    if len(conditions) == 1:
+        return conditions[0]
+    half = len(conditions) // 2
+    return any_of(*conditions[:half]) | any_of(*conditions[half:])
+
+
+def all_below(values, count, bound):
+    """Whether values[0:count] (a local buffer, `count` a Python int) are all `below` bound."""
+    return all_of(*(below(values[i], bound) for i in range(count)))
+
+
+def all_finite(values, count):
+    """Whether values[0:count] (a local float buffer, `count` a Python int) are all finite."""
+    return all_of(*(T.isfinite(values[i]) for i in range(count)))
+
+
+def below(value, bound):
+    """Whether `value` is below `bound`, compared in value's own dtype (an int64 index in 64 bits, so that no value
+    wraps into range): the check of an index whose negative values are padding."""
+    return value < T.Cast(value.dtype, bound)
+
+
+def counted(value, bound):
+    """Whether 0 <= `value` < `bound`, by one unsigned compare in value's width (a negative value is a huge unsigned
+    one): the mask of an index that addresses memory, which skips padding and anything out of range."""
+    unsigned = 'uint64' if value.dtype == 'int64' else 'uint32'
+    return T.Cast(unsigned, value) < T.Cast(unsigned, bound)
+
+
+def padded_int32(value):
+    """An index read as int64 or int32, narrowed to int32 for comparing with others: a negative int64 reads as -1
+    (padding), any other keeps its low 32 bits. Only a value that `below` passes keeps its own number, so a caller
+    asserts `below` on the 64-bit value; an int32 value is returned as it is."""
+    if value.dtype != 'int64':
+        return value
+    return T.Cast('int32', value) | T.Cast('int32', value >> 63)
 
 
 def index_as_int32(value, bound):

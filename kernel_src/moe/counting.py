@@ -19,7 +19,7 @@ and every GPU size.
 from tilelang import language as T
 from tvm import tirx  # after tilelang, which puts its bundled tvm on the path
 
-from kernel_src.bounds import all_of, device_assert, index_as_int32
+from kernel_src.bounds import all_below, all_of, below, counted, device_assert
 from kernel_src.decl import Arch, KernelDecl, KernelProgram
 from kernel_src.moe.common import INDEX_DTYPE_PARAMS, check_index_dtype, index_dtype_specs
 
@@ -41,7 +41,6 @@ def _count_in_shared(indices, local, in_range, num_bins, num_tokens, num_topk, n
     per element, with one carry, so there is no division per index."""
     tid = T.get_thread_binding()
     loaded = T.alloc_local((UNROLLED,), indices.dtype)
-    values = T.alloc_local((UNROLLED,), T.int32)
     row = T.alloc_var(T.int32)
     k = T.alloc_var(T.int32)
     # Divisions once, in registers (as expressions nvcc would redo them at every unrolled step).
@@ -66,19 +65,17 @@ def _count_in_shared(indices, local, in_range, num_bins, num_tokens, num_topk, n
                 loaded[j] = T.if_then_else(row < num_tokens, indices[row, k], T.Cast(indices.dtype, -1))
                 row = row + rows_per_pass + T.if_then_else(k + ks_per_pass >= num_topk, 1, 0)
                 k = T.if_then_else(k + ks_per_pass >= num_topk, k + ks_per_pass - num_topk, k + ks_per_pass)
-        # Narrowed once all the loads are issued: a clamp next to its load would wait for it there.
+        # Checked once all the loads are issued (a compare next to its load would wait for it there), each in the
+        # index's own width: one compare for the assert, one unsigned compare for the mask.
+        in_range[0] = all_of(in_range[0], all_below(loaded, UNROLLED, num_bins))
         for j in T.unroll(UNROLLED):
-            values[j] = index_as_int32(loaded[j], num_bins)
-        for j in T.unroll(UNROLLED):
-            in_range[0] = all_of(in_range[0], values[j] < num_bins)
-        for j in T.unroll(UNROLLED):
-            if values[j] >= 0 and values[j] < num_bins:
-                T.atomic_add(local[values[j]], 1)
+            if counted(loaded[j], num_bins):
+                T.atomic_add(local[T.Cast('int32', loaded[j])], 1)
         for j in T.serial(T.max(num_topk - UNROLLED, 0)):
-            index = T.if_then_else(row < num_tokens, index_as_int32(indices[row, k], num_bins), -1)
-            in_range[0] = all_of(in_range[0], index < num_bins)
-            if index >= 0 and index < num_bins:
-                T.atomic_add(local[index], 1)
+            index = T.if_then_else(row < num_tokens, indices[row, k], T.Cast(indices.dtype, -1))
+            in_range[0] = all_of(in_range[0], below(index, num_bins))
+            if counted(index, num_bins):
+                T.atomic_add(local[T.Cast('int32', index)], 1)
             row = row + rows_per_pass + T.if_then_else(k + ks_per_pass >= num_topk, 1, 0)
             k = T.if_then_else(k + ks_per_pass >= num_topk, k + ks_per_pass - num_topk, k + ks_per_pass)
     T.sync_threads()

@@ -15,7 +15,7 @@ run-time arguments, so one binary serves every model.
 
 from tilelang import language as T
 
-from kernel_src.bounds import all_of, device_assert, index_as_int32
+from kernel_src.bounds import all_below, all_of, below, device_assert, padded_int32
 from kernel_src.decl import Arch, KernelDecl, KernelProgram
 from kernel_src.moe.common import INDEX_DTYPE_PARAMS, check_index_dtype, index_dtype_specs
 
@@ -33,15 +33,16 @@ def build(arch: Arch, index_dtype: str) -> KernelProgram:
     ):
         with T.Kernel(T.ceildiv(num_tokens, THREADS), threads=THREADS) as pid:
             row = pid * THREADS + T.get_thread_binding()
+            loaded = T.alloc_local((UNROLLED,), index_dtype)
             first = T.alloc_local((UNROLLED,), T.int32)
             if row < num_tokens:
                 # min() keeps the address of a lane past the top-k inside the row; its value is unused.
                 for k in T.unroll(UNROLLED):
-                    first[k] = T.if_then_else(k < num_topk, index_as_int32(group_indices[row, T.min(k, num_topk - 1)], num_groups), -1)
+                    loaded[k] = T.if_then_else(k < num_topk, group_indices[row, T.min(k, num_topk - 1)], T.Cast(index_dtype, -1))
                 in_range = T.alloc_var(T.bool)
-                in_range = True
+                in_range = all_below(loaded, UNROLLED, num_groups)  # -1 past the top-k
                 for k in T.unroll(UNROLLED):
-                    in_range = all_of(in_range, first[k] < num_groups)  # -1 past the top-k
+                    first[k] = padded_int32(loaded[k])
                 for k in T.unroll(UNROLLED):
                     if k < num_topk:
                         repeat = T.alloc_var(T.bool)
@@ -51,15 +52,16 @@ def build(arch: Arch, index_dtype: str) -> KernelProgram:
                         if first[k] >= 0 and repeat:
                             group_indices[row, k] = T.Cast(index_dtype, -1)
                 for k in T.serial(T.max(num_topk - UNROLLED, 0)):
-                    index = index_as_int32(group_indices[row, UNROLLED + k], num_groups)
-                    in_range = all_of(in_range, index < num_groups)
+                    loaded_k = group_indices[row, UNROLLED + k]
+                    in_range = all_of(in_range, below(loaded_k, num_groups))
+                    index = padded_int32(loaded_k)
                     if index >= 0:
                         repeat = T.alloc_var(T.bool)
                         repeat = False
                         for j in T.unroll(UNROLLED):
                             repeat = repeat or first[j] == index
                         for j in T.serial(k):
-                            repeat = repeat or index_as_int32(group_indices[row, UNROLLED + j], num_groups) == index
+                            repeat = repeat or padded_int32(group_indices[row, UNROLLED + j]) == index
                         if repeat:
                             group_indices[row, UNROLLED + k] = T.Cast(index_dtype, -1)
                 device_assert(in_range)  # last: nothing is live across its call

@@ -29,7 +29,7 @@ shapes of their own dynamic dims, and the op passes a one-element placeholder fo
 from tilelang import language as T
 
 from kernel_src import models
-from kernel_src.bounds import all_of, device_assert, index_as_int32
+from kernel_src.bounds import all_finite, all_of, device_assert, index_as_int32
 from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
 from kernel_src.moe.warp_select import NAN, rank_groups, warp_topk
 
@@ -152,8 +152,7 @@ def build(arch: Arch, num_experts: int, num_topk: int, num_groups: int, num_topk
                             for j in T.unroll(VECTOR):
                                 logit[v * VECTOR + j] = T.float32(0)
                                 offset[v * VECTOR + j] = T.float32(0)
-                    for i in T.unroll(per_lane):
-                        inputs_ok = all_of(inputs_ok, T.isfinite(logit[i]), T.isfinite(offset[i]))
+                    inputs_ok = all_of(all_finite(logit, per_lane), all_finite(offset, per_lane))
                     if scoring == 2:
                         row_max = -T.infinity(T.float32)
                         for i in T.unroll(per_lane):

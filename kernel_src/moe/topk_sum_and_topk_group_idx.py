@@ -11,7 +11,7 @@ infinite score fails a device assert (kernel_src/bounds.py): a group's sum of +i
 from tilelang import language as T
 
 from kernel_src import models
-from kernel_src.bounds import all_of, any_of, device_assert
+from kernel_src.bounds import all_finite, device_assert
 from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
 from kernel_src.moe.warp_select import rank_groups
 
@@ -44,16 +44,17 @@ def build(arch: Arch, num_groups: int, experts_per_group: int, num_topk_sum: int
             token = pid * WARPS_PER_BLOCK + warp
             rows = T.alloc_shared((WARPS_PER_BLOCK, num_experts), T.float32)
             rank = T.alloc_local((1,), T.int32)
+            loaded = T.alloc_local((per_lane,), T.float32)
             finite = T.alloc_var(T.bool)
             if token < num_tokens:
+                # min(): a lane past the row loads its last score, which the check may read and the store skips.
+                for i in T.unroll(per_lane):
+                    loaded[i] = scores[token, T.min(lane + 32 * i, num_experts - 1)]
                 for i in T.unroll(per_lane):
                     if lane + 32 * i < num_experts:
-                        rows[warp, lane + 32 * i] = scores[token, lane + 32 * i]
+                        rows[warp, lane + 32 * i] = loaded[i]
+                finite = all_finite(loaded, per_lane)  # checked in the registers the scores were loaded to
                 T.sync_warp()
-                finite = True
-                for i in T.unroll(per_lane):
-                    # min(): every term is evaluated, so a lane past the row reads its last score instead.
-                    finite = all_of(finite, any_of(lane + 32 * i >= num_experts, T.isfinite(rows[warp, T.min(lane + 32 * i, num_experts - 1)])))
                 rank_groups(rows, warp, lane, num_groups, experts_per_group, num_topk_sum, rank)
                 if lane < num_groups and rank[0] < num_topk_groups:
                     group_topk_idx[token, rank[0]] = T.Cast('int64', lane)
