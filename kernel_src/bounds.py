@@ -14,8 +14,10 @@ That is a NaN score anywhere, and an infinite one where the kernel adds scores o
 (topk_sum_and_topk_group_idx, and top2_sum_gate, upstream's rule there); topk_gate only compares its scores,
 so it ranks infinities as numbers.
 
-`device_assert` is the assert; `index_as_int32` narrows an index read as int64 (or int32) to the int32
-the kernels compute with, so that no int64 value wraps to another valid index. One loop has no register
+`device_assert` is the assert. An index read as int64 is checked in 64 bits, so that no value wraps into range:
+`below` is the assert's term (negative values pass, as padding) and `counted` the mask of an index that addresses
+memory (0 <= value < bound, one unsigned compare). A kernel that only compares indices narrows them with
+`padded_int32`; one that computes with a narrowed index uses `index_as_int32`, which clamps. One loop has no register
 to spare for an assert's call (the bf16 SwiGLU forward, at its register cap): it checks with a predicated
 trap instead (kernel_src/cuda/trap_unless.cuh), which ends the kernel the same way, without the message.
 
