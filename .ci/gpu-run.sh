@@ -124,21 +124,18 @@ for step in $steps; do
              --sanitizer ${ADVERSARIAL_SANITIZER:-memcheck} --out "$OUT/adversarial.jsonl" 2>&1 | tee "$OUT/adversarial.log" | tail -n 80
            [ ${PIPESTATUS[0]} -ne 0 ] && status=1 ;;
     ab)    # A/B of a build of some kernels (AB_BUILD, e.g. build-bf/sm_90a, carried): the installed package against the same
-           # with AB_BUILD's kernels in place (benchmarks.overlay); AB_KERNELS (default KERNELS) timed on each in turn,
-           # AB_ROUNDS times (default 2), in the order base, new, new, base, base, new, ... so that a drift of the GPU over the
-           # run weighs on both sides alike, then compared (benchmarks.compare: medians over the rounds, and the control, the
-           # last base round against the first); AB_LABEL says what the A/B measures (e.g. "device checks"); AB_TESTS (a
-           # pytest selection) run on the overlay.
+           # with AB_BUILD's kernels in place (benchmarks.overlay); AB_KERNELS (default KERNELS) timed in one process
+           # (benchmarks.run --ab), each case on each side in turn, AB_ROUNDS times (default 4), in the order base, new, new,
+           # base, ..., then compared (benchmarks.compare: medians over the rounds, and the control, the last base round
+           # against the first); AB_LABEL says what the A/B measures (e.g. "device checks"); AB_TESTS (a pytest selection)
+           # run on the overlay.
            rm -rf /tmp/tk-ab && python3 -m benchmarks.overlay "$SITE/tile_kernels_aot_sm90a" "$OLDPWD/$AB_BUILD" /tmp/tk-ab | tee "$OUT/ab.log"
            python3 -c 'import json, sys; print(json.dumps(dict(zip(("build", "label", "kernels"), sys.argv[1:]))))' \
              "$AB_BUILD" "${AB_LABEL:-}" "${AB_KERNELS:-$KERNELS}" > "$OUT/ab.json"
+           timeout ${AB_TIMEOUT:-400} python3 -m benchmarks.run --kernels "${AB_KERNELS:-$KERNELS}" --ab /tmp/tk-ab --rounds "${AB_ROUNDS:-4}" \
+             --out "$OUT/ab" >> "$OUT/ab.log" 2>&1 || status=1
            bases=; news=
-           ab_side() {  # ab_side base|new ROUND
-             TILE_KERNELS_AOT_KERNEL_DIRS=$([ "$1" = new ] && echo /tmp/tk-ab) timeout ${AB_TIMEOUT:-150} \
-               python3 -m benchmarks.run --kernels "${AB_KERNELS:-$KERNELS}" --out "$OUT/ab-$1-$2.jsonl" >> "$OUT/ab.log" 2>&1
-           }
-           for round in $(seq "${AB_ROUNDS:-2}"); do
-             if [ $((round % 2)) -eq 1 ]; then ab_side base $round; ab_side new $round; else ab_side new $round; ab_side base $round; fi
+           for round in $(seq "${AB_ROUNDS:-4}"); do
              bases=$bases${bases:+,}$OUT/ab-base-$round.jsonl; news=$news${news:+,}$OUT/ab-new-$round.jsonl
            done
            python3 -m benchmarks.compare "$bases" "$news" 2>&1 | tee "$OUT/ab-compare.txt" | tail -n 30

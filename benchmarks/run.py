@@ -1,6 +1,7 @@
 """Benchmark every installed spec against the copy-bandwidth ceiling measured in the same run.
 
     python -m benchmarks.run [--out bench.jsonl] [--kernels PATTERN] [--tokens 8192] [--decode]
+    python -m benchmarks.run --ab DIR --rounds N --out PREFIX [--kernels PATTERN] [--tokens 8192]
 
 Device time is taken between CUDA events on a GPU kept busy by a sleep, so host launch overhead is not
 counted; each input is larger than L2 or L2 is flushed before every run. A case's row holds the median, minimum
@@ -10,6 +11,12 @@ output written once.
 
 The kernels are those of the installed arch package that serves the GPU, each with its case builder in CASES:
 an installed kernel without one is written as an error row and makes the exit status 1.
+
+With --ab DIR (an arch package's folder: manifest.json and cubins, e.g. benchmarks.overlay's output) the run is an
+A/B inside one process: each case is timed on the installed binaries ("base") and on DIR's ("new", through
+TILE_KERNELS_AOT_KERNEL_DIRS) in turn, N rounds of each in the order base, new, new, base, ..., on the same inputs,
+so that what drifts between processes (clocks, placement in memory) weighs on both sides alike. Round r of a side
+goes to PREFIX-base-r.jsonl or PREFIX-new-r.jsonl, rows as without --ab, for benchmarks.compare.
 """
 
 from __future__ import annotations
@@ -18,15 +25,18 @@ import argparse
 import faulthandler
 import fnmatch
 import json
+import os
 import statistics
 import sys
 import time
 from functools import partial
+from pathlib import Path
 
 import torch
 
 import tile_kernels_aot
-from tile_kernels_aot._select import package_for_device, prebuilt_specs
+from tile_kernels_aot import _select
+from tile_kernels_aot._select import KERNEL_DIRS_ENV, package_for_device, prebuilt_specs
 from tile_kernels_aot.quant.per_token import per_token_requant_spec
 from benchmarks.common import RowWriter, nbytes
 from benchmarks.mhc_stream import RUN_CASES as MHC_STREAM_CASES
@@ -519,7 +529,13 @@ def main() -> int:
     parser.add_argument('--kernels', default='*', help='globs over kernel names, comma-separated')
     parser.add_argument('--tokens', type=int, default=8192)
     parser.add_argument('--decode', action='store_true', help='also time decode sizes (graph replay and host time)')
+    parser.add_argument('--ab', default=None, help="an arch package's folder whose binaries are timed in turn with the installed ones")
+    parser.add_argument('--rounds', type=int, default=4, help='with --ab: rounds of each side')
     args = parser.parse_args()
+    if args.ab:
+        if not args.out or args.decode:
+            parser.error('--ab needs --out PREFIX and takes no --decode')
+        return ab(args.ab, args.rounds, args.kernels, args.tokens, args.out)
 
     timer = Timer()
     copy_gbs = copy_bandwidth(timer)
@@ -551,6 +567,44 @@ def main() -> int:
                 torch.cuda.empty_cache()
             faulthandler.cancel_dump_traceback_later()
     record.close()
+    return 1 if missing else 0
+
+
+def _use(kernel_dir: str | None) -> None:
+    """Serve the next calls from `kernel_dir`'s binaries, or from the installed ones (None)."""
+    if kernel_dir is None:
+        os.environ.pop(KERNEL_DIRS_ENV, None)
+    else:
+        os.environ[KERNEL_DIRS_ENV] = kernel_dir
+    _select.reset()
+
+
+def ab(kernel_dir: str, rounds: int, pattern: str, tokens: int, prefix: str) -> int:
+    """The --ab run (see the module docstring)."""
+    timer = Timer()
+    sides = {'base': None, 'new': str(Path(kernel_dir).resolve())}
+    writers = {(side, r): RowWriter(f'{prefix}-{side}-{r + 1}.jsonl') for side in sides for r in range(rounds)}
+    kernels, missing = select(CASES, pattern, installed_kernels())
+    for kernel in kernels:
+        for spec in prebuilt_specs(kernel, 0):
+            faulthandler.dump_traceback_later(CASE_TIMEOUT_S, exit=True)
+            for label, fn, moved in cases_of(CASES[kernel], spec, tokens):
+                medians = {}
+                for r in range(rounds):
+                    for side in (('base', 'new') if r % 2 == 0 else ('new', 'base')):
+                        _use(sides[side])
+                        times = timer.device_times(fn)  # its first call, untimed, loads the side's binary
+                        us = medians[side, r] = statistics.median(times)
+                        writers[side, r]({'kernel': kernel, 'spec': spec, 'shape': label, 'tokens': tokens, 'us': us,
+                                          'min_us': min(times), 'max_us': max(times)})
+                ratio = statistics.median(medians['new', r] for r in range(rounds)) / statistics.median(medians['base', r] for r in range(rounds))
+                print(f'{kernel:28s} {json.dumps(spec, separators=(",", ":")):70s} {label:18s} new/base {ratio:.3f}', flush=True)
+                del fn
+                _use(None)
+                torch.cuda.empty_cache()
+            faulthandler.cancel_dump_traceback_later()
+    for writer in writers.values():
+        writer.close()
     return 1 if missing else 0
 
 
