@@ -14,12 +14,15 @@ That is a NaN score anywhere, and an infinite one where the kernel adds scores o
 (topk_sum_and_topk_group_idx, and top2_sum_gate, upstream's rule there); topk_gate only compares its scores,
 so it ranks infinities as numbers.
 
-`device_assert` is the assert. An index read as int64 is checked in 64 bits, so that no value wraps into range:
+`device_assert` is the assert. The counting and gating kernels (group_count, aux_fi, topk_gate,
+topk_sum_and_topk_group_idx, top2_sum_gate) end in `device_trap` instead, a predicated trap: they take a few
+microseconds, and the assert's call into the driver's __assertfail (a syscall that reads its message from a constant
+bank) costs them 2-3% of that, which the trap does not. The trap ends the kernel and the context the same way; the
+host sees "unspecified launch failure" instead of "device-side assert triggered". An index read as int64 is checked in 64 bits, so that no value wraps into range:
 `below` is the assert's term (negative values pass, as padding) and `counted` the mask of an index that addresses
-memory (0 <= value < bound, one unsigned compare). A kernel that only compares indices narrows them with
-`padded_int32`; one that computes with a narrowed index uses `index_as_int32`, which clamps. One loop has no register
-to spare for an assert's call (the bf16 SwiGLU forward, at its register cap): it checks with a predicated
-trap instead (kernel_src/cuda/trap_unless.cuh), which ends the kernel the same way, without the message.
+memory (0 <= value < bound, one unsigned compare). A kernel that computes with a narrowed index uses
+`index_as_int32`, which clamps. The bf16 SwiGLU forward traps too: its loop
+has no register to spare for an assert's call.
 
 A check gathered over a loop combines its terms with `all_of` and `any_of` (or `all_below`, `all_finite` over a
 buffer), which evaluate every term in a balanced tree: `and` and `or` become C's short-circuit `&&` and `||`, which
@@ -36,6 +39,16 @@ assert after the last one.
 import tilelang  # noqa: F401 - puts tilelang's bundled tvm on the path before `tvm` is imported
 from tilelang import language as T
 from tvm import tirx
+
+from kernel_src.cuda import prelude
+
+
+def device_trap(cond):
+    """A predicated trap unless `cond` (kernel_src/cuda/trap_unless.cuh; the kernel's T.Kernel takes TRAP_PRELUDE)."""
+    return T.call_extern('void', 'tk_trap_unless', cond)
+
+
+TRAP_PRELUDE = prelude('trap_unless.cuh')
 
 
 def device_assert(cond):
@@ -82,15 +95,6 @@ def counted(value, bound):
     one): the mask of an index that addresses memory, which skips padding and anything out of range."""
     unsigned = 'uint64' if value.dtype == 'int64' else 'uint32'
     return T.Cast(unsigned, value) < T.Cast(unsigned, bound)
-
-
-def padded_int32(value):
-    """An index read as int64 or int32, narrowed to int32 for comparing with others: a negative int64 reads as -1
-    (padding), any other keeps its low 32 bits. Only a value that `below` passes keeps its own number, so a caller
-    asserts `below` on the 64-bit value; an int32 value is returned as it is."""
-    if value.dtype != 'int64':
-        return value
-    return T.Cast('int32', value) | T.Cast('int32', value >> 63)
 
 
 def index_as_int32(value, bound):

@@ -11,7 +11,7 @@ rows_per_block tokens: decode) has the whole count alone and writes its outputs 
 op zeroes nothing for it (group_count's output comes from torch.empty, aux_fi's slots go unused).
 (Upstream adds per-block fractions with float atomics, so its result depends on the block order; this
 one does not.) Negative indices are padding and skipped; an index past the last bin fails a device
-assert and is not counted (kernel_src/bounds.py). The top-k, the number
+trap and is not counted (kernel_src/bounds.py). The top-k, the number
 of experts (up to MAX_BINS) and the block count are run-time arguments: one binary serves every model
 and every GPU size.
 """
@@ -19,7 +19,7 @@ and every GPU size.
 from tilelang import language as T
 from tvm import tirx  # after tilelang, which puts its bundled tvm on the path
 
-from kernel_src.bounds import all_below, all_of, below, counted, device_assert
+from kernel_src.bounds import TRAP_PRELUDE, all_below, all_of, below, counted, device_trap
 from kernel_src.decl import Arch, KernelDecl, KernelProgram
 from kernel_src.moe.common import INDEX_DTYPE_PARAMS, check_index_dtype, index_dtype_specs
 
@@ -66,7 +66,7 @@ def _count_in_shared(indices, local, in_range, num_bins, num_tokens, num_topk, n
                 row = row + rows_per_pass + T.if_then_else(k + ks_per_pass >= num_topk, 1, 0)
                 k = T.if_then_else(k + ks_per_pass >= num_topk, k + ks_per_pass - num_topk, k + ks_per_pass)
         # Checked once all the loads are issued (a compare next to its load would wait for it there), each in the
-        # index's own width: one compare for the assert, one unsigned compare for the mask.
+        # index's own width: one compare for the trap, one unsigned compare for the mask.
         in_range[0] = all_of(in_range[0], all_below(loaded, UNROLLED, num_bins))
         for j in T.unroll(UNROLLED):
             if counted(loaded[j], num_bins):
@@ -103,7 +103,7 @@ def build_group_count(arch: Arch, index_dtype: str) -> KernelProgram:
         out: T.Tensor[(num_groups,), T.int32],
         num_blocks: T.int32,
     ):
-        with T.Kernel(num_blocks, threads=THREADS) as pid:
+        with T.Kernel(num_blocks, threads=THREADS, prelude=TRAP_PRELUDE) as pid:
             tid = T.get_thread_binding()
             local = T.alloc_shared((MAX_BINS,), T.int32)
             in_range = T.alloc_local((1,), T.bool)
@@ -122,7 +122,7 @@ def build_group_count(arch: Arch, index_dtype: str) -> KernelProgram:
                     b = i * THREADS + tid
                     if b < num_groups and local[b] > 0:
                         T.atomic_add(out[b], local[b])  # `out` zeroed by the op
-            device_assert(in_range[0])  # last: nothing is live across its call
+            device_trap(in_range[0])  # last, after the stores
 
     return KernelProgram(group_count, alignment={'group_idx': 4, 'out': 4})
 
@@ -151,7 +151,7 @@ def build_aux_fi(arch: Arch, index_dtype: str) -> KernelProgram:
         num_aux_topk: T.int32,
         num_blocks: T.int32,
     ):
-        with T.Kernel(num_blocks, threads=THREADS) as pid:
+        with T.Kernel(num_blocks, threads=THREADS, prelude=TRAP_PRELUDE) as pid:
             tid = T.get_thread_binding()
             local = T.alloc_shared((MAX_BINS,), T.int32)
             in_range = T.alloc_local((1,), T.bool)
@@ -179,7 +179,7 @@ def build_aux_fi(arch: Arch, index_dtype: str) -> KernelProgram:
                     if e < num_experts and before[i] // T.uint64(ARRIVAL) == T.Cast('uint64', num_blocks - 1):
                         count = T.Cast('int64', before[i] % T.uint64(ARRIVAL)) + T.Cast('int64', local[e])
                         out[e] = T.Cast('float32', count * num_experts) / total
-            device_assert(in_range[0])  # last: nothing is live across its call
+            device_trap(in_range[0])  # last, after the stores
 
     return KernelProgram(aux_fi, alignment={'topk_idx': 4, 'slots': 8, 'out': 4})
 

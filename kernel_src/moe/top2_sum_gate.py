@@ -4,7 +4,7 @@ Lane l holds experts 128 i + 4 l + j (j < 4), loaded as float4 vectors, so a lan
 its register index and a strict '>' while scanning them keeps the lower index on a tie. Per token:
 1. scores without bias, s: sigmoid, sqrt(softplus) or softmax (max-subtracted, warp-wide sum);
    the ranking score r = s + bias, except softmax, which ranks on logits + bias. A NaN or infinite logit
-   or bias fails a device assert (kernel_src/bounds.py has the rule).
+   or bias fails a device trap (kernel_src/bounds.py has the rule).
 2. Group-limited routing (num_groups != num_topk_groups): every lane writes r to the warp's row of
    shared memory, lane g < num_groups scores group g by the sum of its two best r, counts the groups that
    beat it (a higher sum, or the same sum and a lower index) and keeps the group when fewer than
@@ -12,12 +12,12 @@ its register index and a strict '>' while scanning them keeps the lower index on
    groups are marked taken.
 3. Top-K by K rounds of: each lane's best untaken expert, a butterfly picking the largest score (the
    lower index on a tie), the owner marks it taken, lane k keeps the k-th winner. With fix_routing the
-   token's K indices come from unmapped_topk_idx instead; one outside [0, E) fails a device assert.
+   token's K indices come from unmapped_topk_idx instead; one outside [0, E) fails a device trap.
 4. weights: w_k = s[idx_k] / (1e-20 + s[idx_0] + ... + s[idx_{K-1}]) * routed_scaling_factor, the sum
    taken in k order; s is read back from the warp's shared row.
 5. Lanes K .. K+S-1 carry the shared experts E .. E+S-1 with weight 1. Then the replica map
    (duplicate (ep_rank + t * 23333) mod logical_count[id], reduced so that no 32-bit product wraps; a count
-   outside [1, the map's width] fails a device assert), then the EP/TP masking of mask_indices_by_tp with
+   outside [1, the map's width] fails a device trap), then the EP/TP masking of mask_indices_by_tp with
    per_rank = (E + extra experts) // num_ep_ranks.
 
 What upstream specialises on besides the expert count and the top-k (the scoring function, the shared
@@ -29,7 +29,7 @@ shapes of their own dynamic dims, and the op passes a one-element placeholder fo
 from tilelang import language as T
 
 from kernel_src import models
-from kernel_src.bounds import all_finite, all_of, device_assert, index_as_int32
+from kernel_src.bounds import TRAP_PRELUDE, all_finite, all_of, device_trap, index_as_int32
 from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
 from kernel_src.moe.warp_select import NAN, rank_groups, warp_topk
 
@@ -101,7 +101,7 @@ def build(arch: Arch, num_experts: int, num_topk: int, num_groups: int, num_topk
         tp_rank: T.int32,
         num_tp_ranks: T.int32,
     ):
-        with T.Kernel(T.ceildiv(num_tokens, WARPS_PER_BLOCK), threads=threads) as pid:
+        with T.Kernel(T.ceildiv(num_tokens, WARPS_PER_BLOCK), threads=threads, prelude=TRAP_PRELUDE) as pid:
             tid = T.get_thread_binding()
             lane = tid % 32
             warp = tid // 32
@@ -124,8 +124,8 @@ def build(arch: Arch, num_experts: int, num_topk: int, num_groups: int, num_topk
             my_score = T.alloc_var(T.float32)
             weight_sum = T.alloc_var(T.float32)
             replicas = T.alloc_var(T.int32)
-            # What the token's inputs break of kernel_src/bounds.py's rule, asserted once, after the warp's last
-            # shuffle: an assert before a shuffle makes ptxas compile the shuffle twice, for a warp no longer whole.
+            # What the token's inputs break of kernel_src/bounds.py's rule, checked once, after the warp's last
+            # shuffle: a trap before a shuffle makes ptxas compile the shuffle twice, for a warp no longer whole.
             inputs_ok = T.alloc_var(T.bool)
             if token < num_tokens:
                 inputs_ok = True
@@ -280,7 +280,7 @@ def build(arch: Arch, num_experts: int, num_topk: int, num_groups: int, num_topk
                     if lane < num_slots:
                         topk_idx[token, lane] = T.Cast('int64', my_index)
                         topk_weights[token, lane] = my_score
-                    device_assert(inputs_ok)  # last: nothing is live across its call
+                    device_trap(inputs_ok)  # last, after the stores
 
     return KernelProgram(top2_sum_gate, alignment={
         'logits': 16, 'bias': 16, 'mask': 1, 'fix_routing_mask': 1, 'to_physical_map': 4, 'logical_count': 4,

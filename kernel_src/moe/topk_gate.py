@@ -2,13 +2,13 @@
 
 One warp per token. Lane l holds experts l, l + 32, l + 64, ... in registers (coalesced loads, padding
 marked NaN) and kernel_src/moe/warp_select.warp_topk picks the K winners; lanes 0 .. K-1 store them in
-one coalesced write. A NaN score fails a device assert (kernel_src/bounds.py); infinities rank as numbers.
+one coalesced write. A NaN score fails a device trap (kernel_src/bounds.py); infinities rank as numbers.
 """
 
 from tilelang import language as T
 
 from kernel_src import models
-from kernel_src.bounds import all_of, any_of, device_assert
+from kernel_src.bounds import TRAP_PRELUDE, all_of, any_of, device_trap
 from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
 from kernel_src.moe.warp_select import NAN, warp_topk
 
@@ -37,7 +37,7 @@ def build(arch: Arch, num_experts: int, num_topk: int, warps_per_block: int = WA
         scores: T.StridedTensor[(num_tokens, num_experts), (row_stride, 1), T.float32],
         topk_idx: T.Tensor[(num_tokens, num_topk), T.int64],
     ):
-        with T.Kernel(T.ceildiv(num_tokens, warps_per_block), threads=32 * warps_per_block) as pid:
+        with T.Kernel(T.ceildiv(num_tokens, warps_per_block), threads=32 * warps_per_block, prelude=TRAP_PRELUDE) as pid:
             tid = T.get_thread_binding()
             lane = tid % 32
             token = pid * warps_per_block + tid // 32
@@ -52,9 +52,9 @@ def build(arch: Arch, num_experts: int, num_topk: int, warps_per_block: int = WA
                 for i in T.unroll(per_lane):
                     numbers = all_of(numbers, any_of(lane + 32 * i >= num_experts, not T.isnan(values[i])))
                 warp_topk(values, per_lane, _expert_of, no_expert, num_topk, lane, winner)
-                # Asserted after the selection's shuffles: before them, the assert's possible exit would make ptxas
+                # Checked after the selection's shuffles: before them, the trap's possible exit would make ptxas
                 # compile every shuffle twice, for a warp that is no longer whole.
-                device_assert(numbers)
+                device_trap(numbers)
                 if lane < num_topk:
                     topk_idx[token, lane] = T.int64(winner[0])
 

@@ -5,13 +5,13 @@ lower group index.
 One warp per token. The warp copies the token's scores to its row of shared memory in coalesced loads,
 then kernel_src/moe/warp_select.rank_groups has lane g < num_groups score group g and count the groups
 that beat it; the lanes whose rank is below num_topk_groups write their group index at that rank. A NaN or
-infinite score fails a device assert (kernel_src/bounds.py): a group's sum of +inf and -inf would be NaN.
+infinite score fails a device trap (kernel_src/bounds.py): a group's sum of +inf and -inf would be NaN.
 """
 
 from tilelang import language as T
 
 from kernel_src import models
-from kernel_src.bounds import all_finite, device_assert
+from kernel_src.bounds import TRAP_PRELUDE, all_finite, device_trap
 from kernel_src.decl import Arch, KernelDecl, KernelProgram, param
 from kernel_src.moe.warp_select import rank_groups
 
@@ -37,7 +37,7 @@ def build(arch: Arch, num_groups: int, experts_per_group: int, num_topk_sum: int
         scores: T.StridedTensor[(num_tokens, num_groups * experts_per_group), (row_stride, 1), T.float32],
         group_topk_idx: T.Tensor[(num_tokens, num_topk_groups), T.int64],
     ):
-        with T.Kernel(T.ceildiv(num_tokens, WARPS_PER_BLOCK), threads=32 * WARPS_PER_BLOCK) as pid:
+        with T.Kernel(T.ceildiv(num_tokens, WARPS_PER_BLOCK), threads=32 * WARPS_PER_BLOCK, prelude=TRAP_PRELUDE) as pid:
             tid = T.get_thread_binding()
             lane = tid % 32
             warp = tid // 32
@@ -58,7 +58,7 @@ def build(arch: Arch, num_groups: int, experts_per_group: int, num_topk_sum: int
                 rank_groups(rows, warp, lane, num_groups, experts_per_group, num_topk_sum, rank)
                 if lane < num_groups and rank[0] < num_topk_groups:
                     group_topk_idx[token, rank[0]] = T.Cast('int64', lane)
-                device_assert(finite)  # last: after rank_groups' shuffles (see topk_gate), nothing live across its call
+                device_trap(finite)  # last, after rank_groups' shuffles (see topk_gate)
 
     return KernelProgram(topk_sum_and_topk_group_idx, alignment={'scores': 4, 'group_topk_idx': 8})
 

@@ -1,7 +1,7 @@
 """Every kernel that reads an index, a position or a count from a tensor, and every gating kernel, lowers with its
-device-side check (kernel_src/bounds.py): an assert, or for the bf16 SwiGLU forward the predicated trap, on the bound
-the README's table names; kernels whose warps shuffle assert after the last shuffle (tilelang, no GPU, one spec of
-each on one target)."""
+device-side check (kernel_src/bounds.py): an assert, or where the README's table says so a predicated trap, on the
+bound the table names; kernels whose warps shuffle check after the last shuffle; inplace_unique_group_indices, which
+only compares its values, checks none (tilelang, no GPU, one spec of each on one target)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,6 @@ CHECKS = {
     'moe.top2_sum_gate': ['isfinite', r'winner\[0\] < ', 'replicas <= num_replicas'],
     'moe.group_count': ['num_bins'],
     'moe.aux_fi': ['num_bins'],
-    'moe.inplace_unique_group_indices': ['num_groups'],
     'moe.get_fused_mapping': ['num_experts'],
     'moe.expand_to_fused': ['num_expanded_tokens'],
     'moe.reduce_fused': ['num_expanded_tokens'],
@@ -73,9 +72,20 @@ def test_the_fp32_swiglu_forward_asserts_after_its_loop():
 
 @pytest.mark.parametrize('kernel', ['moe.topk_gate', 'moe.topk_sum_and_topk_group_idx', 'moe.top2_sum_gate',
                                     'quant.swiglu_backward_and_per_token_cast'])
-def test_the_assert_comes_after_the_last_shuffle(kernel):
+def test_the_check_comes_after_the_last_shuffle(kernel):
     pytest.importorskip('tilelang')
     from build_tools.lower import lower
 
     body = lower(DECLS[kernel], _spec(kernel), ARCHS[0]).source.split('extern "C" __global__')[-1]
-    assert body.rfind('device_assert(') > body.rfind('__shfl'), f'{kernel}: an assert before a shuffle'
+    assert max(body.rfind('device_assert('), body.rfind('tk_trap_unless(')) > body.rfind('__shfl'), f'{kernel}: a check before a shuffle'
+
+
+def test_the_counting_and_gating_kernels_trap_and_inplace_unique_checks_nothing():
+    pytest.importorskip('tilelang')
+    from build_tools.lower import lower
+
+    for kernel in ('moe.topk_gate', 'moe.topk_sum_and_topk_group_idx', 'moe.top2_sum_gate', 'moe.group_count', 'moe.aux_fi'):
+        body = lower(DECLS[kernel], _spec(kernel), ARCHS[0]).source.split('extern "C" __global__')[-1]
+        assert 'tk_trap_unless(' in body and 'device_assert(' not in body, kernel
+    body = lower(DECLS['moe.inplace_unique_group_indices'], _spec('moe.inplace_unique_group_indices'), ARCHS[0]).source
+    assert not re.search(CHECK, body.split('extern "C" __global__')[-1])
