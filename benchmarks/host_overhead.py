@@ -7,8 +7,9 @@ of our op (a loop of 2000 calls timed on the host, benchmarks.run.Timer.host_us:
 up, so the loop's time is the host's), of the same op with launch plans off (tile_kernels_aot._plans: every call checks its arguments and chooses its
 binary again), of `torch.neg` on the largest floating-point tensor the case passes to the op (its input, so of the
 op's shape), and of upstream's op when `tile_kernels` is importable (after one call, its JIT compile). Where the runtime's C
-extension makes the driver call (tile_kernels_aot._driver_native), ours is timed a second time with that call made
-through ctypes instead (ours_ctypes_us), so one run compares the two launch paths. They are timed
+extension is installed (tile_kernels_aot._driver_native: it makes the driver call and replays simple launch plans),
+ours is timed a second time as without it (ours_ctypes_us: the plan replayed in Python, the driver call made through
+ctypes), so one run compares the two paths. They are timed
 interleaved, three rounds, and each takes its lowest. The rows go to --out as JSON Lines, which benchmarks.record
 condenses into 'host' lines; benchmarks.host_profile breaks one call down by layer.
 """
@@ -67,6 +68,7 @@ def main() -> int:
     timer = Timer()
     drv = _driver.driver()
     native = drv.native  # the C extension, where it is installed; None makes the driver call through ctypes
+    native_replay = _plans._native_replay  # its replay of simple plans; None: Python replays every plan
     record = RowWriter(args.out)
     kernels, _ = select(CASES, args.kernels, installed_kernels())
     for kernel in kernels:
@@ -83,12 +85,12 @@ def main() -> int:
                 for side, fn in timed.items():
                     _plans.enable(side != 'ours_in_full')
                     if side == 'ours_ctypes':
-                        drv.native = None
+                        drv.native, _plans._native_replay = None, None
                     try:
                         best[side] = min(best.get(side, float('inf')), timer.host_us(fn))
                     finally:
                         _plans.enable(True)
-                        drv.native = native
+                        drv.native, _plans._native_replay = native, native_replay
             row = {'what': 'host', 'kernel': kernel, 'shape': label, 'tokens': args.tokens, 'ours_us': best['ours'],
                    'ours_in_full_us': best['ours_in_full'], 'ours_ctypes_us': best.get('ours_ctypes'), 'torch_us': best['torch'],
                    'torch_op': reference, 'upstream_us': best.get('upstream')}

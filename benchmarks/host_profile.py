@@ -1,5 +1,5 @@
 """Where the host time of one op call goes: each layer of topk_gate timed alone (the op in full, and replaying its launch
-plan, tile_kernels_aot._plans), then a cProfile of whole calls of topk_gate and of two ops with many tensors
+plan, tile_kernels_aot._plans, in the runtime's C extension and in Python), then a cProfile of whole calls of topk_gate and of two ops with many tensors
 (engram_gate_bwd: 13; mhc_pre_split_mixes_fwd: 6, three of them outputs).
 
     python -m benchmarks.host_profile
@@ -11,7 +11,7 @@ import pstats
 import torch
 
 import tile_kernels_aot
-from tile_kernels_aot import _checks
+from tile_kernels_aot import _checks, _plans
 from tile_kernels_aot._launch import _current_device, _current_stream
 from tile_kernels_aot._select import find_kernel
 
@@ -56,6 +56,7 @@ def main():
         'LoadedKernel call': per_call_us(lambda: kernel(0, tensors)),
         'topk_gate op, in full': per_call_us(lambda: topk_gate.__wrapped__(scores, 8)),
         'topk_gate op (its launch plan)': per_call_us(lambda: topk_gate(scores, 8)),
+        'topk_gate op (its plan replayed in Python)': without_native_replay(lambda: per_call_us(lambda: topk_gate(scores, 8))),
     }
     for name, us in rows.items():
         print(f'{name:36s} {us:6.2f} us' if us else f'{name:36s} (no C extension)')
@@ -71,6 +72,15 @@ def main():
         profile.disable()
         torch.cuda.synchronize()
         pstats.Stats(profile).sort_stats('tottime').print_stats(18)
+
+
+def without_native_replay(fn):
+    """fn() with every launch plan replayed in Python, as without the C extension."""
+    native_replay, _plans._native_replay = _plans._native_replay, None
+    try:
+        return fn()
+    finally:
+        _plans._native_replay = native_replay
 
 
 def many_tensor_calls():

@@ -1,10 +1,12 @@
 """The Python part of every op's host time, on a machine without a GPU: each case of tests/fixtures/custom_ops.py with
 CPU tensors and the binaries' manifests from a build folder. First each launch is replaced by a record, and the replayed
 calls' launches are checked against the full calls': the same binaries, dims and scalars, and each buffer at the same
-place in the call's tensors. Then each case is timed in full (launch plans off) and replayed (tile_kernels_aot._plans)
-down to the driver call, over a stand-in libcuda (tests/fixtures/stub_libcuda.c, compiled with the host C compiler;
-without one the launch stays a record): the op's own code, the loader, and the call through the runtime's C
-extension, and replayed once more through ctypes where the extension is built.
+place in the call's tensors (these replays are Python's: with the binaries not loaded, no plan is replayed in C). Then
+each case is timed in full (launch plans off) and replayed (tile_kernels_aot._plans, its plans recorded again over the
+loaded binaries, so that a simple plan replays in the runtime's C extension; the line says which replays it) down to the
+driver call, over a stand-in libcuda (tests/fixtures/stub_libcuda.c, compiled with the host C compiler; without one the
+launch stays a record), and replayed once more as without the extension (Python's replay, the driver call through
+ctypes) where the extension is built. tests/cpu/test_native_replay.py checks what the C replays launch.
 
     python -m benchmarks.host_python build/sm_90a [--tokens 1] [--cases mhc_post_fwd,engram_*]
 
@@ -126,6 +128,7 @@ def main() -> int:
     stub_folder = tempfile.TemporaryDirectory()
     drv = stub_driver(stub_folder.name)
     native = drv.native if drv is not None else None  # None for a launch through ctypes
+    native_replay = _plans._native_replay  # the extension's replay of simple plans
     if drv is None:
         print('no C compiler: each launch is timed as a record, not a driver call')
 
@@ -150,21 +153,25 @@ def main() -> int:
             _plans.enable(False)
             full = per_call_us(lambda: op(*call_args))
             _plans.enable(True)
+            _plans.clear()  # recorded again over the loaded binaries: a simple plan gets its native form
+            for _ in range(3):
+                op(*call_args)
+            replayer = 'C' if any(getattr(plan, 'native', None) for plan in getattr(op, 'plans', {}).values()) else 'Python'
             replayed = per_call_us(lambda: op(*call_args))
             through_ctypes = ''
-            if native is not None:
-                drv.native = None
-                through_ctypes = f'  replayed via ctypes {per_call_us(lambda: op(*call_args)):6.1f} us'
+            if native is not None:  # as without the extension: Python replays, ctypes makes the driver call
+                drv.native, _plans._native_replay = None, None
+                through_ctypes = f'  replayed without the extension {per_call_us(lambda: op(*call_args)):6.1f} us'
         except (ValueError, TypeError, SpecNotPrebuiltError) as exc:  # a case the token count or the build does not suit
             print(f'{case.name:60s} skipped: {str(exc).splitlines()[0]}')
             continue
         finally:
             _plans.enable(True)
             if native is not None:
-                drv.native = native
+                drv.native, _plans._native_replay = native, native_replay
         same = all(r == records[0] for r in records[1:])
         failed += not same
-        print(f'{case.name:60s} in full {full:6.1f} us  replayed {replayed:6.1f} us  {full / replayed:4.1f}x{through_ctypes}'
+        print(f'{case.name:60s} in full {full:6.1f} us  replayed in {replayer:6s} {replayed:6.1f} us  {full / replayed:4.1f}x{through_ctypes}'
               f'{"" if same else "  REPLAYED LAUNCHES DIFFER"}', flush=True)
     return 1 if failed else 0
 

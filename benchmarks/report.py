@@ -360,7 +360,8 @@ def host_table(sources: Sources) -> list[str]:
     return ['## Host time per call', '',
             wrap(f'benchmarks/host_overhead.py at {tokens} tokens: a loop of 2000 calls timed on the host, '
                  'the lowest of three interleaved rounds; "in full" is the op with launch plans off (every call checks its arguments '
-                 'again), "via ctypes" the op with the driver call made through ctypes instead of the runtime\'s C extension, '
+                 'again), "via ctypes" the op without the runtime\'s C extension (its launch plan replayed in Python, the driver call '
+                 'made through ctypes), '
                  '"torch" is torch.neg on the op\'s largest floating-point input, in the same '
                  f'process, each row\'s references timed in its own run. Measured {measured_on(sources.host)}.'), '',
             *table(['op', 'case', 'ours (us)', 'in full (us)', 'via ctypes (us)', 'torch (us)', 'ours / torch', 'upstream (us)', 'ours / upstream'], rows), '']

@@ -3,6 +3,10 @@
 Importing this module loads nothing: a machine with no GPU or no driver can import the package, and the
 first kernel call then raises CudaDriverError naming what is missing. Every call's CUresult is checked
 and turned into an exception that carries the function and the driver's error name and text.
+
+Where the runtime's C extension tile_kernels_aot._driver_native is installed (and TILE_KERNELS_AOT_NATIVE_LAUNCH is not
+0, see native_extension), it makes the cuLaunchKernel call of Driver.launch, and it replays simple launch plans
+(tile_kernels_aot._plans) whole, calling cuCtxGetCurrent and cuLaunchKernel by the addresses in Driver.replay_functions.
 """
 
 from __future__ import annotations
@@ -90,6 +94,9 @@ class Driver:
         self._launch_unprototyped = lib['cuLaunchKernel']
         self._launch_unprototyped.restype = CUresult
         self.native = _native_launcher(self._launch_unprototyped)  # None: launches go through ctypes
+        # What the C extension's replay of a launch plan calls (LoadedKernel.native_step): cuLaunchKernel, cuCtxGetCurrent.
+        self.replay_functions = None if self.native is None else tuple(
+            ctypes.cast(fn, ctypes.c_void_p).value for fn in (self._launch_unprototyped, self._cuCtxGetCurrent))
         self.check('cuInit', self._cuInit(0))
 
     def error_text(self, code: int) -> tuple[str, str]:
@@ -121,10 +128,14 @@ class Driver:
         if code:
             self.check('cuLaunchKernel', code)
 
-    def current_context_device(self) -> int | None:
+    def current_context(self) -> int:
+        """This thread's current CUDA context, as an address (0: none)."""
         ctx = CUcontext()
         self.call('cuCtxGetCurrent', ctypes.byref(ctx))
-        if not ctx.value:
+        return ctx.value or 0
+
+    def current_context_device(self) -> int | None:
+        if not self.current_context():
             return None
         dev = CUdevice()
         self.call('cuCtxGetDevice', ctypes.byref(dev))
@@ -158,18 +169,25 @@ class Driver:
 NATIVE_ENV = 'TILE_KERNELS_AOT_NATIVE_LAUNCH'
 
 
-def _native_launcher(launch_kernel) -> Any:
-    """The C extension tile_kernels_aot._driver_native bound to `launch_kernel` (libcuda's cuLaunchKernel), or None
-    where it is not installed (the pure-Python wheel) or TILE_KERNELS_AOT_NATIVE_LAUNCH=0. It makes the call that
-    Driver.launch makes through ctypes, with the arguments converted in C."""
+def native_extension() -> Any:
+    """The C extension tile_kernels_aot._driver_native, or None where it is not installed (the pure-Python wheel) or
+    TILE_KERNELS_AOT_NATIVE_LAUNCH=0: then ctypes makes every driver call and launch plans replay in Python."""
     if not config.env_switch(NATIVE_ENV, True):
         return None
     try:
         from tile_kernels_aot import _driver_native
     except ImportError:
         return None
-    _driver_native.bind(ctypes.cast(launch_kernel, ctypes.c_void_p).value)
     return _driver_native
+
+
+def _native_launcher(launch_kernel) -> Any:
+    """native_extension() bound to `launch_kernel` (libcuda's cuLaunchKernel), or None. It makes the call that
+    Driver.launch makes through ctypes, with the arguments converted in C."""
+    native = native_extension()
+    if native is not None:
+        native.bind(ctypes.cast(launch_kernel, ctypes.c_void_p).value)
+    return native
 
 
 @functools.cache

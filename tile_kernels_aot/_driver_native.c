@@ -1,14 +1,21 @@
-/* cuLaunchKernel for tile_kernels_aot._driver, without ctypes' conversion of its eleven arguments.
+/* The runtime's hot path in C, for tile_kernels_aot._driver and tile_kernels_aot._plans: cuLaunchKernel without ctypes'
+ * conversion of its eleven arguments (launch), and the whole replay of a simple launch plan (replay).
  *
- * An optional extension: the runtime works without it (ctypes makes the same call, slower), and it links nothing.
- * The driver's cuLaunchKernel comes as an address, from the libcuda.so.1 that _driver.py opened, through bind().
+ * An optional extension: the runtime works without it (ctypes makes the same driver call, _plans replays in Python,
+ * slower), and it links nothing. Driver functions come as addresses, from the libcuda.so.1 that _driver.py opened:
+ * cuLaunchKernel through bind() for launch(), and in each plan's launch steps for replay().
  * Built against Python's limited API, so one binary serves every CPython from 3.11 on.
  */
 #define Py_LIMITED_API 0x030B0000
 #include <Python.h>
+#include <stdint.h>
+
+#define MAX_TENSORS 64 /* tensors of one replayed call: its argument tensors and what it allocates */
+#define MAX_PARAMS 64  /* arguments of one replayed kernel */
 
 typedef int (*launch_kernel_t)(void *f, unsigned grid_x, unsigned grid_y, unsigned grid_z, unsigned block_x, unsigned block_y,
                                unsigned block_z, unsigned shared_bytes, void *stream, void **params, void **extra);
+typedef int (*ctx_get_current_t)(void **ctx);
 
 static launch_kernel_t launch_kernel;
 
@@ -73,13 +80,364 @@ static PyObject *launch(PyObject *module, PyObject *const *args, Py_ssize_t narg
     return PyLong_FromLong(code);
 }
 
+/* -- signatures ------------------------------------------------------------------------------------------------ */
+
+/* Set once by the module's init: torch.Tensor and torch.dtype, the methods of a tensor a signature calls
+ * (torch.Tensor.stride, ...: the arguments keyed here are exactly torch.Tensor), the attribute names it reads. */
+static PyObject *tensor_type, *dtype_type, *m_stride, *m_get_device, *m_data_ptr, *str_dtype, *str_shape, *str_native;
+
+/* One replayed call's tensors by number (see _plans._Recorder): its argument tensors (borrowed), then what it allocates
+ * (owned), with each one's data pointer; bit i of `have` says whether number i holds a tensor yet. */
+struct call {
+    PyObject *tensors[MAX_TENSORS];
+    uintptr_t pointers[MAX_TENSORS];
+    uint64_t have;
+    Py_ssize_t num_inputs;
+};
+
+/* A tensor's data pointer; -1 with an exception set on failure. */
+static int data_ptr(PyObject *tensor, uintptr_t *out) {
+    PyObject *p = PyObject_CallFunctionObjArgs(m_data_ptr, tensor, NULL);
+    if (p == NULL)
+        return -1;
+    *out = (uintptr_t)PyLong_AsUnsignedLongLong(p);
+    Py_DECREF(p);
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+/* An argument tensor's part of the signature, (dtype, shape, stride(), get_device(), data_ptr() & 255), the tensor
+ * and its data pointer put in `call`. NULL without an exception where the call has MAX_TENSORS already. */
+static PyObject *tensor_part(PyObject *t, struct call *call) {
+    if (call->num_inputs == MAX_TENSORS)
+        return NULL;
+    uintptr_t *pointer = &call->pointers[call->num_inputs];
+    PyObject *dtype = NULL, *shape = NULL, *stride = NULL, *device = NULL, *low = NULL, *part = NULL;
+    if ((dtype = PyObject_GetAttr(t, str_dtype)) && (shape = PyObject_GetAttr(t, str_shape)) &&
+        (stride = PyObject_CallFunctionObjArgs(m_stride, t, NULL)) && (device = PyObject_CallFunctionObjArgs(m_get_device, t, NULL)) &&
+        !data_ptr(t, pointer) && (low = PyLong_FromLong((long)(*pointer & 255))))
+        part = PyTuple_Pack(5, dtype, shape, stride, device, low);
+    Py_XDECREF(dtype);
+    Py_XDECREF(shape);
+    Py_XDECREF(stride);
+    Py_XDECREF(device);
+    Py_XDECREF(low);
+    if (part != NULL)
+        call->tensors[call->num_inputs++] = t;
+    return part;
+}
+
+/* Whether `v` is an argument a signature holds as its type and value (_plans._SCALARS). */
+static int is_scalar(PyObject *v) {
+    return PyLong_CheckExact(v) || PyBool_Check(v) || PyUnicode_CheckExact(v) || v == Py_None || (PyObject *)Py_TYPE(v) == dtype_type;
+}
+
+/* What _plans._part makes of an argument: a tensor's part, (type, value) of a scalar, (float, value, its sign) of a
+ * float, (type, the items' parts) of a tuple or list; the tensors go into `call` in the order _part meets them. NULL
+ * without an exception for anything else (a tensor subclass, another object: Python keys some of them). */
+static PyObject *part_of(PyObject *v, struct call *call) {
+    if ((PyObject *)Py_TYPE(v) == tensor_type)
+        return tensor_part(v, call);
+    if (is_scalar(v))
+        return PyTuple_Pack(2, (PyObject *)Py_TYPE(v), v);
+    if (PyFloat_CheckExact(v)) {  /* 0.0 and -0.0 are equal keys, not equal arguments */
+        PyObject *sign = PyFloat_FromDouble(__builtin_copysign(1.0, PyFloat_AsDouble(v)));
+        PyObject *part = sign ? PyTuple_Pack(3, (PyObject *)&PyFloat_Type, v, sign) : NULL;
+        Py_XDECREF(sign);
+        return part;
+    }
+    int is_list = PyList_CheckExact(v);
+    if (!is_list && !PyTuple_CheckExact(v))
+        return NULL;
+    Py_ssize_t n = is_list ? PyList_Size(v) : PyTuple_Size(v);
+    PyObject *parts = PyTuple_New(n), *part = NULL;
+    for (Py_ssize_t i = 0; parts && i < n; i++) {
+        PyObject *item = part_of(is_list ? PyList_GetItem(v, i) : PyTuple_GetItem(v, i), call);
+        if (item == NULL)
+            Py_CLEAR(parts);
+        else
+            PyTuple_SetItem(parts, i, item);
+    }
+    if (parts != NULL)
+        part = PyTuple_Pack(2, (PyObject *)Py_TYPE(v), parts);
+    Py_XDECREF(parts);
+    return part;
+}
+
+/* The signature _plans.signature makes of a call with positional arguments `args` only (a tuple): the SM count, the
+ * index-check switch, then a scalar's type and value, or another argument's part (part_of). `call` gets the argument
+ * tensors. NULL without an exception where an argument is of a kind this does not key; NULL with one on an error. */
+static PyObject *signature_of(PyObject *args, PyObject *num_sms, PyObject *checks, struct call *call) {
+    Py_ssize_t nargs = PyTuple_Size(args), size = 2;
+    for (Py_ssize_t i = 0; i < nargs; i++)
+        size += is_scalar(PyTuple_GetItem(args, i)) ? 2 : 1;
+    call->num_inputs = 0;
+    PyObject *key = PyTuple_New(size);
+    if (key == NULL)
+        return NULL;
+    Py_INCREF(num_sms);
+    PyTuple_SetItem(key, 0, num_sms);
+    Py_INCREF(checks);
+    PyTuple_SetItem(key, 1, checks);
+    for (Py_ssize_t i = 0, at = 2; i < nargs; i++) {
+        PyObject *v = PyTuple_GetItem(args, i), *part;
+        if (is_scalar(v)) {
+            PyObject *kind = (PyObject *)Py_TYPE(v);
+            Py_INCREF(kind);
+            PyTuple_SetItem(key, at++, kind);
+            Py_INCREF(v);
+            part = v;
+        } else {
+            part = part_of(v, call);
+        }
+        if (part == NULL) {
+            Py_DECREF(key);
+            return NULL;
+        }
+        PyTuple_SetItem(key, at++, part);
+    }
+    call->have = call->num_inputs == 64 ? ~(uint64_t)0 : ((uint64_t)1 << call->num_inputs) - 1;
+    return key;
+}
+
+/* signature(args, num_sms, index_checks) -> the tuple _plans.signature(args, {}, []) makes, or None where replay()
+ * leaves the call to Python. */
+static PyObject *signature(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3 || !PyTuple_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "signature takes a tuple of arguments, the SM count and the index-check switch");
+        return NULL;
+    }
+    struct call call;
+    PyObject *key = signature_of(args[0], args[1], args[2], &call);
+    if (key == NULL && !PyErr_Occurred())
+        Py_RETURN_NONE;
+    return key;
+}
+
+/* -- replay ---------------------------------------------------------------------------------------------------- */
+
+/* A tensor number of a plan that `call` holds (or, with `absent`, does not hold yet): 0, or -1 with an exception.
+ * -1 (a launch step's number for an address) passes where `address` allows it. */
+static int number_of(PyObject *item, const struct call *call, int absent, int address, Py_ssize_t *out) {
+    Py_ssize_t n = PyLong_AsSsize_t(item);
+    if (n == -1 && PyErr_Occurred())
+        return -1;
+    if (!(n == -1 && address) && (n < 0 || n >= MAX_TENSORS || (int)(call->have >> n & 1) == absent)) {
+        PyErr_Format(PyExc_SystemError, "replay: the plan's tensor %zd is %s", n, absent ? "made twice" : "not made yet");
+        return -1;
+    }
+    *out = n;
+    return 0;
+}
+
+/* Whether the context a launch step recorded is this thread's current one: 1, 0, or -1 with an exception. */
+static int same_context(PyObject *step) {
+    ctx_get_current_t ctx_get_current = (ctx_get_current_t)PyLong_AsVoidPtr(PyTuple_GetItem(step, 1));
+    void *recorded = PyLong_AsVoidPtr(PyTuple_GetItem(step, 2));
+    if (PyErr_Occurred())
+        return -1;
+    void *current = NULL;
+    return ctx_get_current(&current) == 0 && current == recorded;
+}
+
+/* One launch step (its layout: _launch.py, LoadedKernel.native_step): the scalar arguments read where the step keeps
+ * them, the pointers filled in on the stack, the stream asked of torch, cuLaunchKernel called without the GIL, and a
+ * failure handed to the step's check (Driver.check, which raises the named CudaDriverError). 0, or -1 with an exception. */
+static int launch_step(PyObject *step, const struct call *call) {
+    launch_kernel_t launch_fn = (launch_kernel_t)PyLong_AsVoidPtr(PyTuple_GetItem(step, 0));
+    void *function = PyLong_AsVoidPtr(PyTuple_GetItem(step, 3));
+    unsigned long sizes[7];  /* grid, block, shared bytes */
+    for (Py_ssize_t i = 0; i < 7; i++)
+        sizes[i] = PyLong_AsUnsignedLong(PyTuple_GetItem(step, 4 + i));
+    if (PyErr_Occurred())
+        return -1;
+    char *block;  /* 8 bytes an argument; the step holds it for as long as this runs */
+    Py_ssize_t nbytes;
+    if (PyBytes_AsStringAndSize(PyTuple_GetItem(step, 14), &block, &nbytes))
+        return -1;
+    Py_ssize_t nparams = nbytes / 8;
+    if (nbytes % 8 || nparams > MAX_PARAMS) {
+        PyErr_SetString(PyExc_SystemError, "replay: a launch step's argument block is not up to MAX_PARAMS 8-byte slots");
+        return -1;
+    }
+    uint64_t pointers[MAX_PARAMS];
+    void *params[MAX_PARAMS];
+    for (Py_ssize_t i = 0; i < nparams; i++)
+        params[i] = block + 8 * i;
+    PyObject *slots = PyTuple_GetItem(step, 15);  /* (slot, tensor number, byte offset), flat; number -1: the offset is the address */
+    Py_ssize_t nslots = PyTuple_Size(slots);
+    for (Py_ssize_t i = 0; i + 2 < nslots; i += 3) {
+        Py_ssize_t slot = PyLong_AsSsize_t(PyTuple_GetItem(slots, i)), number;
+        if (slot == -1 && PyErr_Occurred())
+            return -1;
+        if (slot < 0 || slot >= nparams) {
+            PyErr_Format(PyExc_SystemError, "replay: pointer slot %zd of %zd", slot, nparams);
+            return -1;
+        }
+        if (number_of(PyTuple_GetItem(slots, i + 1), call, 0, 1, &number))
+            return -1;
+        uint64_t offset = PyLong_AsUnsignedLongLong(PyTuple_GetItem(slots, i + 2));
+        if (PyErr_Occurred())
+            return -1;
+        pointers[slot] = (number >= 0 ? call->pointers[number] : 0) + offset;
+        params[slot] = &pointers[slot];
+    }
+    PyObject *stream_obj = PyObject_CallFunctionObjArgs(PyTuple_GetItem(step, 11), PyTuple_GetItem(step, 12), NULL);
+    if (stream_obj == NULL)
+        return -1;
+    void *stream = PyLong_AsVoidPtr(stream_obj);
+    Py_DECREF(stream_obj);
+    if (PyErr_Occurred())
+        return -1;
+    int code;
+    Py_BEGIN_ALLOW_THREADS
+    code = launch_fn(function, sizes[0], sizes[1], sizes[2], sizes[3], sizes[4], sizes[5], sizes[6], stream, params, NULL);
+    Py_END_ALLOW_THREADS
+    if (code) {
+        PyObject *checked = PyObject_CallFunction(PyTuple_GetItem(step, 13), "si", "cuLaunchKernel", code);
+        if (checked == NULL)
+            return -1;
+        Py_DECREF(checked);
+    }
+    return 0;
+}
+
+/* A plan's result (_plans._Recorder._returns): a tensor's number, None, or a tuple or list of these. */
+static PyObject *result_of(PyObject *spec, const struct call *call) {
+    if (spec == Py_None)
+        Py_RETURN_NONE;
+    Py_ssize_t number;
+    if (PyLong_Check(spec)) {
+        if (number_of(spec, call, 0, 0, &number))
+            return NULL;
+        Py_INCREF(call->tensors[number]);
+        return call->tensors[number];
+    }
+    int is_list = PyList_Check(spec);
+    Py_ssize_t n = is_list ? PyList_Size(spec) : PyTuple_Size(spec);
+    if (n < 0)
+        return NULL;
+    PyObject *result = is_list ? PyList_New(n) : PyTuple_New(n);
+    for (Py_ssize_t i = 0; result && i < n; i++) {
+        PyObject *item = result_of(is_list ? PyList_GetItem(spec, i) : PyTuple_GetItem(spec, i), call);
+        if (item == NULL || (is_list ? PyList_SetItem(result, i, item) : PyTuple_SetItem(result, i, item)))
+            Py_CLEAR(result);
+    }
+    return result;
+}
+
+/* Run a native plan (see _plans._native_plan) for `call`, whose argument tensors it holds. NotImplemented, before
+ * anything is allocated, where a launch step's context is not this thread's current one. */
+static PyObject *run(PyObject *plan, struct call *call) {
+    if (!PyTuple_Check(plan) || PyTuple_Size(plan) != 3) {
+        PyErr_SetString(PyExc_SystemError, "replay: a native plan is a tuple of 3");
+        return NULL;
+    }
+    PyObject *allocations = PyTuple_GetItem(plan, 0), *launches = PyTuple_GetItem(plan, 1), *result = NULL;
+    Py_ssize_t num_allocations = PyTuple_Size(allocations), num_launches = PyTuple_Size(launches);
+    for (Py_ssize_t i = 0; i < num_launches; i++) {
+        int same = same_context(PyTuple_GetItem(launches, i));
+        if (same <= 0) {
+            if (same < 0)
+                return NULL;
+            Py_RETURN_NOTIMPLEMENTED;
+        }
+    }
+    uint64_t inputs = call->have;
+    for (Py_ssize_t i = 0; i < num_allocations; i++) {  /* (number, function, args, kwargs) */
+        PyObject *step = PyTuple_GetItem(allocations, i);
+        Py_ssize_t number;
+        if (number_of(PyTuple_GetItem(step, 0), call, 1, 0, &number))
+            goto done;
+        PyObject *made = PyObject_Call(PyTuple_GetItem(step, 1), PyTuple_GetItem(step, 2), PyTuple_GetItem(step, 3));
+        if (made == NULL)
+            goto done;
+        call->tensors[number] = made;
+        call->have |= (uint64_t)1 << number;
+        if (data_ptr(made, &call->pointers[number]))
+            goto done;
+    }
+    for (Py_ssize_t i = 0; i < num_launches; i++)
+        if (launch_step(PyTuple_GetItem(launches, i), call))
+            goto done;
+    result = result_of(PyTuple_GetItem(plan, 2), call);
+done:
+    for (Py_ssize_t i = 0; i < MAX_TENSORS; i++)
+        if ((call->have & ~inputs) >> i & 1)
+            Py_DECREF(call->tensors[i]);
+    return result;
+}
+
+/* replay(plans, args, num_sms, index_checks, by_signature) -> the call's result, or NotImplemented
+ * A launch plan's call (see _plans.launch_plan) with positional arguments only: its signature, made as _plans.signature
+ * makes it, is looked up in `plans`; where that holds a plan with a native form (_Plan.native), the plan runs here.
+ * Any other call with a signature goes to by_signature(signature, argument tensors, args), which Python's replay and
+ * the op's full call begin with, as does a native plan's where another CUDA context is current (found before anything
+ * is allocated). NotImplemented, with nothing done, where an argument is of a kind this does not key. */
+static PyObject *replay(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5 || !PyDict_Check(args[0]) || !PyTuple_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "replay takes a dict of plans, a tuple of arguments, the SM count, the index-check switch "
+                                         "and the call by signature");
+        return NULL;
+    }
+    struct call call;
+    PyObject *key = signature_of(args[1], args[2], args[3], &call);
+    if (key == NULL) {
+        PyErr_Clear();  /* an argument without a signature here: Python keys it, or the op's own checks say what is wrong */
+        Py_RETURN_NOTIMPLEMENTED;
+    }
+    PyObject *plan = PyDict_GetItemWithError(args[0], key);  /* borrowed: its native form is read at once */
+    PyObject *native = plan == NULL || plan == Py_None ? NULL : PyObject_GetAttr(plan, str_native);
+    if (PyErr_Occurred()) {  /* a key that does not hash, say: Python's path meets it again and runs the op */
+        PyErr_Clear();
+        Py_XDECREF(native);
+        Py_DECREF(key);
+        Py_RETURN_NOTIMPLEMENTED;
+    }
+    PyObject *result = native == NULL || native == Py_None ? Py_NewRef(Py_NotImplemented) : run(native, &call);
+    Py_XDECREF(native);  /* held while it ran: another thread may drop the plan meanwhile */
+    if (result == Py_NotImplemented) {
+        Py_DECREF(result);
+        PyObject *tensors = PyList_New(call.num_inputs);
+        for (Py_ssize_t i = 0; tensors && i < call.num_inputs; i++) {
+            Py_INCREF(call.tensors[i]);
+            PyList_SetItem(tensors, i, call.tensors[i]);
+        }
+        result = tensors ? PyObject_CallFunctionObjArgs(args[4], key, tensors, args[1], NULL) : NULL;
+        Py_XDECREF(tensors);
+    }
+    Py_DECREF(key);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"bind", bind, METH_O, "bind(address): the cuLaunchKernel that launch() calls."},
     {"launch", (PyCFunction)(void (*)(void))launch, METH_FASTCALL,
      "launch(function, grid, block, shared_bytes, stream, params) -> CUresult"},
+    {"signature", (PyCFunction)(void (*)(void))signature, METH_FASTCALL,
+     "signature(args, num_sms, index_checks) -> the signature replay() looks up, or None"},
+    {"replay", (PyCFunction)(void (*)(void))replay, METH_FASTCALL,
+     "replay(plans, args, num_sms, index_checks, by_signature) -> the call's result, or NotImplemented where Python keys it"},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "tile_kernels_aot._driver_native", NULL, -1, methods};
 
-PyMODINIT_FUNC PyInit__driver_native(void) { return PyModule_Create(&module_def); }
+PyMODINIT_FUNC PyInit__driver_native(void) {
+    PyObject *torch = PyImport_ImportModule("torch");
+    if (torch == NULL)
+        return NULL;
+    tensor_type = PyObject_GetAttrString(torch, "Tensor");
+    dtype_type = PyObject_GetAttrString(torch, "dtype");
+    Py_DECREF(torch);
+    if (tensor_type == NULL || dtype_type == NULL || !(m_stride = PyObject_GetAttrString(tensor_type, "stride")) ||
+        !(m_get_device = PyObject_GetAttrString(tensor_type, "get_device")) || !(m_data_ptr = PyObject_GetAttrString(tensor_type, "data_ptr")) ||
+        !(str_dtype = PyUnicode_InternFromString("dtype")) || !(str_shape = PyUnicode_InternFromString("shape")) ||
+        !(str_native = PyUnicode_InternFromString("native")))
+        return NULL;
+    PyObject *module = PyModule_Create(&module_def);
+    if (module == NULL || PyModule_AddIntConstant(module, "MAX_TENSORS", MAX_TENSORS) || PyModule_AddIntConstant(module, "MAX_PARAMS", MAX_PARAMS)) {
+        Py_XDECREF(module);
+        return NULL;
+    }
+    return module;
+}

@@ -5,6 +5,10 @@ The manifest describes every buffer's shape and strides as expressions of the dy
 are read off the tensors where a shape or stride is a bare name, and every other shape, stride, dtype
 and pointer alignment is checked against them, so a binary can never run on memory it was not built
 for, whatever the op in front of it got wrong.
+
+A launch plan (tile_kernels_aot._plans) repeats a checked launch with other tensors: through replayer() in Python,
+or, for a plain kernel, in the runtime's C extension from native_step(), whose grid and scalars are checked and
+written by the same code as a launch's.
 """
 
 from __future__ import annotations
@@ -312,6 +316,31 @@ class LoadedKernel:
                 elif code := native.launch(functions[0].value, pack.grid, block, smem, _current_stream(device), pack.address):
                     drv.check('cuLaunchKernel', code)  # Driver.launch, spelled out: a replay's one driver call
         return replay
+
+    def native_step(self, device: int, buffers: tuple[tuple[str, int, int], ...], env: dict[str, int]) -> tuple | None:
+        """The launch step of replayer() as the C extension's replay runs it (tile_kernels_aot._driver_native, launch_step):
+        (cuLaunchKernel, cuCtxGetCurrent, the context, the function, grid x, y, z, block x, y, z, shared bytes, the current
+        stream's function, device, Driver.check, the argument block, its pointer slots). The grid and the scalars are
+        checked and written by _bind_env, as for a launch, into an argument block of 8 bytes an argument; the pointer
+        slots are (slot, tensor number, byte offset) triples, flat. None where only replayer() serves: a kernel that is
+        not plain, a binary not loaded on `device` yet, a driver without the extension, another device's context
+        current, an empty grid."""
+        drv, functions = self._driver, self._functions.get(device)
+        if not self._plain or functions is None or drv is None or drv.replay_functions is None:
+            return None
+        launch = self.entry.launches[0]
+        if len(launch.args) > drv.native.MAX_PARAMS or drv.current_context_device() != device:
+            return None
+        pack = _ArgPack(launch)
+        self._bind_env(launch, pack, self._grids[0](env), env)
+        if pack.grid is None:
+            return None
+        block = b''.join(bytes(8) if arg.kind == 'ptr' else ctypes.string_at(address, ctypes.sizeof(_SCALAR_CTYPES[arg.kind])).ljust(8, b'\0')
+                         for arg, address in zip(launch.args, pack.pointers))
+        where = {name: (index, offset) for name, index, offset in buffers}
+        slots = tuple(n for slot, arg in enumerate(launch.args) if arg.kind == 'ptr' for n in (slot, *where[arg.name]))
+        return (*drv.replay_functions, drv.current_context(), functions[0].value or 0, *pack.grid, *launch.block, launch.dynamic_smem,
+                _current_stream, device, drv.check, block, slots)
 
     def _launch_all(self, device: int, pointers: Mapping[str, int], env: dict[str, int]) -> None:
         functions = self._functions.get(device) or self.functions(device)

@@ -25,6 +25,22 @@ A plan keeps no tensor of a call: sizes, dtypes, offsets, torch ops, the loaded 
 Each op keeps at most ``MAX_PLANS`` signatures: a new one replaces the oldest seen only once, else the oldest plan.
 :func:`clear` forgets them all (``_select.reset`` calls it). ``TILE_KERNELS_AOT_LAUNCH_PLANS=0`` (read at import)
 or :func:`enable` turns them off: every call runs in full.
+
+Where the runtime's C extension is installed (tile_kernels_aot._driver_native, unless
+``TILE_KERNELS_AOT_NATIVE_LAUNCH=0``), a call with positional arguments only goes to its ``replay`` once the checks
+above let it replay (plans on, not under torch.compile, not inside a recorded call). It makes the signature in C, the
+same tuple :func:`signature` makes, for arguments that are exactly ``torch.Tensor``, the scalars, floats, and tuples
+and lists of these (for any other argument it leaves the call to Python), and looks it up in the op's plans. A plan
+is *simple* when its steps are allocations and launches of plain kernels (one launch without a tensor map or launch
+attributes), it saw no tensor passed twice, and it returns its tensors as they are (or None, or tuples and lists of
+these): no torch op, address table or view is repeated. Such a plan has a native form (``_Plan.native``), which the
+extension runs: the allocations through ``torch.empty_strided`` and ``torch.zeros``, then each launch with its
+argument block on the stack, its grid and scalars checked and written when the plan was made
+(``LoadedKernel.native_step``), on torch's current stream, cuLaunchKernel called without the GIL and its failure
+raised by ``Driver.check``. Where the current CUDA context is not the one the plan was recorded in (another device's,
+or none yet on a new thread), it leaves the call to Python before it allocates anything. Every other call it hands to
+the Python path above with the signature it made. The extension reads the op's one dict of plans: a plan cleared,
+evicted or turned off is gone for both.
 """
 
 from __future__ import annotations
@@ -32,13 +48,14 @@ from __future__ import annotations
 import functools
 import math
 import threading
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Mapping
+from types import MappingProxyType
 
 import torch
 from torch.compiler import is_compiling
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from tile_kernels_aot import _index_checks, config
+from tile_kernels_aot import _driver, _index_checks, config
 from tile_kernels_aot._launch import recording
 
 MAX_PLANS = 256  # signatures an op keeps: decode's batch sizes, with room for prefill's passing ones
@@ -54,6 +71,8 @@ _SCALARS = frozenset({int, bool, str, type(None), torch.dtype})
 _TENSORS = (torch.Tensor, torch.nn.Parameter)
 
 _caches: list[dict] = []
+_native = _driver.native_extension()  # the C extension, which replays simple plans (_Plan.native); None: Python replays all
+_native_replay = _native and _native.replay
 
 
 class _Unkeyable(Exception):
@@ -62,6 +81,8 @@ class _Unkeyable(Exception):
 
 class NotReplayable:
     """The plan of a signature whose calls run in full, and why."""
+
+    native = None  # as a _Plan's that is not simple: the C extension's replay leaves the call to Python
 
     def __init__(self, reason: str) -> None:
         self.reason = reason
@@ -139,12 +160,23 @@ def launch_plan(op: Callable) -> Callable:
     def call(*args, **kwargs):
         if not enabled or is_compiling() or recording.__dict__.get('active') is not None:
             return op(*args, **kwargs)
+        if _native_replay is not None and not kwargs:  # C replays a simple plan, else makes the signature for by_signature
+            result = _native_replay(plans, args, config._num_sms, _index_checks.enabled, by_signature)
+            if result is not NotImplemented:
+                return result
         tensors: list = []
         try:
             key = signature(args, kwargs, tensors)
-            plan = plans.get(key, _UNSEEN)
-        except Exception:  # an argument without a signature (another type, an unhashable value, a tensor without storage)
+        except Exception:  # an argument without a signature (another type, a tensor without storage)
             return op(*args, **kwargs)  # the op's own checks say what is wrong with it
+        return by_signature(key, tensors, args, kwargs)
+
+    def by_signature(key: tuple, tensors: list, args: tuple, kwargs: Mapping = _NO_KWARGS):
+        """The call of signature `key`, whose argument tensors are `tensors`: replayed, recorded, or run in full."""
+        try:
+            plan = plans.get(key, _UNSEEN)
+        except Exception:  # an unhashable value
+            return op(*args, **kwargs)
         if type(plan) is _Plan:
             if not plan.same or plan.serves(tensors):
                 return plan.run(tensors)
@@ -164,6 +196,7 @@ def launch_plan(op: Callable) -> Callable:
 
 
 _UNSEEN = object()
+_NO_KWARGS = MappingProxyType({})
 
 
 def _store(plans: dict, key: tuple, plan: object) -> None:
@@ -399,7 +432,7 @@ class _Recorder(TorchDispatchMode):
             else:
                 _, kernel, device, launched, env = step
                 steps.append((_LAUNCH, kernel, device, tuple((name, *buffer(t)) for name, t in launched.items()), env))
-        return _Plan(self.num_inputs, len(tensors), tuple(same), tuple(reversed(steps)), build)
+        return _Plan(self.num_inputs, len(tensors), tuple(same), tuple(reversed(steps)), build, self._returns(result))
 
     def _builder(self, value: object, returned: list[int]) -> Callable[[list], object]:
         """A function of the replayed call's tensors (numbered as here) that builds `value`; the numbers of the tensors
@@ -428,6 +461,21 @@ class _Recorder(TorchDispatchMode):
             return lambda s: value
         raise _Unplannable(f'it returns a {kind.__name__}')
 
+    def _returns(self, value: object) -> object:
+        """`value` (which _builder builds) as the C extension's replay builds it: a tensor's number, None, or a tuple or
+        list of these; _NOT_SIMPLE for any other result (a view it rebuilds, another scalar)."""
+        if value is None:
+            return None
+        if isinstance(value, torch.Tensor):
+            index = self.number[id(value)]
+            return _NOT_SIMPLE if index in self.base else index
+        kind = type(value)
+        if kind is tuple or kind is list:
+            parts = [self._returns(v) for v in value]
+            if not any(part is _NOT_SIMPLE for part in parts):
+                return kind(parts)
+        return _NOT_SIMPLE
+
 
 def _retyped(base: torch.Tensor, value: torch.Tensor) -> bool:
     """Whether `value`, a view of `base` in another dtype, is base.view(value.dtype).as_strided(...) of its own sizes
@@ -443,19 +491,24 @@ class _Unplannable(Exception):
     pass
 
 
+_NOT_SIMPLE = object()
+
+
 _ALLOC, _OP, _NESTED_OP, _TABLE, _LAUNCH = range(5)
 
 
 class _Plan:
     """What a call of one signature does on the device, ready to repeat with another call's tensors."""
 
-    def __init__(self, num_inputs: int, num_tensors: int, same: tuple, steps: tuple, build: Callable[[list], object]) -> None:
+    def __init__(self, num_inputs: int, num_tensors: int, same: tuple, steps: tuple, build: Callable[[list], object],
+                 returns: object = _NOT_SIMPLE) -> None:
         self.num_inputs = num_inputs
         self.num_made = num_tensors - num_inputs
         self.same = same  # argument positions that held one tensor when recorded: each launched buffer is the first's
         self.steps = steps
         self.build = build
         self._actions = tuple(_action(step) for step in steps)
+        self.native = _native_plan(num_tensors, same, steps, returns)  # what the C extension replays; None: Python does
 
     def serves(self, inputs: list[torch.Tensor]) -> bool:
         """Whether the plan serves a call's tensors: those passed twice when it was recorded are passed twice again."""
@@ -466,6 +519,30 @@ class _Plan:
         for action in self._actions:
             action(tensors)
         return self.build(tensors)
+
+
+def _native_plan(num_tensors: int, same: tuple, steps: tuple, returns: object) -> tuple | None:
+    """A simple plan as the C extension's replay runs it (tile_kernels_aot._driver_native, run): (the allocations as
+    (number, torch.empty_strided or torch.zeros, args, kwargs), the launch steps (LoadedKernel.native_step), the result
+    (_Recorder._returns)), its tensors numbered below MAX_TENSORS. A plan is simple when its steps are allocations and
+    launches of plain kernels (one launch, no launch attributes), it saw no tensor passed twice, and it returns its
+    tensors as they are. None for any other plan, or without the extension: Python replays it."""
+    if _native is None or same or returns is _NOT_SIMPLE or num_tensors > _native.MAX_TENSORS:
+        return None
+    allocations, launches = [], []
+    for step in steps:
+        if step[0] is _ALLOC and not step[7]:
+            _, made, shape, stride, dtype, device, zeros_made, _ = step
+            where = {'dtype': dtype, 'device': device}
+            allocations.append((made, torch.zeros, (shape,), where) if zeros_made else (made, torch.empty_strided, (shape, stride), where))
+        elif step[0] is _LAUNCH:
+            launch = step[1].native_step(*step[2:])
+            if launch is None:
+                return None
+            launches.append(launch)
+        else:  # a torch op, an address table, a zero-filled allocation with strides
+            return None
+    return tuple(allocations), tuple(launches), returns
 
 
 def _action(step: tuple) -> Callable[[list], None]:

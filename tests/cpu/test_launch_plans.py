@@ -415,6 +415,8 @@ class RecordingDriver:
     """A driver whose launch reads the argument block as cuLaunchKernel would: each parameter's value, by its kind. With
     `native`, it also stands in for the C extension, which takes addresses (tile_kernels_aot._driver_native.launch)."""
 
+    replay_functions = None  # no C functions to replay a plan with: the plans replay in Python
+
     def __init__(self, kinds: list[str], native: bool) -> None:
         self.kinds = kinds
         self.seen = []

@@ -67,3 +67,69 @@ def test_a_replayed_call_is_captured_in_a_cuda_graph():
     fresh = quant.per_token_cast(x, 'e4m3', 128)
     assert torch.equal(captured[0].view(torch.uint8), fresh[0].view(torch.uint8)) and torch.equal(captured[1], fresh[1])
     assert not torch.equal(expected[1], fresh[1])
+
+
+def _simple_calls():
+    """Calls of ops whose plans are simple (allocations and plain launches): the C extension replays them."""
+    from tile_kernels_aot import moe
+
+    scores, weights, x = torch.randn(37, 256, device='cuda'), torch.rand(37, 8, device='cuda'), torch.randn(37, 7168, device='cuda').bfloat16()
+    return [(moe.topk_gate, (scores, 8)), (moe.normalize_weight, (weights,)), (quant.per_token_cast, (x, 'e4m3', 128))]
+
+
+def test_simple_plans_replay_in_c_and_give_what_checked_calls_give():
+    if _plans._native_replay is None:
+        pytest.skip('the runtime C extension is not installed, or TILE_KERNELS_AOT_NATIVE_LAUNCH=0')
+    for op, args in _simple_calls():
+        results = [op(*args) for _ in range(4)]  # in full, recorded, then replayed in C
+        native_replay, _plans._native_replay = _plans._native_replay, None
+        try:
+            results.append(op(*args))  # replayed in Python
+        finally:
+            _plans._native_replay = native_replay
+        torch.cuda.synchronize()
+        assert [p.native is not None for p in op.plans.values()] == [True], op.__name__
+        first = [t for t in pytree.tree_leaves(results[0]) if isinstance(t, torch.Tensor)]
+        for result in results[1:]:
+            tensors = [t for t in pytree.tree_leaves(result) if isinstance(t, torch.Tensor)]
+            assert [(t.shape, t.stride(), t.dtype, t.device) for t in tensors] == [(t.shape, t.stride(), t.dtype, t.device) for t in first]
+            assert all(torch.equal(_bits(a), _bits(b)) for a, b in zip(tensors, first)), op.__name__
+        assert len({t.data_ptr() for result in results[2:] for t in pytree.tree_leaves(result) if isinstance(t, torch.Tensor)}) == 3 * len(first)
+
+
+def test_a_replay_in_c_is_captured_in_a_cuda_graph_and_runs_on_a_side_stream():
+    from tile_kernels_aot import moe
+
+    scores = torch.randn(64, 256, device='cuda')
+    for _ in range(3):
+        moe.topk_gate(scores, 8)  # the third call replays in C
+    assert [p.native is not None for p in moe.topk_gate.plans.values()] == [_plans._native_replay is not None]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = moe.topk_gate(scores, 8)
+    scores.copy_(torch.randn_like(scores))
+    graph.replay()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        on_side = moe.topk_gate(scores, 8)
+    torch.cuda.current_stream().wait_stream(side)
+    expected = moe.topk_gate.__wrapped__(scores, 8)  # the op's own checked call
+    torch.cuda.synchronize()
+    assert torch.equal(captured, expected) and torch.equal(on_side, expected)
+
+
+def test_a_new_thread_replays_a_plan_recorded_on_another():
+    import threading
+
+    from tile_kernels_aot import moe
+
+    weights = torch.rand(16, 8, device='cuda')
+    for _ in range(3):
+        expected = moe.normalize_weight(weights)
+    got = []
+    thread = threading.Thread(target=lambda: got.extend(moe.normalize_weight(weights) for _ in range(2)))
+    thread.start()
+    thread.join()
+    torch.cuda.synchronize()
+    assert len(got) == 2 and all(torch.equal(a, b) for result in got for a, b in zip(result, expected))

@@ -1,0 +1,553 @@
+"""The C extension's replay of simple launch plans (tile_kernels_aot._driver_native.replay, _plans._Plan.native) without a
+GPU. The driver's cuLaunchKernel and cuCtxGetCurrent are Python functions behind C function pointers (ctypes
+callbacks), so that a launch the extension makes is seen as libcuda would see it: its function, grid, block, shared
+memory, stream and the bytes of every argument. A replay in C must launch what the op's own checked call launches, and
+leave every call it does not serve to Python before it allocates anything."""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from tests.fixtures import stub_driver
+from tile_kernels_aot import _checks, _driver, _index_checks, _launch, _plans, _select, config, moe
+from tile_kernels_aot._launch import LoadedKernel
+from tile_kernels_aot.errors import CudaDriverError
+from tile_kernels_aot.manifest import KernelArg, Launch
+
+from . import test_launch_plans as plans_tests
+from .conftest import build_subset
+from .test_launch_plans import ENTRY, aligned, demo, full_calls, outer, pair, tabled, x_of
+
+native = _driver.native_extension()
+
+
+def needs_the_extension() -> None:
+    if native is None:
+        pytest.fail('tile_kernels_aot._driver_native is not built: `pip install -e .` builds it (it needs a C compiler)')
+
+CONTEXTS = {0xC0: 0, 0xC1: 1}  # context -> its device
+SIZES = {'ptr': 8, 'int32': 4, 'int64': 8, 'float32': 4}
+LAUNCH_KERNEL = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, *[ctypes.c_uint] * 7, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
+CTX_GET_CURRENT = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_void_p))
+
+
+class CallbackDriver:
+    """The driver calls of the loader and of both replays. Each launch goes into `seen` as (how, function, grid, block,
+    shared bytes, stream, each argument as (kind, its bytes), the launching thread): how is 'native' for the C extension's replay (through the C function pointers
+    of replay_functions), 'python' for Python's replay (the extension's launch(), stood in for by self) and 'full' for an
+    op's checked call (Driver.launch). Each thread has a current context: none until _ensure_context makes its
+    device's current."""
+
+    MAX_PARAMS = native.MAX_PARAMS if native else 0
+
+    def __init__(self) -> None:
+        self.native = self
+        self.seen: list[tuple] = []
+        self.kinds: dict[int, list[str]] = {}  # function -> its arguments' kinds
+        self.fail_with = 0  # the CUresult of the next C launches
+        self._state = threading.local()
+        self._launch = LAUNCH_KERNEL(self._c_launch)
+        self._ctx_get_current = CTX_GET_CURRENT(self._c_ctx_get_current)
+        self.replay_functions = tuple(ctypes.cast(fn, ctypes.c_void_p).value for fn in (self._launch, self._ctx_get_current))
+
+    def make_current(self, context: int) -> None:
+        self._state.context = context
+
+    def current_context(self) -> int:
+        return getattr(self._state, 'context', 0)
+
+    def current_context_device(self) -> int | None:
+        return CONTEXTS.get(self.current_context())
+
+    def _record(self, how, fn, grid, block, smem, stream, params) -> None:
+        arguments = tuple((kind, ctypes.string_at(params[i], SIZES[kind])) for i, kind in enumerate(self.kinds[fn]))
+        self.seen.append((how, fn, tuple(grid), tuple(block), smem, stream, arguments, threading.get_ident()))
+
+    def _c_launch(self, fn, gx, gy, gz, bx, by, bz, smem, stream, params, extra) -> int:
+        self._record('native', fn, (gx, gy, gz), (bx, by, bz), smem, stream or 0, ctypes.cast(params, ctypes.POINTER(ctypes.c_void_p)))
+        assert extra is None
+        return self.fail_with
+
+    def _c_ctx_get_current(self, out) -> int:
+        out[0] = self.current_context() or None
+        return 0
+
+    def launch(self, fn, grid, block, smem, stream, params) -> int | None:
+        if isinstance(fn, int):  # the extension's launch(): the function's handle and the argument array's address
+            self._record('python', fn, grid, block, smem, stream, (ctypes.c_void_p * len(self.kinds[fn])).from_address(params))
+            return 0
+        self._record('full', fn.value, grid, block, smem, stream, params)
+        return None
+
+    def check(self, function: str, code: int) -> None:
+        if code:
+            raise CudaDriverError(function, code, 'CUDA_ERROR_TEST', 'a test error')
+
+    # -- loading, for the real ops' binaries --
+
+    def load_module(self, image: bytes):
+        return ctypes.c_void_p(1)
+
+    def get_function(self, module, symbol: str):
+        return ctypes.c_void_p(0xF00 + len(self.kinds))  # the kinds are set by the caller that knows the launch
+
+    def device_attribute(self, attribute: int, device: int) -> int:
+        return 1 << 20
+
+    def set_function_attribute(self, fn, attribute: int, value: int) -> None:
+        pass
+
+
+def hows(drv: CallbackDriver) -> list[str]:
+    return [how for how, *_ in drv.seen]
+
+
+REAL_LOAD = LoadedKernel._load
+PLAIN = dataclasses.replace(ENTRY, launches=(Launch(**dict(
+    ENTRY.launches[0].__dict__, args=(KernelArg('x', 'ptr'), KernelArg('num_tokens', 'int32'), KernelArg('out', 'ptr'), KernelArg('num_sms', 'int32')),
+    grid=('num_tokens', 1, 1), block=(128, 2, 1), dynamic_smem=96)),))
+
+
+@pytest.fixture
+def drv(monkeypatch) -> CallbackDriver:
+    """test_launch_plans' demo ops over a plain kernel of four arguments (x, num_tokens, out, num_sms), loaded on device 0
+    through a CallbackDriver; torch's stream of device 0 is 0x5EA."""
+    needs_the_extension()
+    drv = CallbackDriver()
+    kernel = LoadedKernel(PLAIN, Path('.'))
+
+    def load(self, device):
+        self._driver = drv
+        fn = drv.get_function(None, 'k')
+        drv.kinds[fn.value] = [arg.kind for arg in self.entry.launches[0].args]
+        return [fn]
+
+    monkeypatch.setattr(LoadedKernel, '_load', load)
+    monkeypatch.setattr(_launch, '_ensure_context', lambda device: (drv.make_current(0xC0 + device), setattr(_launch._thread_state, 'device', device)))
+    monkeypatch.setattr(_launch, '_current_device', lambda: 0)
+    monkeypatch.setattr(_launch, '_current_stream', lambda device: 0x5EA)
+    monkeypatch.setattr(plans_tests, 'KERNEL', kernel)
+    _launch._thread_state.__dict__.clear()
+    full_calls.clear()
+    yield drv
+    _launch._thread_state.__dict__.clear()
+
+
+def addresses(record: tuple, values: list[int]) -> tuple:
+    """A launch record with each pointer argument replaced by its position in `values` (a call's tensors' addresses),
+    each other argument by its bytes."""
+    _, fn, grid, block, smem, stream, arguments, _ = record
+    return fn, grid, block, smem, stream, tuple(values.index(int.from_bytes(b, 'little')) if kind == 'ptr' else b for kind, b in arguments)
+
+
+def native_plans(op) -> list:
+    return [plan.native is not None for plan in op.plans.values() if type(plan) is _plans._Plan]
+
+
+def test_a_simple_plan_is_replayed_in_c_and_launches_what_the_full_call_does(drv):
+    calls = []
+    for _ in range(5):
+        x = x_of(3)
+        calls.append((x, demo(x)))
+    assert full_calls['demo'] == 2 and hows(drv) == ['full', 'full', 'native', 'native', 'native']
+    assert native_plans(demo) == [True]
+    expected = (0xF00, (3, 1, 1), (128, 2, 1), 96, 0x5EA, (0, (3).to_bytes(4, 'little'), 1, (132).to_bytes(4, 'little')))
+    for (x, out), record in zip(calls, drv.seen):
+        assert addresses(record, [x.data_ptr(), out.data_ptr()]) == expected
+        assert out.shape == (3, 2) and out.stride() == (2, 1) and out.dtype == torch.float32
+    assert len({out.data_ptr() for _, out in calls}) == 5  # each call its own output
+
+
+@_plans.launch_plan
+def skipping(x, skip):
+    """Launches a view of its argument, `skip` rows in."""
+    out = torch.empty((x.shape[0] - skip, 2))
+    plans_tests.KERNEL(0, {'x': x[skip:], 'out': out}, {'num_sms': 132})
+    return out
+
+
+@_plans.launch_plan
+def listed(xs, scale):
+    """Launches the first of a list of tensors."""
+    out = torch.empty((xs[0].shape[0], 2))
+    plans_tests.KERNEL(0, {'x': xs[0], 'out': out}, {'num_sms': 132})
+    return out
+
+
+@pytest.mark.parametrize('case', ['zeros', 'second argument', 'offset', 'list argument', 'zero tokens'])
+def test_other_simple_plans_are_replayed_in_c(drv, case):
+    for _ in range(4):
+        litter = torch.full((4, 2), 7.0)  # freed memory of the output's size, for the allocator to hand out again
+        del litter
+        x, y = x_of(4), x_of(4)
+        if case == 'zeros':
+            out = demo(x, 1.0, 'zeros')
+            assert torch.equal(out, torch.zeros(4, 2))
+            values = [x.data_ptr(), out.data_ptr()]
+        elif case == 'second argument':
+            out = pair(y, x)
+            values = [y.data_ptr(), out.data_ptr()]
+        elif case == 'offset':  # a buffer at an offset into an argument
+            out = skipping(x, 1)
+            values = [x[1:].data_ptr(), out.data_ptr()]
+        elif case == 'list argument':
+            out = listed([y, x], (0.5, -0.0))
+            values = [y.data_ptr(), out.data_ptr()]
+        else:
+            out = demo(x[:0])  # an empty grid: the op launches nothing
+            assert out.shape == (0, 2)
+            continue
+        assert addresses(drv.seen[-1], values)[-1][0::2] == (0, 1)
+    assert hows(drv) == ([] if case == 'zero tokens' else ['full', 'full', 'native', 'native'])
+    assert native_plans({'second argument': pair, 'offset': skipping, 'list argument': listed}.get(case, demo)) == [case != 'zero tokens']
+
+
+@_plans.launch_plan
+def shapes(x, mode):
+    """Results of every shape the C replay builds: a tuple, a list, None (an op that writes its argument), the argument."""
+    out = torch.empty((x.shape[0], 2))
+    plans_tests.KERNEL(0, {'x': x, 'out': out}, {'num_sms': 132})
+    if mode == 'tuple':
+        return out, x, None
+    if mode == 'list':
+        return [out, (None, x)]
+    if mode == 'none':
+        return None
+    return x
+
+
+@pytest.mark.parametrize('mode', ['tuple', 'list', 'none', 'argument'])
+def test_a_simple_plan_returns_its_tensors_as_the_op_does(drv, mode):
+    for _ in range(4):
+        x = x_of()
+        result = shapes(x, mode)
+        out = torch.empty(0)
+        if mode == 'tuple':
+            assert type(result) is tuple and len(result) == 3 and result[1] is x and result[2] is None
+            out = result[0]
+        elif mode == 'list':
+            assert type(result) is list and len(result) == 2 and result[1] == (None, x) and result[1][1] is x
+            out = result[0]
+        else:
+            assert result is (None if mode == 'none' else x)
+        if mode in ('tuple', 'list'):
+            assert addresses(drv.seen[-1], [x.data_ptr(), out.data_ptr()])[-1][0::2] == (0, 1)
+    assert hows(drv)[2:] == ['native', 'native'] and native_plans(shapes) == [True]
+
+
+@pytest.mark.parametrize('call, why', [
+    (lambda x: demo(x, 0.5, 'fill'), 'a torch op'),
+    (lambda x: demo(x, 1.0, 'transposed'), 'a returned view'),
+    (lambda x: demo(x, 1.0, 'retyped'), 'a returned view in another dtype'),
+    (lambda x: demo(x, 1.0, 'torch_op'), 'a torch op'),
+    (lambda x: pair(x, x), 'one tensor passed twice'),
+    (lambda x: outer(x), 'a nested op (a torch op)'),
+    (lambda x: tabled(x, [aligned(torch.randn(8)) for _ in range(3)]), 'an address table'),
+])
+def test_other_plans_replay_in_python(drv, call, why):
+    for _ in range(4):
+        call(x_of())
+    assert hows(drv) == ['full', 'full', 'python', 'python'], why
+    assert [native for op in (demo, pair, outer, tabled) for native in native_plans(op)] == [False]
+
+
+class Subclass(torch.Tensor):
+    pass
+
+
+def test_python_gets_the_signature_c_made(drv, monkeypatch):
+    made = Counter()
+    monkeypatch.setattr(_plans, 'signature', lambda *a, signature=_plans.signature: (made.update([1]), signature(*a))[1])
+    for _ in range(4):
+        demo(x_of(), 0.5, 'fill')  # not simple: Python replays it with C's signature
+    demo(x_of())
+    demo(x_of())
+    drv.make_current(0)
+    demo(x_of())  # a simple plan, and no context current: Python replays it with C's signature
+    assert made[1] == 0 and hows(drv) == ['full', 'full', 'python', 'python', 'full', 'full', 'python']
+    demo(x_of(), scale=0.5)
+    assert made[1] == 1
+
+
+def test_the_signature_is_the_one_python_makes(drv):
+    x = x_of(4)
+    calls = [(x,), (x, 3, True, 'a', None, torch.float16), (x, 0.0), (x, -0.0), (x, float('inf')), (x[1:], x.T, x[:, ::2]),
+             (aligned(x, 16).half(),), (), (7,), (x, [1, 2]), (x, (1, (2.0, [x[1:]]), [])), ([x, x[2:]], x.T)]
+    for args in calls:
+        for num_sms, checks in [(None, False), (7, True)]:
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(config, '_num_sms', num_sms)
+                patch.setattr(_index_checks, 'enabled', checks)
+                assert native.signature(args, num_sms, checks) == _plans.signature(args, {}, []), args
+    for unkeyed in [(torch.nn.Parameter(x.float()),), (x, object()), (x, [1, {}]), ((x.float() * 1).as_subclass(Subclass),)]:
+        assert native.signature(unkeyed, None, False) is None  # Python keys some of these, and replays them itself
+    keys = {native.signature(args, None, False) for args in [(x, 1), (x, True), (x, 1.0), (x, 0.0), (x, -0.0), (x, False)]}
+    assert len(keys) == 6  # equal values of other types, and 0.0 and -0.0, are other signatures
+
+
+def test_the_sm_count_and_the_index_checks_are_part_of_the_signature(drv, monkeypatch):
+    for _ in range(3):
+        demo(x_of())
+    monkeypatch.setattr(config, '_num_sms', 7)
+    demo(x_of())
+    monkeypatch.setattr(config, '_num_sms', None)
+    monkeypatch.setattr(_index_checks, 'enabled', True)
+    demo(x_of())
+    assert full_calls['demo'] == 4 and hows(drv) == ['full', 'full', 'native', 'full', 'full']
+
+
+class Allocations(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += func is torch.ops.aten.empty_strided.default
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize('context', [0xC1, 0], ids=['another device', 'no context'])
+def test_another_context_leaves_the_call_to_python_before_anything_is_allocated(drv, context):
+    for _ in range(3):
+        demo(x_of())
+    drv.make_current(context)
+    x = x_of()
+    with Allocations() as allocations:
+        out = demo(x)
+    assert allocations.count == 1  # Python's replay's own: the C replay allocated nothing before it left
+    assert hows(drv) == ['full', 'full', 'native', 'python'] and full_calls['demo'] == 2
+    assert addresses(drv.seen[-1], [x.data_ptr(), out.data_ptr()])[-1][0::2] == (0, 1)
+
+
+def test_a_new_thread_replays_in_python_until_its_context_is_current(drv):
+    for _ in range(3):
+        demo(x_of())
+    seen = []
+
+    def work():
+        for _ in range(2):
+            x = x_of()
+            seen.append((x, demo(x)))
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join()
+    assert hows(drv) == ['full', 'full', 'native', 'full', 'native']  # Python's replay makes the context current first
+    for (x, out), record in zip(seen, drv.seen[3:]):
+        assert addresses(record, [x.data_ptr(), out.data_ptr()])[-1][0::2] == (0, 1)
+
+
+def test_a_failed_launch_raises_the_drivers_error(drv):
+    for _ in range(3):
+        demo(x_of())
+    drv.fail_with = 700
+    with pytest.raises(CudaDriverError, match='CUDA_ERROR_TEST') as info:
+        demo(x_of())
+    assert (info.value.function, info.value.code) == ('cuLaunchKernel', 700)
+    drv.fail_with = 0
+    demo(x_of())
+    assert hows(drv) == ['full', 'full', 'native', 'native', 'native']
+
+
+def test_threads_replay_in_c_each_with_its_own_tensors(drv):
+    for _ in range(3):
+        demo(x_of())
+    drv.seen.clear()
+    mismatches = []
+
+    def work():
+        drv.make_current(0xC0)
+        for _ in range(50):
+            x = x_of()
+            out = demo(x)
+            mine = [record for record in drv.seen if record[-1] == threading.get_ident()][-1]
+            if out.shape != (3, 2) or addresses(mine, [x.data_ptr(), out.data_ptr()])[-1][0::2] != (0, 1):
+                mismatches.append(mine)
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not mismatches and hows(drv) == ['native'] * 400
+
+
+class Spy:
+    """Stands in for the C replay and counts its calls, noting any made while a call was being recorded."""
+
+    def __init__(self, replay) -> None:
+        self.replay, self.calls, self.while_recording = replay, 0, 0
+
+    def __call__(self, *args):
+        self.calls += 1
+        self.while_recording += _launch.recording.__dict__.get('active') is not None
+        return self.replay(*args)
+
+
+@pytest.fixture
+def spy(drv, monkeypatch) -> Spy:
+    spy = Spy(_plans._native_replay)
+    monkeypatch.setattr(_plans, '_native_replay', spy)
+    return spy
+
+
+def test_a_call_with_keyword_arguments_replays_in_python(drv, spy):
+    for _ in range(4):
+        demo(x_of(), mode='empty')
+    assert spy.calls == 0 and hows(drv) == ['full', 'full', 'python', 'python']
+
+
+def test_under_torch_compile_the_op_runs_as_it_is(drv, spy, monkeypatch):
+    for _ in range(3):
+        demo(x_of())
+    monkeypatch.setattr(_plans, 'is_compiling', lambda: True)
+    demo(x_of())
+    assert spy.calls == 3 and full_calls['demo'] == 3 and hows(drv) == ['full', 'full', 'native', 'full']
+
+
+def test_a_recorded_call_never_reaches_the_c_replay(drv, spy):
+    for _ in range(4):
+        outer(x_of())  # demo runs inside outer's first two calls, the second recorded
+    assert spy.while_recording == 0 and spy.calls == 4 + 1  # outer's four, and demo's inside outer's first call
+
+
+def test_plans_turned_off_or_forgotten_are_not_replayed_in_c(drv, spy, monkeypatch):
+    for _ in range(3):
+        demo(x_of())
+    monkeypatch.setattr(_plans, 'enabled', True)
+    _plans.enable(False)
+    demo(x_of())
+    assert spy.calls == 3 and full_calls['demo'] == 3  # off, the call does not reach C
+    _plans.enable(True)
+    demo(x_of())
+    assert full_calls['demo'] == 3 and hows(drv)[-1] == 'native'
+    _select.reset()  # forgets the plans (_plans.clear)
+    demo(x_of())
+    assert full_calls['demo'] == 4 and hows(drv)[-1] == 'full'
+
+
+def test_an_evicted_signature_is_not_replayed_in_c(drv, monkeypatch):
+    monkeypatch.setattr(_plans, 'MAX_PLANS', 2)
+    for _ in range(3):
+        demo(x_of(1))
+    for tokens in (2, 2, 3, 3):  # two plans more: the first goes
+        demo(x_of(tokens))
+    assert [key[2][1][0] for key in demo.plans] == [2, 3]
+    before = full_calls['demo']
+    demo(x_of(1))
+    assert full_calls['demo'] == before + 1 and hows(drv)[-1] == 'full'
+
+
+@pytest.mark.parametrize('env, blocked', [({_driver.NATIVE_ENV: '0'}, False), ({}, True)], ids=['NATIVE_LAUNCH=0', 'pure-Python wheel'])
+def test_without_the_extension_plans_replay_in_python(env, blocked):
+    result = subprocess.run([sys.executable, '-c', textwrap.dedent(f'''
+        import sys
+        if {blocked}:
+            sys.modules['tile_kernels_aot._driver_native'] = None  # as the pure-Python wheel, which lacks it
+        from tile_kernels_aot import _driver, _plans
+        print(_plans._native_replay, _driver.native_extension())
+    ''')], capture_output=True, text=True, env={**os.environ, **env})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ['None', 'None']
+
+
+@pytest.fixture
+def thread_state():
+    _launch._thread_state.__dict__.clear()
+    yield
+    _launch._thread_state.__dict__.clear()
+
+
+def test_the_drivers_own_functions_replay_a_plan(monkeypatch, tmp_path, thread_state):
+    """Driver.replay_functions are libcuda's: over the stand-in libcuda, a replay reaches its cuLaunchKernel, and the
+    stand-in's failure (grid x = 7) raises the driver's named error through Driver.check."""
+    needs_the_extension()
+    stub = stub_driver.build(tmp_path)
+    if stub is None:
+        pytest.skip('no C compiler')
+    drv = _driver.Driver(stub)
+    kernel = LoadedKernel(PLAIN, Path('.'))
+    monkeypatch.setattr(LoadedKernel, '_load', lambda self, device: (setattr(self, '_driver', drv), [ctypes.c_void_p(0xF00)])[1])
+    monkeypatch.setattr(_launch, '_ensure_context', lambda device: setattr(_launch._thread_state, 'device', device))
+    monkeypatch.setattr(_launch, '_current_device', lambda: 0)
+    monkeypatch.setattr(_launch, '_current_stream', lambda device: 0x5EA)
+    monkeypatch.setattr(plans_tests, 'KERNEL', kernel)
+    launches = Counter()
+    monkeypatch.setattr(drv, 'launch', lambda *a: launches.update(['full']))  # the checked calls launch nothing
+    for tokens in (3, 3, 7, 7):
+        demo(x_of(tokens))
+    assert launches['full'] == 4 and native_plans(demo) == [True, True]
+    demo(x_of(3))
+    assert [stub.seen_argument(i) for i in (0, 1, 2, 3, 4, 5, 6, 7, 8, 10)] == [0xF00, 3, 1, 1, 128, 2, 1, 96, 0x5EA, 0]
+    with pytest.raises(CudaDriverError, match='CUDA_ERROR_STUB') as info:
+        demo(x_of(7))
+    assert info.value.function == 'cuLaunchKernel' and launches['full'] == 4
+
+
+# -- the real ops over a build ------------------------------------------------------------------------------------
+
+MOE = [{'kernel': 'moe.topk_gate', 'params': {'num_experts': 256, 'num_topk': 8}},
+       {'kernel': 'moe.normalize_weight', 'params': {'dtype': 'float32'}}]
+
+
+@pytest.fixture(scope='module')
+def moe_build(tmp_path_factory) -> Path:
+    """sm_90a binaries of topk_gate and normalize_weight (tilelang + nvcc, no GPU)."""
+    pytest.importorskip('tilelang')
+    from kernel_src.decl import ARCHS
+
+    root = tmp_path_factory.mktemp('moe')
+    specs = root / 'moe.json'
+    specs.write_text(json.dumps(MOE))
+    build_subset(root, archs=tuple(a for a in ARCHS if a.target == 'sm_90a'), specs_file=specs, wheels=False)
+    return root / 'build' / 'sm_90a'
+
+
+@pytest.fixture
+def real_drv(drv, moe_build, monkeypatch):
+    monkeypatch.setenv(_select.KERNEL_DIRS_ENV, str(moe_build))
+    monkeypatch.setattr(_select, 'device_facts', lambda index: ('NVIDIA H200', (9, 0)))
+    monkeypatch.setattr(_checks, 'on_one_cuda_device', lambda op, **tensors: 0)
+    def load(self, device):  # the real load, over the CallbackDriver, which learns the kernel's argument kinds
+        functions = REAL_LOAD(self, device)
+        drv.kinds[functions[0].value] = [arg.kind for arg in self.entry.launches[0].args]
+        return functions
+
+    monkeypatch.setattr(LoadedKernel, '_load', load)
+    monkeypatch.setattr(_driver, 'driver', lambda: drv)
+    _select.reset()
+    yield drv
+    _select.reset()
+
+
+@pytest.mark.parametrize('op', ['topk_gate', 'normalize_weight'])
+def test_real_ops_replay_in_c_what_their_checked_calls_launch(real_drv, op):
+    drv = real_drv
+    calls = []
+    for _ in range(5):
+        if op == 'topk_gate':
+            x = aligned(torch.randn(5, 256))
+            result = moe.topk_gate(x, 8)
+            tensors = [x, result]
+        else:
+            x = aligned(torch.rand(5, 8))
+            result = moe.normalize_weight(x)
+            tensors = [x, *result]
+        calls.append([t.data_ptr() for t in tensors])
+    fn = getattr(moe, op)
+    assert hows(drv) == ['full', 'full', 'native', 'native', 'native'] and native_plans(fn) == [True]
+    full = addresses(drv.seen[0], calls[0])
+    assert all(addresses(record, values) == full for record, values in zip(drv.seen, calls))
