@@ -11,8 +11,8 @@
 # --python-version 3.12 --only-binary=:all: -d .whl`, and likewise the others).
 set -uo pipefail
 OUT=${OUT:-/tmp/tk-out}
-SITE=/tmp/tk-site
-WORK=/tmp/tk-work
+SITE=${SITE:-/tmp/tk-site}  # the installed wheels; WORK: the copy of the tests the steps run in (two runs at once: set both apart)
+WORK=${WORK:-/tmp/tk-work}
 steps=${*:-tests bench tune cold}
 DIST=${DIST:-dist}          # the wheels to install
 TESTS=${TESTS:-tests/gpu tests/test_readme.py}   # pytest selection (the README blocks run on the GPU too)
