@@ -100,6 +100,15 @@ def aligned(t: torch.Tensor, offset: int = 0) -> torch.Tensor:
     return copy
 
 
+def in_threads(work, count: int) -> None:
+    """Run `work` in `count` threads at once and wait for them all."""
+    threads = [threading.Thread(target=work) for _ in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
 def x_of(tokens=3):
     return aligned(torch.randn(tokens, 64).bfloat16())
 
@@ -350,11 +359,7 @@ def test_threads_replay_one_plan_each_with_its_own_tensors(monkeypatch):
             if mine != (x.data_ptr(), out.data_ptr()):
                 mismatches.append(mine)
 
-    threads = [threading.Thread(target=work) for _ in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    in_threads(work, 8)
     assert not mismatches and len(seen) == 400
     assert [type(p) for p in demo.plans.values()] == [_plans._Plan]
 

@@ -29,7 +29,7 @@ from tile_kernels_aot.manifest import KernelArg, Launch
 
 from . import test_launch_plans as plans_tests
 from .conftest import build_subset
-from .test_launch_plans import ENTRY, aligned, demo, full_calls, outer, pair, tabled, x_of
+from .test_launch_plans import ENTRY, aligned, demo, full_calls, in_threads, outer, pair, tabled, x_of
 
 native = _driver.native_extension()
 
@@ -377,11 +377,7 @@ def test_threads_replay_in_c_each_with_its_own_tensors(drv):
             if out.shape != (3, 2) or addresses(mine, [x.data_ptr(), out.data_ptr()])[-1][0::2] != (0, 1):
                 mismatches.append(mine)
 
-    threads = [threading.Thread(target=work) for _ in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    in_threads(work, 8)
     assert not mismatches and hows(drv) == ['native'] * 400
 
 
