@@ -1,39 +1,37 @@
 """Device-side checks of values a kernel reads from tensors: the package's one memory-safety rule.
 
-Every index, position or count read from a tensor is checked on the device:
+Every index, position or count that a kernel reads from a tensor and addresses memory with is checked on the device:
 
 - an entry the op documents as padding (a negative index or position) is skipped, as upstream does;
-- any other entry out of range stops the kernel at a device-side assert (PyTorch's convention for its own
-  indexing kernels: the launch fails with "device-side assert triggered" and the CUDA context is lost), and
-  is masked before it addresses memory, so that no thread reads or writes outside the tensors before the
-  assert ends the grid.
+- any other entry out of range stops the kernel, and the CUDA context is lost (PyTorch's convention for its own
+  indexing kernels), and is masked before it addresses memory, so that no thread reads or writes outside the
+  tensors before the stop reaches the rest of the grid.
 
 The gating kernels follow the same rule for the scores they rank: an input that would make a ranking value
-NaN stops the kernel at a device-side assert, and the masking that follows keeps every access in bounds.
-That is a NaN score anywhere, and an infinite one where the kernel adds scores or applies a scoring function
-(topk_sum_and_topk_group_idx, and top2_sum_gate, upstream's rule there); topk_gate only compares its scores,
-so it ranks infinities as numbers.
+NaN stops the kernel, and the masking that follows keeps every access in bounds. That is a NaN score anywhere,
+and an infinite one where the kernel adds scores or applies a scoring function (topk_sum_and_topk_group_idx, and
+top2_sum_gate, upstream's rule there); topk_gate only compares its scores, so it ranks infinities as numbers.
 
-`device_assert` is the assert. The counting and gating kernels (group_count, aux_fi, topk_gate,
-topk_sum_and_topk_group_idx, top2_sum_gate) end in `device_trap` instead, a predicated trap: they take a few
-microseconds, and the assert's call into the driver's __assertfail (a syscall that reads its message from a constant
-bank) costs them 2-3% of that, which the trap does not. The trap ends the kernel and the context the same way; the
-host sees "unspecified launch failure" instead of "device-side assert triggered". An index read as int64 is checked in 64 bits, so that no value wraps into range:
-`below` is the assert's term (negative values pass, as padding) and `counted` the mask of an index that addresses
-memory (0 <= value < bound, one unsigned compare). A kernel that computes with a narrowed index uses
-`index_as_int32`, which clamps. The bf16 SwiGLU forward traps too: its loop
-has no register to spare for an assert's call.
+A kernel stops at `device_assert`, CUDA's assert: the host sees "device-side assert triggered". The counting and
+gating kernels (group_count, aux_fi, topk_gate, topk_sum_and_topk_group_idx, top2_sum_gate) stop at `device_trap`
+instead, a predicated trap (kernel_src/cuda/trap_unless.cuh): they take a few microseconds, and the assert's call
+into __assertfail (a syscall, its message in a constant bank) costs them 2-3% of that, the trap nothing measurable.
+The trap ends the kernel and the context the same way; the host sees "unspecified launch failure". The bf16 SwiGLU
+forward traps too: its loop has no register to spare for an assert's call.
+
+An index read as int64 is checked in 64 bits, so that no value wraps into range: `below` is the check's term
+(negative values pass, as padding) and `counted` the mask of an index that addresses memory (0 <= value < bound,
+one unsigned compare). A kernel that computes with a narrowed index uses `index_as_int32`, which clamps.
 
 A check gathered over a loop combines its terms with `all_of` and `any_of` (or `all_below`, `all_finite` over a
 buffer), which evaluate every term in a balanced tree: `and` and `or` become C's short-circuit `&&` and `||`, which
 ptxas may compile to a branch per term, and a flag and-ed in term by term is a chain of dependent compares. Both sit on
 the hot path of kernels that run a warp or two per scheduler, where every instruction's latency shows.
 
-The counting, dedup and gating kernels gather their checks into a flag and assert once, after their last store,
-where no value is live across the assert's call (an assert inside a loop or ahead of the stores makes ptxas keep
-values alive around the call). The masking keeps every access in bounds until then. An assert (or trap) ahead of
-a shuffle makes ptxas compile the shuffle twice, once for a warp no longer whole, so kernels whose warps shuffle
-assert after the last one.
+The counting and gating kernels gather their checks into a flag and stop once, after their last store (an assert
+inside a loop or ahead of the stores makes ptxas keep values alive around its call); the masking keeps every access
+in bounds until then. An assert or a trap ahead of a shuffle makes ptxas compile the shuffle twice, once for a warp
+no longer whole, so kernels whose warps shuffle check after the last one.
 """
 
 import tilelang  # noqa: F401 - puts tilelang's bundled tvm on the path before `tvm` is imported

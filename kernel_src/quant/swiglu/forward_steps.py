@@ -8,6 +8,7 @@ issued an iteration ahead of its loads (fp32, and the bf16 copy) so that the dep
 
 from tilelang import language as T
 
+from kernel_src.bounds import device_trap
 from kernel_src.quant.common import block_scale
 from kernel_src.quant.swiglu.common import E4M3_MAX, clamp_gate, clamped_swiglu, clamped_swiglu_fast, track_division_range, warp_all
 from kernel_src.quant.swiglu.layout import LANES_LOG2, flat_block, in_step, row_of_step, vector_col, vector_in_row
@@ -64,7 +65,7 @@ def read_weight(routing, index, weight):
     where the loop has no register to spare for that (the bf16 kernels), traps here (trap_unless.cuh). The check
     comes where the weight is read, an iteration after the entry's load was issued, so that it never waits for it."""
     if routing.indices_ok is None:
-        T.evaluate(T.call_extern('void', 'tk_trap_unless', index < routing.num_weights))
+        T.evaluate(device_trap(index < routing.num_weights))
     else:
         routing.indices_ok[0] = routing.indices_ok[0] and index < routing.num_weights
     weight[0] = T.if_then_else(T.And(index >= 0, index < routing.num_weights), routing.topk_weights[T.max(index, 0)], T.float32(0))
