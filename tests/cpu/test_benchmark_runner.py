@@ -76,3 +76,37 @@ def test_the_kernel_selection_takes_comma_separated_globs():
     installed = ['moe.topk_gate', 'moe.reduce_fused', 'quant.per_token_cast', 'engram.engram_hash']
     assert select(cases, 'moe.topk_gate,quant.*', installed) == (['moe.topk_gate', 'quant.per_token_cast'], [])
     assert select(cases, '*', installed) == (['moe.topk_gate', 'moe.reduce_fused', 'quant.per_token_cast'], ['engram.engram_hash'])
+
+
+def test_ab_times_each_case_on_both_sides_in_turn(tmp_path):
+    """--ab: each case on the installed binaries and on DIR's, through TILE_KERNELS_AOT_KERNEL_DIRS, in the order base,
+    new, new, base, ...; each side's round r in PREFIX-side-r.jsonl; the environment as it was afterwards."""
+    prefix = tmp_path / 'ab'
+    script = STUBS + textwrap.dedent('''
+        import os
+        sides = []
+        class SideTimer(Timer):
+            def device_times(self, fn, iters=30):
+                side = 'new' if os.environ.get(run.KERNEL_DIRS_ENV) else 'base'
+                sides.append(side)
+                return [2.0] if side == 'new' else [4.0]
+        run.Timer = SideTimer
+        run._select.reset = lambda: None
+        run.CASES = {'k.a': lambda spec, tokens: ('one', lambda: None, 1e6)}
+        os.environ.pop(run.KERNEL_DIRS_ENV, None)
+    ''') + f'sys.argv = ["run", "--ab", {str(tmp_path)!r}, "--rounds", "3", "--out", {str(prefix)!r}]\n' \
+        + 'rc = run.main()\nprint(sides, os.environ.get(run.KERNEL_DIRS_ENV))\nsys.exit(rc)\n'
+    done = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True, timeout=60, cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0, done.stderr
+    order = ['base', 'new', 'new', 'base', 'base', 'new']
+    assert done.stdout.splitlines()[-1] == f'{order * 2} None'  # two specs, three rounds each
+    for side, us in (('base', 4.0), ('new', 2.0)):
+        for r in (1, 2, 3):
+            rows = [json.loads(line) for line in Path(f'{prefix}-{side}-{r}.jsonl').read_text().splitlines()]
+            assert [(row['spec'], row['shape'], row['us']) for row in rows] == [({'n': 1}, 'one', us), ({'n': 2}, 'one', us)]
+
+
+def test_ab_needs_an_output_prefix():
+    done = subprocess.run([sys.executable, '-m', 'benchmarks.run', '--ab', 'somewhere'], capture_output=True, text=True, timeout=60,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 2 and '--ab needs --out PREFIX' in done.stderr
