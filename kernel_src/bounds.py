@@ -15,7 +15,7 @@ top2_sum_gate, upstream's rule there); topk_gate only compares its scores, so it
 A kernel stops at `device_assert`, CUDA's assert: the host sees "device-side assert triggered". The counting and
 gating kernels (group_count, aux_fi, topk_gate, topk_sum_and_topk_group_idx, top2_sum_gate) stop at `device_trap`
 instead, a predicated trap (kernel_src/cuda/trap_unless.cuh): they take a few microseconds, and the assert's call
-into __assertfail (a syscall, its message in a constant bank) costs them 2-3% of that, the trap nothing measurable.
+into __assertfail (a syscall, its message in a constant bank) costs them up to 2% of that more than the trap does.
 The trap ends the kernel and the context the same way; the host sees "unspecified launch failure". The bf16 SwiGLU
 forward traps too: its loop has no register to spare for an assert's call.
 
