@@ -34,6 +34,8 @@ in bounds until then. An assert or a trap ahead of a shuffle makes ptxas compile
 no longer whole, so kernels whose warps shuffle check after the last one.
 """
 
+import operator
+
 import tilelang  # noqa: F401 - puts tilelang's bundled tvm on the path before `tvm` is imported
 from tilelang import language as T
 from tvm import tirx
@@ -58,18 +60,20 @@ def device_assert(cond):
 def all_of(*conditions):
     """Whether every condition holds, each evaluated: a bitwise and of booleans, as a balanced tree, so that the terms
     are independent (no branch per term, no chain of one compare waiting for the one before)."""
-    if len(conditions) == 1:
-        return conditions[0]
-    half = len(conditions) // 2
-    return all_of(*conditions[:half]) & all_of(*conditions[half:])
+    return _balanced(operator.and_, conditions)
 
 
 def any_of(*conditions):
     """Whether some condition holds, each evaluated (a balanced bitwise or of booleans, as all_of)."""
-    if len(conditions) == 1:
-        return conditions[0]
-    half = len(conditions) // 2
-    return any_of(*conditions[:half]) | any_of(*conditions[half:])
+    return _balanced(operator.or_, conditions)
+
+
+def _balanced(combine, terms):
+    """`terms` combined pairwise by `combine`, as a balanced tree."""
+    if len(terms) == 1:
+        return terms[0]
+    half = len(terms) // 2
+    return combine(_balanced(combine, terms[:half]), _balanced(combine, terms[half:]))
 
 
 def all_below(values, count, bound):
