@@ -1,7 +1,8 @@
 """The Python part of every op's host time, on a machine without a GPU: each case of tests/fixtures/custom_ops.py with
 CPU tensors and the binaries' manifests from a build folder. First each launch is replaced by a record, and the replayed
 calls' launches are checked against the full calls': the same binaries, dims and scalars, and each buffer at the same
-place in the call's tensors (these replays are Python's: with the binaries not loaded, no plan is replayed in C). Then
+place in the call's tensors (each case starts with no binary loaded, by _select.reset: no plan has a native form, and
+Python's replay launches through LoadedKernel.launch, which makes the record). Then
 each case is timed in full (launch plans off) and replayed (tile_kernels_aot._plans, its plans recorded again over the
 loaded binaries, so that a simple plan replays in the runtime's C extension; the line says which replays it) down to the
 driver call, over a stand-in libcuda (tests/fixtures/stub_libcuda.c, compiled with the host C compiler; without one the
@@ -122,7 +123,7 @@ def main() -> int:
     args = parser.parse_args()
     launched = fake_device(args.kernel_dir)
     from tests.fixtures.custom_ops import CASES
-    from tile_kernels_aot import _custom_ops, _plans
+    from tile_kernels_aot import _custom_ops, _plans, _select
     from tile_kernels_aot.errors import SpecNotPrebuiltError
 
     stub_folder = tempfile.TemporaryDirectory()
@@ -143,6 +144,7 @@ def main() -> int:
             inputs = pytree.tree_map_only(torch.Tensor, aligned_copy, case.args(args.tokens))
             records = []
             recording(True)
+            _select.reset()  # an earlier case's binaries, loaded, would let the replays launch past the record
             for _ in range(4):  # in full, recorded, replayed twice
                 call_args = pytree.tree_map_only(torch.Tensor, aligned_copy, inputs)
                 launched.clear()

@@ -6,7 +6,9 @@ and turned into an exception that carries the function and the driver's error na
 
 Where the runtime's C extension tile_kernels_aot._driver_native is installed (and TILE_KERNELS_AOT_NATIVE_LAUNCH is not
 0, see native_extension), it makes the cuLaunchKernel call of Driver.launch, and it replays simple launch plans
-(tile_kernels_aot._plans) whole, calling cuCtxGetCurrent and cuLaunchKernel by the addresses in Driver.replay_functions.
+(tile_kernels_aot._plans) whole, calling cuCtxGetCurrent, cuLaunchKernel and cuLaunchKernelEx by the addresses in
+Driver.replay_functions. For cuLaunchKernelEx it fills a CUlaunchConfig laid out as the one below (and cuda.h's), with the
+CUlaunchAttribute array that LoadedKernel's launch builds here in ctypes (_launch.launch_attributes), as its bytes.
 """
 
 from __future__ import annotations
@@ -94,9 +96,10 @@ class Driver:
         self._launch_unprototyped = lib['cuLaunchKernel']
         self._launch_unprototyped.restype = CUresult
         self.native = _native_launcher(self._launch_unprototyped)  # None: launches go through ctypes
-        # What the C extension's replay of a launch plan calls (LoadedKernel.native_step): cuLaunchKernel, cuCtxGetCurrent.
+        # What the C extension's replay of a launch plan calls (LoadedKernel.native_step): cuLaunchKernel, cuCtxGetCurrent,
+        # and cuLaunchKernelEx for a launch with launch attributes.
         self.replay_functions = None if self.native is None else tuple(
-            ctypes.cast(fn, ctypes.c_void_p).value for fn in (self._launch_unprototyped, self._cuCtxGetCurrent))
+            ctypes.cast(fn, ctypes.c_void_p).value for fn in (self._launch_unprototyped, self._cuCtxGetCurrent, self._cuLaunchKernelEx))
         self.check('cuInit', self._cuInit(0))
 
     def error_text(self, code: int) -> tuple[str, str]:

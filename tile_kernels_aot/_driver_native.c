@@ -3,7 +3,9 @@
  *
  * An optional extension: the runtime works without it (ctypes makes the same driver call, _plans replays in Python,
  * slower), and it links nothing. Driver functions come as addresses, from the libcuda.so.1 that _driver.py opened:
- * cuLaunchKernel through bind() for launch(), and in each plan's launch steps for replay().
+ * cuLaunchKernel through bind() for launch(), and cuLaunchKernel, cuLaunchKernelEx and cuCtxGetCurrent in each plan's
+ * launch steps for replay(). Launch attributes come as the bytes of the CUlaunchAttribute array that _launch.py builds
+ * in ctypes; this file knows only the layout of CUlaunchConfig (cuda.h's, and _driver.py's ctypes one).
  * Built against Python's limited API, so one binary serves every CPython from 3.11 on.
  */
 #define Py_LIMITED_API 0x030B0000
@@ -12,10 +14,31 @@
 
 #define MAX_TENSORS 64 /* tensors of one replayed call: its argument tensors and what it allocates */
 #define MAX_PARAMS 64  /* arguments of one replayed kernel */
+#define MAX_ATTRIBUTES 4  /* launch attributes of one replayed kernel */
 
 typedef int (*launch_kernel_t)(void *f, unsigned grid_x, unsigned grid_y, unsigned grid_z, unsigned block_x, unsigned block_y,
                                unsigned block_z, unsigned shared_bytes, void *stream, void **params, void **extra);
 typedef int (*ctx_get_current_t)(void **ctx);
+
+/* cuda.h's CUlaunchAttribute (an id, 4 bytes of padding, a 64-byte union of values whose members hold pointers) and
+ * CUlaunchConfig, for cuLaunchKernelEx. */
+struct launch_attribute {
+    int id;
+    char pad[4];
+    union {
+        char bytes[64];
+        void *align;
+    } value;
+};
+struct launch_config {
+    unsigned grid_x, grid_y, grid_z, block_x, block_y, block_z, shared_bytes;
+    void *stream;
+    struct launch_attribute *attrs;
+    unsigned num_attrs;
+};
+_Static_assert(sizeof(struct launch_attribute) == 72, "CUlaunchAttribute is 72 bytes");
+_Static_assert(sizeof(struct launch_config) == 56, "CUlaunchConfig is 56 bytes");
+typedef int (*launch_kernel_ex_t)(const struct launch_config *config, void *f, void **params, void **extra);
 
 static launch_kernel_t launch_kernel;
 
@@ -82,9 +105,10 @@ static PyObject *launch(PyObject *module, PyObject *const *args, Py_ssize_t narg
 
 /* -- signatures ------------------------------------------------------------------------------------------------ */
 
-/* Set once by the module's init: torch.Tensor and torch.dtype, the methods of a tensor a signature calls
- * (torch.Tensor.stride, ...: the arguments keyed here are exactly torch.Tensor), the attribute names it reads. */
-static PyObject *tensor_type, *dtype_type, *m_stride, *m_get_device, *m_data_ptr, *str_dtype, *str_shape, *str_native;
+/* Set once by the module's init: torch.Tensor and torch.dtype, the methods of a tensor a signature or a returned view
+ * calls (torch.Tensor.stride, ...: the arguments keyed here are exactly torch.Tensor), the attribute names it reads. */
+static PyObject *tensor_type, *dtype_type, *m_stride, *m_get_device, *m_data_ptr, *m_view, *m_as_strided, *str_dtype, *str_shape,
+    *str_native;
 
 /* One replayed call's tensors by number (see _plans._Recorder): its argument tensors (borrowed), then what it allocates
  * (owned), with each one's data pointer; bit i of `have` says whether number i holds a tensor yet. */
@@ -229,10 +253,20 @@ static int number_of(PyObject *item, const struct call *call, int absent, int ad
     return 0;
 }
 
+/* A launch step's items (_launch.py, LoadedKernel.native_step). */
+enum {
+    STEP_LAUNCH, STEP_CTX_GET_CURRENT, STEP_LAUNCH_EX, STEP_CONTEXT, STEP_FUNCTION, STEP_GRID, STEP_BLOCK = STEP_GRID + 3,
+    STEP_SHARED_BYTES = STEP_BLOCK + 3, STEP_STREAM, STEP_DEVICE, STEP_CHECK, STEP_ARGUMENTS, STEP_SLOTS, STEP_ATTRIBUTES, STEP_ITEMS
+};
+
 /* Whether the context a launch step recorded is this thread's current one: 1, 0, or -1 with an exception. */
 static int same_context(PyObject *step) {
-    ctx_get_current_t ctx_get_current = (ctx_get_current_t)PyLong_AsVoidPtr(PyTuple_GetItem(step, 1));
-    void *recorded = PyLong_AsVoidPtr(PyTuple_GetItem(step, 2));
+    if (!PyTuple_Check(step) || PyTuple_Size(step) != STEP_ITEMS) {
+        PyErr_Format(PyExc_SystemError, "replay: a launch step is a tuple of %d", STEP_ITEMS);
+        return -1;
+    }
+    ctx_get_current_t ctx_get_current = (ctx_get_current_t)PyLong_AsVoidPtr(PyTuple_GetItem(step, STEP_CTX_GET_CURRENT));
+    void *recorded = PyLong_AsVoidPtr(PyTuple_GetItem(step, STEP_CONTEXT));
     if (PyErr_Occurred())
         return -1;
     void *current = NULL;
@@ -240,20 +274,29 @@ static int same_context(PyObject *step) {
 }
 
 /* One launch step (its layout: _launch.py, LoadedKernel.native_step): the scalar arguments read where the step keeps
- * them, the pointers filled in on the stack, the stream asked of torch, cuLaunchKernel called without the GIL, and a
- * failure handed to the step's check (Driver.check, which raises the named CudaDriverError). 0, or -1 with an exception. */
+ * them, the pointers filled in on the stack, the stream asked of torch, cuLaunchKernel called without the GIL (or, for a
+ * step with launch attributes, cuLaunchKernelEx with its CUlaunchConfig and the attributes on the stack), and a failure
+ * handed to the step's check (Driver.check, which raises the named CudaDriverError). 0, or -1 with an exception. */
 static int launch_step(PyObject *step, const struct call *call) {
-    launch_kernel_t launch_fn = (launch_kernel_t)PyLong_AsVoidPtr(PyTuple_GetItem(step, 0));
-    void *function = PyLong_AsVoidPtr(PyTuple_GetItem(step, 3));
+    void *function = PyLong_AsVoidPtr(PyTuple_GetItem(step, STEP_FUNCTION));
     unsigned long sizes[7];  /* grid, block, shared bytes */
     for (Py_ssize_t i = 0; i < 7; i++)
-        sizes[i] = PyLong_AsUnsignedLong(PyTuple_GetItem(step, 4 + i));
+        sizes[i] = PyLong_AsUnsignedLong(PyTuple_GetItem(step, STEP_GRID + i));
     if (PyErr_Occurred())
         return -1;
-    char *block;  /* 8 bytes an argument; the step holds it for as long as this runs */
-    Py_ssize_t nbytes;
-    if (PyBytes_AsStringAndSize(PyTuple_GetItem(step, 14), &block, &nbytes))
+    char *block, *attribute_bytes;  /* 8 bytes an argument; the attributes' array; the step holds both while this runs */
+    Py_ssize_t nbytes, attribute_nbytes;
+    if (PyBytes_AsStringAndSize(PyTuple_GetItem(step, STEP_ARGUMENTS), &block, &nbytes) ||
+        PyBytes_AsStringAndSize(PyTuple_GetItem(step, STEP_ATTRIBUTES), &attribute_bytes, &attribute_nbytes))
         return -1;
+    Py_ssize_t num_attrs = attribute_nbytes / (Py_ssize_t)sizeof(struct launch_attribute);
+    if (attribute_nbytes % sizeof(struct launch_attribute) || num_attrs > MAX_ATTRIBUTES) {
+        PyErr_SetString(PyExc_SystemError, "replay: a launch step's attributes are not up to MAX_ATTRIBUTES CUlaunchAttributes");
+        return -1;
+    }
+    struct launch_attribute attrs[MAX_ATTRIBUTES];
+    for (Py_ssize_t i = 0; i < num_attrs; i++)
+        __builtin_memcpy(&attrs[i], attribute_bytes + i * sizeof(struct launch_attribute), sizeof(struct launch_attribute));
     Py_ssize_t nparams = nbytes / 8;
     if (nbytes % 8 || nparams > MAX_PARAMS) {
         PyErr_SetString(PyExc_SystemError, "replay: a launch step's argument block is not up to MAX_PARAMS 8-byte slots");
@@ -263,7 +306,7 @@ static int launch_step(PyObject *step, const struct call *call) {
     void *params[MAX_PARAMS];
     for (Py_ssize_t i = 0; i < nparams; i++)
         params[i] = block + 8 * i;
-    PyObject *slots = PyTuple_GetItem(step, 15);  /* (slot, tensor number, byte offset), flat; number -1: the offset is the address */
+    PyObject *slots = PyTuple_GetItem(step, STEP_SLOTS);  /* (slot, tensor number, byte offset), flat; number -1: the offset is the address */
     Py_ssize_t nslots = PyTuple_Size(slots);
     for (Py_ssize_t i = 0; i + 2 < nslots; i += 3) {
         Py_ssize_t slot = PyLong_AsSsize_t(PyTuple_GetItem(slots, i)), number;
@@ -281,23 +324,53 @@ static int launch_step(PyObject *step, const struct call *call) {
         pointers[slot] = (number >= 0 ? call->pointers[number] : 0) + offset;
         params[slot] = &pointers[slot];
     }
-    PyObject *stream_obj = PyObject_CallFunctionObjArgs(PyTuple_GetItem(step, 11), PyTuple_GetItem(step, 12), NULL);
+    PyObject *stream_obj = PyObject_CallFunctionObjArgs(PyTuple_GetItem(step, STEP_STREAM), PyTuple_GetItem(step, STEP_DEVICE), NULL);
     if (stream_obj == NULL)
         return -1;
     void *stream = PyLong_AsVoidPtr(stream_obj);
     Py_DECREF(stream_obj);
+    launch_kernel_t launch_fn = (launch_kernel_t)PyLong_AsVoidPtr(PyTuple_GetItem(step, STEP_LAUNCH));
+    launch_kernel_ex_t launch_ex = (launch_kernel_ex_t)PyLong_AsVoidPtr(PyTuple_GetItem(step, STEP_LAUNCH_EX));
     if (PyErr_Occurred())
         return -1;
+    struct launch_config config = {sizes[0], sizes[1], sizes[2], sizes[3], sizes[4], sizes[5], sizes[6], stream, attrs, num_attrs};
     int code;
     Py_BEGIN_ALLOW_THREADS
-    code = launch_fn(function, sizes[0], sizes[1], sizes[2], sizes[3], sizes[4], sizes[5], sizes[6], stream, params, NULL);
+    if (num_attrs)
+        code = launch_ex(&config, function, params, NULL);
+    else
+        code = launch_fn(function, sizes[0], sizes[1], sizes[2], sizes[3], sizes[4], sizes[5], sizes[6], stream, params, NULL);
     Py_END_ALLOW_THREADS
     if (code) {
-        PyObject *checked = PyObject_CallFunction(PyTuple_GetItem(step, 13), "si", "cuLaunchKernel", code);
+        PyObject *checked = PyObject_CallFunction(PyTuple_GetItem(step, STEP_CHECK), "si", num_attrs ? "cuLaunchKernelEx" : "cuLaunchKernel", code);
         if (checked == NULL)
             return -1;
         Py_DECREF(checked);
     }
+    return 0;
+}
+
+/* A returned view (_plans._native_plan): (number, base number, dtype or None, shape, stride, offset) made as
+ * base.view(dtype).as_strided(shape, stride, offset), or base.as_strided(...) without a dtype, as _plans._Recorder._builder
+ * makes it. 0, or -1 with an exception. */
+static int view_step(PyObject *step, struct call *call) {
+    Py_ssize_t number, base;
+    if (!PyTuple_Check(step) || PyTuple_Size(step) != 6) {
+        PyErr_SetString(PyExc_SystemError, "replay: a returned view is a tuple of 6");
+        return -1;
+    }
+    if (number_of(PyTuple_GetItem(step, 0), call, 1, 0, &number) || number_of(PyTuple_GetItem(step, 1), call, 0, 0, &base))
+        return -1;
+    PyObject *dtype = PyTuple_GetItem(step, 2), *retyped = NULL, *made;
+    if (dtype != Py_None && !(retyped = PyObject_CallFunctionObjArgs(m_view, call->tensors[base], dtype, NULL)))
+        return -1;
+    made = PyObject_CallFunctionObjArgs(m_as_strided, retyped ? retyped : call->tensors[base], PyTuple_GetItem(step, 3),
+                                       PyTuple_GetItem(step, 4), PyTuple_GetItem(step, 5), NULL);
+    Py_XDECREF(retyped);
+    if (made == NULL)
+        return -1;
+    call->tensors[number] = made;
+    call->have |= (uint64_t)1 << number;
     return 0;
 }
 
@@ -325,15 +398,16 @@ static PyObject *result_of(PyObject *spec, const struct call *call) {
     return result;
 }
 
-/* Run a native plan (see _plans._native_plan) for `call`, whose argument tensors it holds. NotImplemented, before
- * anything is allocated, where a launch step's context is not this thread's current one. */
+/* Run a native plan (see _plans._native_plan) for `call`, whose argument tensors it holds: its allocations, its
+ * launches, the views it returns, its result. NotImplemented, before anything is allocated, where a launch step's
+ * context is not this thread's current one. */
 static PyObject *run(PyObject *plan, struct call *call) {
-    if (!PyTuple_Check(plan) || PyTuple_Size(plan) != 3) {
-        PyErr_SetString(PyExc_SystemError, "replay: a native plan is a tuple of 3");
+    if (!PyTuple_Check(plan) || PyTuple_Size(plan) != 4) {
+        PyErr_SetString(PyExc_SystemError, "replay: a native plan is a tuple of 4");
         return NULL;
     }
-    PyObject *allocations = PyTuple_GetItem(plan, 0), *launches = PyTuple_GetItem(plan, 1), *result = NULL;
-    Py_ssize_t num_allocations = PyTuple_Size(allocations), num_launches = PyTuple_Size(launches);
+    PyObject *allocations = PyTuple_GetItem(plan, 0), *launches = PyTuple_GetItem(plan, 1), *views = PyTuple_GetItem(plan, 2), *result = NULL;
+    Py_ssize_t num_allocations = PyTuple_Size(allocations), num_launches = PyTuple_Size(launches), num_views = PyTuple_Size(views);
     for (Py_ssize_t i = 0; i < num_launches; i++) {
         int same = same_context(PyTuple_GetItem(launches, i));
         if (same <= 0) {
@@ -359,7 +433,10 @@ static PyObject *run(PyObject *plan, struct call *call) {
     for (Py_ssize_t i = 0; i < num_launches; i++)
         if (launch_step(PyTuple_GetItem(launches, i), call))
             goto done;
-    result = result_of(PyTuple_GetItem(plan, 2), call);
+    for (Py_ssize_t i = 0; i < num_views; i++)
+        if (view_step(PyTuple_GetItem(views, i), call))
+            goto done;
+    result = result_of(PyTuple_GetItem(plan, 3), call);
 done:
     for (Py_ssize_t i = 0; i < MAX_TENSORS; i++)
         if ((call->have & ~inputs) >> i & 1)
@@ -431,6 +508,7 @@ PyMODINIT_FUNC PyInit__driver_native(void) {
     Py_DECREF(torch);
     if (tensor_type == NULL || dtype_type == NULL || !(m_stride = PyObject_GetAttrString(tensor_type, "stride")) ||
         !(m_get_device = PyObject_GetAttrString(tensor_type, "get_device")) || !(m_data_ptr = PyObject_GetAttrString(tensor_type, "data_ptr")) ||
+        !(m_view = PyObject_GetAttrString(tensor_type, "view")) || !(m_as_strided = PyObject_GetAttrString(tensor_type, "as_strided")) ||
         !(str_dtype = PyUnicode_InternFromString("dtype")) || !(str_shape = PyUnicode_InternFromString("shape")) ||
         !(str_native = PyUnicode_InternFromString("native")))
         return NULL;

@@ -7,8 +7,8 @@ and pointer alignment is checked against them, so a binary can never run on memo
 for, whatever the op in front of it got wrong.
 
 A launch plan (tile_kernels_aot._plans) repeats a checked launch with other tensors: through replayer() in Python,
-or, for a plain kernel, in the runtime's C extension from native_step(), whose grid and scalars are checked and
-written by the same code as a launch's.
+or, for a kernel of one launch without a tensor map, in the runtime's C extension from native_step(), whose grid,
+scalars and launch attributes are checked and written by the same code as a launch's.
 """
 
 from __future__ import annotations
@@ -319,28 +319,33 @@ class LoadedKernel:
 
     def native_step(self, device: int, buffers: tuple[tuple[str, int, int], ...], env: dict[str, int]) -> tuple | None:
         """The launch step of replayer() as the C extension's replay runs it (tile_kernels_aot._driver_native, launch_step):
-        (cuLaunchKernel, cuCtxGetCurrent, the context, the function, grid x, y, z, block x, y, z, shared bytes, the current
-        stream's function, device, Driver.check, the argument block, its pointer slots). The grid and the scalars are
-        checked and written by _bind_env, as for a launch, into an argument block of 8 bytes an argument; the pointer
-        slots are (slot, tensor number, byte offset) triples, flat. None where only replayer() serves: a kernel that is
-        not plain, a binary not loaded on `device` yet, a driver without the extension, another device's context
-        current, an empty grid."""
+        (cuLaunchKernel, cuCtxGetCurrent, cuLaunchKernelEx, the context, the function, grid x, y, z, block x, y, z, shared
+        bytes, the current stream's function, device, Driver.check, the argument block, its pointer slots, the launch
+        attributes). The grid and the scalars are checked and written by _bind_env, as for a launch, into an argument
+        block of 8 bytes an argument; the pointer slots are (slot, tensor number, byte offset) triples, flat; the launch
+        attributes are the bytes of launch_attributes' array (empty: cuLaunchKernel, else cuLaunchKernelEx), a
+        cooperative grid checked against the blocks that fit at once, as _launch_one checks it. None where only
+        replayer() serves: a kernel of several launches or with a tensor map, a binary not loaded on `device` yet, a
+        driver without the extension, another device's context current, an empty grid, a cooperative grid too large."""
         drv, functions = self._driver, self._functions.get(device)
-        if not self._plain or functions is None or drv is None or drv.replay_functions is None:
+        if len(self.entry.launches) != 1 or functions is None or drv is None or drv.replay_functions is None:
             return None
         launch = self.entry.launches[0]
-        if len(launch.args) > drv.native.MAX_PARAMS or drv.current_context_device() != device:
+        if launch.tma or len(launch.args) > drv.native.MAX_PARAMS or drv.current_context_device() != device:
             return None
         pack = _ArgPack(launch)
         self._bind_env(launch, pack, self._grids[0](env), env)
         if pack.grid is None:
             return None
+        if launch.cooperative and pack.grid[0] * pack.grid[1] * pack.grid[2] > self._resident_blocks.get((device, launch.symbol), 0):
+            return None  # _launch_one raises
         block = b''.join(bytes(8) if arg.kind == 'ptr' else ctypes.string_at(address, ctypes.sizeof(_SCALAR_CTYPES[arg.kind])).ljust(8, b'\0')
                          for arg, address in zip(launch.args, pack.pointers))
         where = {name: (index, offset) for name, index, offset in buffers}
         slots = tuple(n for slot, arg in enumerate(launch.args) if arg.kind == 'ptr' for n in (slot, *where[arg.name]))
+        attributes = launch_attributes(launch)
         return (*drv.replay_functions, drv.current_context(), functions[0].value or 0, *pack.grid, *launch.block, launch.dynamic_smem,
-                _current_stream, device, drv.check, block, slots)
+                _current_stream, device, drv.check, block, slots, b'' if attributes is None else bytes(attributes))
 
     def _launch_all(self, device: int, pointers: Mapping[str, int], env: dict[str, int]) -> None:
         functions = self._functions.get(device) or self.functions(device)
@@ -390,29 +395,35 @@ class LoadedKernel:
     def _launch_one(self, device: int, launch: Launch, fn, grid: tuple[int, int, int], stream: int, params) -> None:
         drv = self._driver
         block = launch.block
-        if not (launch.cooperative or launch.cluster_dims or launch.pdl):
+        attributes = launch_attributes(launch)
+        if attributes is None:
             drv.launch(fn, grid, block, launch.dynamic_smem, stream, params)
             return
         if launch.cooperative:
             resident = self._resident_blocks[(device, launch.symbol)]
             if grid[0] * grid[1] * grid[2] > resident:
                 raise ValueError(f'{launch.symbol}: a cooperative grid of {grid} exceeds the {resident} blocks that fit on device {device} at once')
-        attrs = []
-        if launch.cooperative:
-            a = _driver.CUlaunchAttribute(id=_driver.CU_LAUNCH_ATTRIBUTE_COOPERATIVE)
-            a.value.cooperative = 1
-            attrs.append(a)
-        if launch.cluster_dims:
-            a = _driver.CUlaunchAttribute(id=_driver.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION)
-            a.value.cluster_dim[:] = list(launch.cluster_dims)
-            attrs.append(a)
-        if launch.pdl:
-            a = _driver.CUlaunchAttribute(id=_driver.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
-            a.value.programmatic_stream_serialization_allowed = 1
-            attrs.append(a)
-        attr_array = (_driver.CUlaunchAttribute * len(attrs))(*attrs)
-        config = _driver.CUlaunchConfig(*grid, *block, launch.dynamic_smem, stream, attr_array, len(attrs))
+        config = _driver.CUlaunchConfig(*grid, *block, launch.dynamic_smem, stream, attributes, len(attributes))
         drv.call('cuLaunchKernelEx', ctypes.byref(config), fn, params, None)
+
+
+def launch_attributes(launch: Launch) -> ctypes.Array | None:
+    """The CUlaunchAttribute array of `launch`'s cuLaunchKernelEx (cooperative, cluster dims, programmatic dependent
+    launch), or None for a launch without attributes (cuLaunchKernel). The C extension's replay passes these bytes."""
+    attrs = []
+    if launch.cooperative:
+        a = _driver.CUlaunchAttribute(id=_driver.CU_LAUNCH_ATTRIBUTE_COOPERATIVE)
+        a.value.cooperative = 1
+        attrs.append(a)
+    if launch.cluster_dims:
+        a = _driver.CUlaunchAttribute(id=_driver.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION)
+        a.value.cluster_dim[:] = list(launch.cluster_dims)
+        attrs.append(a)
+    if launch.pdl:
+        a = _driver.CUlaunchAttribute(id=_driver.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
+        a.value.programmatic_stream_serialization_allowed = 1
+        attrs.append(a)
+    return (_driver.CUlaunchAttribute * len(attrs))(*attrs) if attrs else None
 
 
 def _grid_function(axes) -> Callable[[Mapping[str, int]], tuple[int, int, int]]:

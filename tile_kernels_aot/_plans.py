@@ -31,13 +31,16 @@ Where the runtime's C extension is installed (tile_kernels_aot._driver_native, u
 above let it replay (plans on, not under torch.compile, not inside a recorded call). It makes the signature in C, the
 same tuple :func:`signature` makes, for arguments that are exactly ``torch.Tensor``, the scalars, floats, and tuples
 and lists of these (for any other argument it leaves the call to Python), and looks it up in the op's plans. A plan
-is *simple* when its steps are allocations and launches of plain kernels (one launch without a tensor map or launch
-attributes), it saw no tensor passed twice, and it returns its tensors as they are (or None, or tuples and lists of
-these): no torch op, address table or view is repeated. Such a plan has a native form (``_Plan.native``), which the
-extension runs: the allocations through ``torch.empty_strided`` and ``torch.zeros``, then each launch with its
-argument block on the stack, its grid and scalars checked and written when the plan was made
-(``LoadedKernel.native_step``), on torch's current stream, cuLaunchKernel called without the GIL and its failure
-raised by ``Driver.check``. Where the current CUDA context is not the one the plan was recorded in (another device's,
+is *simple* when its steps are allocations and launches of kernels of one launch without a tensor map, it saw no
+tensor passed twice, and it returns its tensors as they are, or views of them that the result's builder makes in one
+or two steps (``base.as_strided(...)``, ``base.view(dtype).as_strided(...)``), or None, or tuples and lists of these:
+no torch op or address table is repeated. Such a plan has a native form (``_Plan.native``), which the extension runs:
+the allocations through ``torch.empty_strided`` and ``torch.zeros``, then each launch with its argument block on the
+stack, its grid and scalars checked and written when the plan was made (``LoadedKernel.native_step``), on torch's
+current stream, cuLaunchKernel called without the GIL (cuLaunchKernelEx, with its CUlaunchConfig on the stack and the
+launch attributes a checked launch passes, for a launch with PDL, cluster dims or a cooperative grid) and its failure
+raised by ``Driver.check``, then the returned views through the tensors' own ``view`` and ``as_strided``, the calls
+Python's replay makes. Where the current CUDA context is not the one the plan was recorded in (another device's,
 or none yet on a new thread), it leaves the call to Python before it allocates anything. Every other call it hands to
 the Python path above with the signature it made. The extension reads the op's one dict of plans: a plan cleared,
 evicted or turned off is gone for both.
@@ -406,7 +409,8 @@ class _Recorder(TorchDispatchMode):
             return index, offset
 
         returned: list[int] = []
-        build = self._builder(result, returned)
+        views: dict[int, tuple] = {}
+        build = self._builder(result, returned, views)
         needed = set(returned)  # the tensors the result is made of
         steps = []
         for step in reversed(self.steps):
@@ -432,11 +436,13 @@ class _Recorder(TorchDispatchMode):
             else:
                 _, kernel, device, launched, env = step
                 steps.append((_LAUNCH, kernel, device, tuple((name, *buffer(t)) for name, t in launched.items()), env))
-        return _Plan(self.num_inputs, len(tensors), tuple(same), tuple(reversed(steps)), build, self._returns(result))
+        return _Plan(self.num_inputs, len(tensors), tuple(same), tuple(reversed(steps)), build, self._returns(result, views),
+                     tuple((index, *view) for index, view in views.items()))
 
-    def _builder(self, value: object, returned: list[int]) -> Callable[[list], object]:
+    def _builder(self, value: object, returned: list[int], views: dict[int, tuple]) -> Callable[[list], object]:
         """A function of the replayed call's tensors (numbered as here) that builds `value`; the numbers of the tensors
-        it returns go into `returned`."""
+        it returns go into `returned`, and each view it rebuilds goes into `views` as its number -> (its base's number,
+        the dtype it views the base as or None, shape, stride, storage offset)."""
         if isinstance(value, torch.Tensor):
             index = self.number.get(id(value))
             if index is None:
@@ -447,31 +453,34 @@ class _Recorder(TorchDispatchMode):
                 dtype = value.dtype
                 if self.tensors[base].dtype == dtype:
                     returned.append(base)
+                    views[index] = (base, None, shape, stride, offset)
                     return lambda s: s[base].as_strided(shape, stride, offset)
                 if _retyped(self.tensors[base], value):
                     returned.append(base)
+                    views[index] = (base, dtype, shape, stride, offset)
                     return lambda s: s[base].view(dtype).as_strided(shape, stride, offset)
             returned.append(index)
             return lambda s: s[index]
         kind = type(value)
         if kind is tuple or kind is list:
-            parts = [self._builder(v, returned) for v in value]
+            parts = [self._builder(v, returned, views) for v in value]
             return lambda s: kind([part(s) for part in parts])
         if kind in _SCALARS or kind is float:
             return lambda s: value
         raise _Unplannable(f'it returns a {kind.__name__}')
 
-    def _returns(self, value: object) -> object:
-        """`value` (which _builder builds) as the C extension's replay builds it: a tensor's number, None, or a tuple or
-        list of these; _NOT_SIMPLE for any other result (a view it rebuilds, another scalar)."""
+    def _returns(self, value: object, views: dict[int, tuple]) -> object:
+        """`value` (which _builder builds) as the C extension's replay builds it: a tensor's number (a view among them, which
+        the replay makes as `views` says), None, or a tuple or list of these; _NOT_SIMPLE for any other result (a view
+        _builder could not rebuild, another scalar)."""
         if value is None:
             return None
         if isinstance(value, torch.Tensor):
             index = self.number[id(value)]
-            return _NOT_SIMPLE if index in self.base else index
+            return _NOT_SIMPLE if index in self.base and index not in views else index
         kind = type(value)
         if kind is tuple or kind is list:
-            parts = [self._returns(v) for v in value]
+            parts = [self._returns(v, views) for v in value]
             if not any(part is _NOT_SIMPLE for part in parts):
                 return kind(parts)
         return _NOT_SIMPLE
@@ -501,14 +510,14 @@ class _Plan:
     """What a call of one signature does on the device, ready to repeat with another call's tensors."""
 
     def __init__(self, num_inputs: int, num_tensors: int, same: tuple, steps: tuple, build: Callable[[list], object],
-                 returns: object = _NOT_SIMPLE) -> None:
+                 returns: object = _NOT_SIMPLE, views: tuple = ()) -> None:
         self.num_inputs = num_inputs
         self.num_made = num_tensors - num_inputs
         self.same = same  # argument positions that held one tensor when recorded: each launched buffer is the first's
         self.steps = steps
         self.build = build
         self._actions = tuple(_action(step) for step in steps)
-        self.native = _native_plan(num_tensors, same, steps, returns)  # what the C extension replays; None: Python does
+        self.native = _native_plan(num_tensors, same, steps, returns, views)  # what the C extension replays; None: Python does
 
     def serves(self, inputs: list[torch.Tensor]) -> bool:
         """Whether the plan serves a call's tensors: those passed twice when it was recorded are passed twice again."""
@@ -521,12 +530,14 @@ class _Plan:
         return self.build(tensors)
 
 
-def _native_plan(num_tensors: int, same: tuple, steps: tuple, returns: object) -> tuple | None:
+def _native_plan(num_tensors: int, same: tuple, steps: tuple, returns: object, views: tuple) -> tuple | None:
     """A simple plan as the C extension's replay runs it (tile_kernels_aot._driver_native, run): (the allocations as
-    (number, torch.empty_strided or torch.zeros, args, kwargs), the launch steps (LoadedKernel.native_step), the result
-    (_Recorder._returns)), its tensors numbered below MAX_TENSORS. A plan is simple when its steps are allocations and
-    launches of plain kernels (one launch, no launch attributes), it saw no tensor passed twice, and it returns its
-    tensors as they are. None for any other plan, or without the extension: Python replays it."""
+    (number, torch.empty_strided or torch.zeros, args, kwargs), the launch steps (LoadedKernel.native_step), the views it
+    returns as (number, base number, dtype or None, shape, stride, offset): base.view(dtype).as_strided(shape, stride,
+    offset), as _Recorder._builder rebuilds them, the result (_Recorder._returns)), its tensors numbered below
+    MAX_TENSORS. A plan is simple when its steps are allocations and launches of single-launch kernels without a tensor
+    map, it saw no tensor passed twice, and it returns its tensors as they are or views of them that _builder rebuilds
+    in one or two steps. None for any other plan, or without the extension: Python replays it."""
     if _native is None or same or returns is _NOT_SIMPLE or num_tensors > _native.MAX_TENSORS:
         return None
     allocations, launches = [], []
@@ -542,7 +553,7 @@ def _native_plan(num_tensors: int, same: tuple, steps: tuple, returns: object) -
             launches.append(launch)
         else:  # a torch op, an address table, a zero-filled allocation with strides
             return None
-    return tuple(allocations), tuple(launches), returns
+    return tuple(allocations), tuple(launches), views, returns
 
 
 def _action(step: tuple) -> Callable[[list], None]:

@@ -1,8 +1,9 @@
 """The C extension's replay of simple launch plans (tile_kernels_aot._driver_native.replay, _plans._Plan.native) without a
-GPU. The driver's cuLaunchKernel and cuCtxGetCurrent are Python functions behind C function pointers (ctypes
-callbacks), so that a launch the extension makes is seen as libcuda would see it: its function, grid, block, shared
-memory, stream and the bytes of every argument. A replay in C must launch what the op's own checked call launches, and
-leave every call it does not serve to Python before it allocates anything."""
+GPU. The driver's cuLaunchKernel, cuLaunchKernelEx and cuCtxGetCurrent are Python functions behind C function pointers
+(ctypes callbacks), so that a launch the extension makes is seen as libcuda would see it: its function, grid, block,
+shared memory, stream, the bytes of every argument, and a cuLaunchKernelEx's CUlaunchConfig and launch attributes. A
+replay in C must launch what the op's own checked call launches, return what Python's replay would, and leave every
+call it does not serve to Python before it allocates anything."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import ctypes
 import dataclasses
 import json
 import os
+import struct
 import subprocess
 import sys
 import textwrap
@@ -22,7 +24,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from tests.fixtures import stub_driver
-from tile_kernels_aot import _checks, _driver, _index_checks, _launch, _plans, _select, config, moe
+from tile_kernels_aot import _checks, _driver, _index_checks, _launch, _plans, _select, config, moe, quant
 from tile_kernels_aot._launch import LoadedKernel
 from tile_kernels_aot.errors import CudaDriverError
 from tile_kernels_aot.manifest import KernelArg, Launch
@@ -42,14 +44,25 @@ CONTEXTS = {0xC0: 0, 0xC1: 1}  # context -> its device
 SIZES = {'ptr': 8, 'int32': 4, 'int64': 8, 'float32': 4}
 LAUNCH_KERNEL = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, *[ctypes.c_uint] * 7, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
 CTX_GET_CURRENT = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_void_p))
+LAUNCH_KERNEL_EX = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
+CONFIG_LAYOUT = struct.Struct('<7I4xQQI4x')  # cuda.h's CUlaunchConfig: grid, block, shared bytes, stream, attrs, numAttrs
+
+
+def launch_config(address: int) -> tuple:
+    """The CUlaunchConfig at `address` as cuLaunchKernelEx reads it: (its fields but the attributes' address, the bytes
+    of its CUlaunchAttribute array)."""
+    *fields, attrs, num_attrs = CONFIG_LAYOUT.unpack(ctypes.string_at(address, CONFIG_LAYOUT.size))
+    return (*fields, num_attrs), ctypes.string_at(attrs, num_attrs * ctypes.sizeof(_driver.CUlaunchAttribute))
 
 
 class CallbackDriver:
     """The driver calls of the loader and of both replays. Each launch goes into `seen` as (how, function, grid, block,
-    shared bytes, stream, each argument as (kind, its bytes), the launching thread): how is 'native' for the C extension's replay (through the C function pointers
-    of replay_functions), 'python' for Python's replay (the extension's launch(), stood in for by self) and 'full' for an
-    op's checked call (Driver.launch). Each thread has a current context: none until _ensure_context makes its
-    device's current."""
+    shared bytes, stream, each argument as (kind, its bytes), the launch config, the launching thread): how is 'native'
+    for the C extension's replay (through the C function pointers of replay_functions), 'python' for Python's replay
+    (the extension's launch(), stood in for by self) and 'full' for an op's checked call (Driver.launch, or
+    Driver.call of cuLaunchKernelEx, which Python's replay of a launch with attributes makes too); the launch config is
+    None for cuLaunchKernel, launch_config() of a cuLaunchKernelEx's. Each thread has a current context: none until
+    _ensure_context makes its device's current."""
 
     MAX_PARAMS = native.MAX_PARAMS if native else 0
 
@@ -61,7 +74,8 @@ class CallbackDriver:
         self._state = threading.local()
         self._launch = LAUNCH_KERNEL(self._c_launch)
         self._ctx_get_current = CTX_GET_CURRENT(self._c_ctx_get_current)
-        self.replay_functions = tuple(ctypes.cast(fn, ctypes.c_void_p).value for fn in (self._launch, self._ctx_get_current))
+        self._launch_ex = LAUNCH_KERNEL_EX(self._c_launch_ex)
+        self.replay_functions = tuple(ctypes.cast(fn, ctypes.c_void_p).value for fn in (self._launch, self._ctx_get_current, self._launch_ex))
 
     def make_current(self, context: int) -> None:
         self._state.context = context
@@ -72,14 +86,30 @@ class CallbackDriver:
     def current_context_device(self) -> int | None:
         return CONTEXTS.get(self.current_context())
 
-    def _record(self, how, fn, grid, block, smem, stream, params) -> None:
+    def _record(self, how, fn, grid, block, smem, stream, params, config=None) -> None:
         arguments = tuple((kind, ctypes.string_at(params[i], SIZES[kind])) for i, kind in enumerate(self.kinds[fn]))
-        self.seen.append((how, fn, tuple(grid), tuple(block), smem, stream, arguments, threading.get_ident()))
+        self.seen.append((how, fn, tuple(grid), tuple(block), smem, stream, arguments, config, threading.get_ident()))
 
     def _c_launch(self, fn, gx, gy, gz, bx, by, bz, smem, stream, params, extra) -> int:
         self._record('native', fn, (gx, gy, gz), (bx, by, bz), smem, stream or 0, ctypes.cast(params, ctypes.POINTER(ctypes.c_void_p)))
         assert extra is None
         return self.fail_with
+
+    def _launch_ex_record(self, how, config: int, fn, params) -> None:
+        (gx, gy, gz, bx, by, bz, smem, stream, _), _ = seen = launch_config(config)
+        self._record(how, fn, (gx, gy, gz), (bx, by, bz), smem, stream, ctypes.cast(params, ctypes.POINTER(ctypes.c_void_p)), seen)
+
+    def _c_launch_ex(self, config, fn, params, extra) -> int:
+        self._launch_ex_record('native', config, fn, params)
+        assert extra is None
+        return self.fail_with
+
+    def call(self, name: str, *args) -> None:
+        """Driver.call: cuLaunchKernelEx as _launch_one makes it, through ctypes."""
+        assert name == 'cuLaunchKernelEx'
+        config, fn, params, extra = args
+        assert extra is None
+        self._launch_ex_record('full', ctypes.addressof(config._obj), fn.value, ctypes.addressof(params))
 
     def _c_ctx_get_current(self, out) -> int:
         out[0] = self.current_context() or None
@@ -147,10 +177,12 @@ def drv(monkeypatch) -> CallbackDriver:
 
 
 def addresses(record: tuple, values: list[int]) -> tuple:
-    """A launch record with each pointer argument replaced by its position in `values` (a call's tensors' addresses),
-    each other argument by its bytes."""
-    _, fn, grid, block, smem, stream, arguments, _ = record
-    return fn, grid, block, smem, stream, tuple(values.index(int.from_bytes(b, 'little')) if kind == 'ptr' else b for kind, b in arguments)
+    """A launch record with each pointer argument replaced by its position in `values` (a call's tensors' addresses;
+    'elsewhere' for another address), each other argument by its bytes."""
+    _, fn, grid, block, smem, stream, arguments, config, _ = record
+    pointers = [int.from_bytes(b, 'little') if kind == 'ptr' else None for kind, b in arguments]
+    return fn, grid, block, smem, stream, config, tuple(b if p is None else values.index(p) if p in values else 'elsewhere'
+                                                        for p, (_, b) in zip(pointers, arguments))
 
 
 def native_plans(op) -> list:
@@ -164,7 +196,7 @@ def test_a_simple_plan_is_replayed_in_c_and_launches_what_the_full_call_does(drv
         calls.append((x, demo(x)))
     assert full_calls['demo'] == 2 and hows(drv) == ['full', 'full', 'native', 'native', 'native']
     assert native_plans(demo) == [True]
-    expected = (0xF00, (3, 1, 1), (128, 2, 1), 96, 0x5EA, (0, (3).to_bytes(4, 'little'), 1, (132).to_bytes(4, 'little')))
+    expected = (0xF00, (3, 1, 1), (128, 2, 1), 96, 0x5EA, None, (0, (3).to_bytes(4, 'little'), 1, (132).to_bytes(4, 'little')))
     for (x, out), record in zip(calls, drv.seen):
         assert addresses(record, [x.data_ptr(), out.data_ptr()]) == expected
         assert out.shape == (3, 2) and out.stride() == (2, 1) and out.dtype == torch.float32
@@ -248,10 +280,34 @@ def test_a_simple_plan_returns_its_tensors_as_the_op_does(drv, mode):
     assert hows(drv)[2:] == ['native', 'native'] and native_plans(shapes) == [True]
 
 
+def layout(t: torch.Tensor) -> tuple:
+    return tuple(t.shape), t.stride(), t.storage_offset(), t.dtype
+
+
+@pytest.mark.parametrize('mode, view', [('transposed', ((2, 3), (1, 2), 0, torch.float32)), ('retyped', ((2, 3), (1, 2), 0, torch.int32))])
+def test_a_returned_view_is_made_in_c_as_python_makes_it(drv, monkeypatch, mode, view):
+    """demo returns out.T, or the int32 words of the uint8 bytes it launches, transposed (as the packed scale factors):
+    the C replay makes the view from the call's allocation, as Python's replay does."""
+    calls = []
+    for _ in range(4):
+        x = x_of()
+        calls.append((x, demo(x, 1.0, mode)))
+    (number, base, dtype, *rest), = next(iter(demo.plans.values())).native[2]
+    assert base == 1 and number > base  # the view is made from the call's one allocation, tensor 1 after x
+    assert (dtype, *rest) == ((None, torch.int32)[mode == 'retyped'], *view[:3])
+    monkeypatch.setattr(_plans, '_native_replay', None)  # as without the extension: Python's replay
+    x = x_of()
+    calls.append((x, demo(x, 1.0, mode)))
+    assert hows(drv) == ['full', 'full', 'native', 'native', 'python']
+    for (x, out), record in zip(calls, drv.seen):
+        storage = out.untyped_storage()
+        assert layout(out) == view and storage.nbytes() == 3 * 8
+        assert addresses(record, [x.data_ptr(), storage.data_ptr()])[-1][0::2] == (0, 1)  # the storage the kernel wrote
+    assert len({out.untyped_storage().data_ptr() for _, out in calls}) == 5
+
+
 @pytest.mark.parametrize('call, why', [
     (lambda x: demo(x, 0.5, 'fill'), 'a torch op'),
-    (lambda x: demo(x, 1.0, 'transposed'), 'a returned view'),
-    (lambda x: demo(x, 1.0, 'retyped'), 'a returned view in another dtype'),
     (lambda x: demo(x, 1.0, 'torch_op'), 'a torch op'),
     (lambda x: pair(x, x), 'one tensor passed twice'),
     (lambda x: outer(x), 'a nested op (a torch op)'),
@@ -360,6 +416,49 @@ def test_a_failed_launch_raises_the_drivers_error(drv):
     drv.fail_with = 0
     demo(x_of())
     assert hows(drv) == ['full', 'full', 'native', 'native', 'native']
+
+
+ATTRIBUTES = {  # a launch's attributes, and the CUlaunchAttribute of each as cuda.h lays it out
+    'pdl': ({'pdl': True}, struct.pack('<i4xi60x', _driver.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, 1)),
+    'cluster': ({'cluster_dims': (2, 1, 1)}, struct.pack('<i4x3I52x', _driver.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, 2, 1, 1)),
+    'cooperative': ({'cooperative': True}, struct.pack('<i4xi60x', _driver.CU_LAUNCH_ATTRIBUTE_COOPERATIVE, 1)),
+}
+
+
+def attributed(*names: str) -> LoadedKernel:
+    """PLAIN's kernel with the launch attributes `names`, 8 blocks of it resident at once."""
+    fields = {k: v for name in names for k, v in ATTRIBUTES[name][0].items()}
+    kernel = LoadedKernel(dataclasses.replace(PLAIN, launches=(dataclasses.replace(PLAIN.launches[0], **fields),)), Path('.'))
+    kernel._resident_blocks[(0, 'k')] = 8
+    return kernel
+
+
+@pytest.mark.parametrize('names', [('pdl',), ('cluster',), ('cooperative',), ('cooperative', 'cluster', 'pdl')])
+def test_a_launch_with_attributes_is_replayed_in_c_through_cuLaunchKernelEx(drv, monkeypatch, names):
+    """The C replay's CUlaunchConfig and CUlaunchAttribute array, read as cuda.h lays them out, hold what _launch_one's
+    ctypes ones hold: grid, block, shared bytes, stream, and each attribute's id and value."""
+    monkeypatch.setattr(plans_tests, 'KERNEL', attributed(*names))
+    calls = []
+    for _ in range(4):
+        x = x_of()
+        calls.append([x.data_ptr(), demo(x).data_ptr()])
+    assert hows(drv) == ['full', 'full', 'native', 'native'] and native_plans(demo) == [True]
+    config = ((3, 1, 1, 128, 2, 1, 96, 0x5EA, len(names)), b''.join(ATTRIBUTES[name][1] for name in names))
+    expected = (0xF00, (3, 1, 1), (128, 2, 1), 96, 0x5EA, config, (0, (3).to_bytes(4, 'little'), 1, (132).to_bytes(4, 'little')))
+    assert [addresses(record, values) for record, values in zip(drv.seen, calls)] == [expected] * 4
+    drv.fail_with = 700
+    with pytest.raises(CudaDriverError, match='CUDA_ERROR_TEST') as info:
+        demo(x_of())
+    assert (info.value.function, info.value.code) == ('cuLaunchKernelEx', 700)
+
+
+def test_a_cooperative_grid_that_does_not_fit_has_no_native_step(drv, monkeypatch):
+    kernel = attributed('cooperative')
+    monkeypatch.setattr(plans_tests, 'KERNEL', kernel)
+    demo(x_of(8))  # loads the kernel
+    env = {'num_tokens': 8, 'row_stride': 64, 'num_sms': 132}
+    assert kernel.native_step(0, (('x', 0, 0), ('out', 1, 0)), env) is not None
+    assert kernel.native_step(0, (('x', 0, 0), ('out', 1, 0)), {**env, 'num_tokens': 9}) is None  # _launch_one raises
 
 
 def test_threads_replay_in_c_each_with_its_own_tensors(drv):
@@ -493,28 +592,64 @@ def test_the_drivers_own_functions_replay_a_plan(monkeypatch, tmp_path, thread_s
     assert info.value.function == 'cuLaunchKernel' and launches['full'] == 4
 
 
+def test_the_drivers_own_cuLaunchKernelEx_replays_a_launch_with_attributes(monkeypatch, tmp_path, thread_state):
+    """Over the stand-in libcuda, the C replay's cuLaunchKernelEx gets the CUlaunchConfig and attributes that the checked
+    call's, through ctypes, gets; the stand-in's failure (grid x = 7) raises the driver's named error."""
+    needs_the_extension()
+    stub = stub_driver.build(tmp_path)
+    if stub is None:
+        pytest.skip('no C compiler')
+    drv = _driver.Driver(stub)
+    kernel = attributed('cooperative', 'cluster', 'pdl')
+    monkeypatch.setattr(LoadedKernel, '_load', lambda self, device: (setattr(self, '_driver', drv), [ctypes.c_void_p(0xF00)])[1])
+    monkeypatch.setattr(_launch, '_ensure_context', lambda device: setattr(_launch._thread_state, 'device', device))
+    monkeypatch.setattr(_launch, '_current_device', lambda: 0)
+    monkeypatch.setattr(_launch, '_current_stream', lambda device: 0x5EA)
+    monkeypatch.setattr(plans_tests, 'KERNEL', kernel)
+    seen = []
+    for _ in range(3):
+        demo(x_of(3))
+        fields, _ = launch_config(stub.seen_config())  # the stand-in copied the attributes the pointer points to
+        seen.append(((fields, ctypes.string_at(stub.seen_attributes(), 72 * fields[-1])), stub.seen_argument(0), stub.seen_argument(10)))
+    assert native_plans(demo) == [True]
+    config = ((3, 1, 1, 128, 2, 1, 96, 0x5EA, 3), b''.join(ATTRIBUTES[name][1] for name in ('cooperative', 'cluster', 'pdl')))
+    assert seen == [(config, 0xF00, 0)] * 3  # two checked calls through ctypes, then the C replay
+    with monkeypatch.context() as patch:
+        patch.setattr(drv, '_cuLaunchKernelEx', lambda *a: 0)  # the checked calls of grid x = 7 launch nothing
+        demo(x_of(7))
+        demo(x_of(7))
+    with pytest.raises(CudaDriverError, match='CUDA_ERROR_STUB') as info:
+        demo(x_of(7))
+    assert info.value.function == 'cuLaunchKernelEx' and native_plans(demo) == [True, True]
+
+
 # -- the real ops over a build ------------------------------------------------------------------------------------
 
-MOE = [{'kernel': 'moe.topk_gate', 'params': {'num_experts': 256, 'num_topk': 8}},
-       {'kernel': 'moe.normalize_weight', 'params': {'dtype': 'float32'}}]
+CAST = {'in_dtype': 'bfloat16', 'per_row': False, 'aligned': True, 'vec_bytes': 32}
+SPECS = [{'kernel': 'moe.topk_gate', 'params': {'num_experts': 256, 'num_topk': 8}},
+         {'kernel': 'moe.normalize_weight', 'params': {'dtype': 'float32'}},
+         {'kernel': 'moe.group_count', 'params': {'index_dtype': 'int64'}},  # launched with PDL
+         {'kernel': 'moe.aux_fi', 'params': {'index_dtype': 'int64'}},  # launched with PDL
+         *({'kernel': 'quant.per_token_cast', 'params': {**CAST, 'fmt': fmt, 'sf_format': sf}}  # returning views
+           for fmt, sf in [('e4m3', 'ue8m0'), ('e2m1', 'ue8m0'), ('e4m3', 'f32')])]
 
 
 @pytest.fixture(scope='module')
-def moe_build(tmp_path_factory) -> Path:
-    """sm_90a binaries of topk_gate and normalize_weight (tilelang + nvcc, no GPU)."""
+def specs_build(tmp_path_factory) -> Path:
+    """sm_90a binaries of SPECS (tilelang + nvcc, no GPU)."""
     pytest.importorskip('tilelang')
     from kernel_src.decl import ARCHS
 
-    root = tmp_path_factory.mktemp('moe')
-    specs = root / 'moe.json'
-    specs.write_text(json.dumps(MOE))
+    root = tmp_path_factory.mktemp('specs')
+    specs = root / 'chosen.json'  # build_subset writes its own specs.json
+    specs.write_text(json.dumps(SPECS))
     build_subset(root, archs=tuple(a for a in ARCHS if a.target == 'sm_90a'), specs_file=specs, wheels=False)
     return root / 'build' / 'sm_90a'
 
 
 @pytest.fixture
-def real_drv(drv, moe_build, monkeypatch):
-    monkeypatch.setenv(_select.KERNEL_DIRS_ENV, str(moe_build))
+def real_drv(drv, specs_build, monkeypatch):
+    monkeypatch.setenv(_select.KERNEL_DIRS_ENV, str(specs_build))
     monkeypatch.setattr(_select, 'device_facts', lambda index: ('NVIDIA H200', (9, 0)))
     monkeypatch.setattr(_checks, 'on_one_cuda_device', lambda op, **tensors: 0)
     def load(self, device):  # the real load, over the CallbackDriver, which learns the kernel's argument kinds
@@ -547,3 +682,48 @@ def test_real_ops_replay_in_c_what_their_checked_calls_launch(real_drv, op):
     assert hows(drv) == ['full', 'full', 'native', 'native', 'native'] and native_plans(fn) == [True]
     full = addresses(drv.seen[0], calls[0])
     assert all(addresses(record, values) == full for record, values in zip(drv.seen, calls))
+
+
+def index_of(tokens: int) -> torch.Tensor:
+    return aligned(torch.randint(-1, 64, (tokens, 8)))
+
+
+REAL_OPS = {  # op, its arguments for a number of tokens
+    'group_count': (moe.group_count, lambda tokens: (index_of(tokens), 64)),
+    'aux_fi': (moe.aux_fi, lambda tokens: (index_of(tokens).clamp_(min=0), 64, 8)),
+    'per_token_cast-e4m3-packed': (quant.per_token_cast, lambda tokens: (aligned(torch.randn(tokens, 256).bfloat16()), 'e4m3', 32, None, True, True, True)),
+    'per_token_cast-e2m1-packed': (quant.per_token_cast, lambda tokens: (aligned(torch.randn(tokens, 256).bfloat16()), 'e2m1', 32, None, True, True, True)),
+    'per_token_cast-col-major': (quant.per_token_cast, lambda tokens: (aligned(torch.randn(tokens, 256).bfloat16()), 'e4m3', 128, None, True)),
+}
+
+
+@pytest.mark.parametrize('case, tokens', [('group_count', 5), ('group_count', 1000), ('aux_fi', 5), ('aux_fi', 1000),
+                                          ('per_token_cast-e4m3-packed', 5), ('per_token_cast-e2m1-packed', 5),
+                                          ('per_token_cast-col-major', 5)])
+def test_real_ops_with_launch_attributes_or_returned_views_replay_in_c(real_drv, monkeypatch, case, tokens):
+    """group_count and aux_fi launch with PDL (one block writes its outputs, several add to zeroed ones); per_token_cast
+    returns views of what it allocates (packed UE8M0 words over the bytes its kernel writes, column-major float32). Their
+    C replays launch what their checked calls launch, through cuLaunchKernelEx with the same config and attributes
+    where the checked call uses it, and return tensors laid out as Python's replay and the full call lay them out, over
+    the storage the kernel wrote."""
+    drv = real_drv
+    monkeypatch.setattr(config, '_num_sms', 132)
+    op, make = REAL_OPS[case]
+    calls = []
+    for i in range(5):
+        if i == 4:
+            monkeypatch.setattr(_plans, '_native_replay', None)  # as without the extension: Python's replay
+        args = make(tokens)
+        result = op(*args)
+        outputs = list(result) if isinstance(result, tuple) else [result]
+        values = [a.data_ptr() for a in args if isinstance(a, torch.Tensor)] + [t.untyped_storage().data_ptr() for t in outputs]
+        calls.append((values, [layout(t) for t in outputs]))
+    assert hows(drv) == ['full', 'full', 'native', 'native', 'full' if case in ('group_count', 'aux_fi') else 'python']
+    assert native_plans(op) == [True]
+    assert all(layouts == calls[0][1] for _, layouts in calls)
+    full = addresses(drv.seen[0], calls[0][0])
+    assert all(addresses(record, values) == full for record, (values, _) in zip(drv.seen, calls))
+    assert (full[5] is not None) == (case in ('group_count', 'aux_fi'))  # a CUlaunchConfig: cuLaunchKernelEx
+    if full[5] is not None:
+        assert full[5][1] == ATTRIBUTES['pdl'][1]
+

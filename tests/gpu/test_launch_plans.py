@@ -70,17 +70,25 @@ def test_a_replayed_call_is_captured_in_a_cuda_graph():
 
 
 def _simple_calls():
-    """Calls of ops whose plans are simple (allocations and plain launches): the C extension replays them."""
+    """Calls of ops whose plans are simple (allocations and launches of one-launch kernels without tensor maps, returning
+    what they allocate or views of it): the C extension replays them. group_count and aux_fi launch with PDL, through
+    cuLaunchKernelEx (one block for 37 tokens, several adding to zeroed outputs for 4096); per_token_cast with packed
+    UE8M0 scale factors returns int32 words over the bytes its kernel writes, transposed."""
     from tile_kernels_aot import moe
 
     scores, weights, x = torch.randn(37, 256, device='cuda'), torch.rand(37, 8, device='cuda'), torch.randn(37, 7168, device='cuda').bfloat16()
-    return [(moe.topk_gate, (scores, 8)), (moe.normalize_weight, (weights,)), (quant.per_token_cast, (x, 'e4m3', 128))]
+    few, many = (torch.randint(-1, 64, (tokens, 8), device='cuda') for tokens in (37, 4096))
+    return [(moe.topk_gate, (scores, 8)), (moe.normalize_weight, (weights,)), (quant.per_token_cast, (x, 'e4m3', 128)),
+            (moe.group_count, (few, 64)), (moe.group_count, (many, 64)),
+            (moe.aux_fi, (few.clamp(min=0), 64, 8)), (moe.aux_fi, (many.clamp(min=0), 64, 8)),
+            (quant.per_token_cast, (x, 'e4m3', 32, None, True, True, True)), (quant.per_token_cast, (x, 'e2m1', 32, None, True, True, True))]
 
 
 def test_simple_plans_replay_in_c_and_give_what_checked_calls_give():
     if _plans._native_replay is None:
         pytest.skip('the runtime C extension is not installed, or TILE_KERNELS_AOT_NATIVE_LAUNCH=0')
     for op, args in _simple_calls():
+        op.plans.clear()
         results = [op(*args) for _ in range(4)]  # in full, recorded, then replayed in C
         native_replay, _plans._native_replay = _plans._native_replay, None
         try:
@@ -92,7 +100,8 @@ def test_simple_plans_replay_in_c_and_give_what_checked_calls_give():
         first = [t for t in pytree.tree_leaves(results[0]) if isinstance(t, torch.Tensor)]
         for result in results[1:]:
             tensors = [t for t in pytree.tree_leaves(result) if isinstance(t, torch.Tensor)]
-            assert [(t.shape, t.stride(), t.dtype, t.device) for t in tensors] == [(t.shape, t.stride(), t.dtype, t.device) for t in first]
+            layout = [(t.shape, t.stride(), t.storage_offset(), t.dtype, t.device) for t in tensors]
+            assert layout == [(t.shape, t.stride(), t.storage_offset(), t.dtype, t.device) for t in first], op.__name__
             assert all(torch.equal(_bits(a), _bits(b)) for a, b in zip(tensors, first)), op.__name__
         assert len({t.data_ptr() for result in results[2:] for t in pytree.tree_leaves(result) if isinstance(t, torch.Tensor)}) == 3 * len(first)
 
