@@ -96,7 +96,7 @@ class Driver:
         self._launch_unprototyped = lib['cuLaunchKernel']
         self._launch_unprototyped.restype = CUresult
         self.native = _native_launcher(self._launch_unprototyped)  # None: launches go through ctypes
-        # What the C extension's replay of a launch plan calls (LoadedKernel.native_step): cuLaunchKernel, cuCtxGetCurrent,
+        # What the C extension's replay of a launch plan calls (LoadedKernel.native_steps): cuLaunchKernel, cuCtxGetCurrent,
         # and cuLaunchKernelEx for a launch with launch attributes.
         self.replay_functions = None if self.native is None else tuple(
             ctypes.cast(fn, ctypes.c_void_p).value for fn in (self._launch_unprototyped, self._cuCtxGetCurrent, self._cuLaunchKernelEx))

@@ -187,11 +187,13 @@ static PyObject *part_of(PyObject *v, struct call *call) {
     return part;
 }
 
-/* The signature _plans.signature makes of a call with positional arguments `args` only (a tuple): the SM count, the
- * index-check switch, then a scalar's type and value, or another argument's part (part_of). `call` gets the argument
- * tensors. NULL without an exception where an argument is of a kind this does not key; NULL with one on an error. */
-static PyObject *signature_of(PyObject *args, PyObject *num_sms, PyObject *checks, struct call *call) {
-    Py_ssize_t nargs = PyTuple_Size(args), size = 2;
+/* The signature _plans.signature makes of a call with positional arguments `args` (a tuple) and keyword arguments
+ * `kwargs` (a dict, or NULL for none): the SM count, the index-check switch, then for each positional argument a
+ * scalar's type and value, or another argument's part (part_of), then for each keyword argument, in the call's order,
+ * its name and its part. `call` gets the argument tensors in that order. NULL without an exception where an argument
+ * is of a kind this does not key; NULL with one on an error. */
+static PyObject *signature_of(PyObject *args, PyObject *kwargs, PyObject *num_sms, PyObject *checks, struct call *call) {
+    Py_ssize_t nargs = PyTuple_Size(args), size = 2 + (kwargs ? 2 * PyDict_Size(kwargs) : 0);
     for (Py_ssize_t i = 0; i < nargs; i++)
         size += is_scalar(PyTuple_GetItem(args, i)) ? 2 : 1;
     call->num_inputs = 0;
@@ -202,7 +204,8 @@ static PyObject *signature_of(PyObject *args, PyObject *num_sms, PyObject *check
     PyTuple_SetItem(key, 0, num_sms);
     Py_INCREF(checks);
     PyTuple_SetItem(key, 1, checks);
-    for (Py_ssize_t i = 0, at = 2; i < nargs; i++) {
+    Py_ssize_t at = 2;
+    for (Py_ssize_t i = 0; i < nargs; i++) {
         PyObject *v = PyTuple_GetItem(args, i), *part;
         if (is_scalar(v)) {
             PyObject *kind = (PyObject *)Py_TYPE(v);
@@ -219,19 +222,31 @@ static PyObject *signature_of(PyObject *args, PyObject *num_sms, PyObject *check
         }
         PyTuple_SetItem(key, at++, part);
     }
+    PyObject *name, *value;
+    for (Py_ssize_t pos = 0; kwargs && PyDict_Next(kwargs, &pos, &name, &value);) {
+        PyObject *part = part_of(value, call);
+        if (part == NULL) {
+            Py_DECREF(key);
+            return NULL;
+        }
+        Py_INCREF(name);
+        PyTuple_SetItem(key, at++, name);
+        PyTuple_SetItem(key, at++, part);
+    }
     call->have = call->num_inputs == 64 ? ~(uint64_t)0 : ((uint64_t)1 << call->num_inputs) - 1;
     return key;
 }
 
-/* signature(args, num_sms, index_checks) -> the tuple _plans.signature(args, {}, []) makes, or None where replay()
- * leaves the call to Python. */
+/* signature(args, kwargs, num_sms, index_checks) -> the tuple _plans.signature(args, kwargs, []) makes, or None where
+ * replay() leaves the call to Python. */
 static PyObject *signature(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3 || !PyTuple_Check(args[0])) {
-        PyErr_SetString(PyExc_TypeError, "signature takes a tuple of arguments, the SM count and the index-check switch");
+    if (nargs != 4 || !PyTuple_Check(args[0]) || !PyDict_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "signature takes a tuple of arguments, a dict of keyword arguments, the SM count and "
+                                         "the index-check switch");
         return NULL;
     }
     struct call call;
-    PyObject *key = signature_of(args[0], args[1], args[2], &call);
+    PyObject *key = signature_of(args[0], args[1], args[2], args[3], &call);
     if (key == NULL && !PyErr_Occurred())
         Py_RETURN_NONE;
     return key;
@@ -253,7 +268,7 @@ static int number_of(PyObject *item, const struct call *call, int absent, int ad
     return 0;
 }
 
-/* A launch step's items (_launch.py, LoadedKernel.native_step). */
+/* A launch step's items (_launch.py, LoadedKernel.native_steps). */
 enum {
     STEP_LAUNCH, STEP_CTX_GET_CURRENT, STEP_LAUNCH_EX, STEP_CONTEXT, STEP_FUNCTION, STEP_GRID, STEP_BLOCK = STEP_GRID + 3,
     STEP_SHARED_BYTES = STEP_BLOCK + 3, STEP_STREAM, STEP_DEVICE, STEP_CHECK, STEP_ARGUMENTS, STEP_SLOTS, STEP_ATTRIBUTES, STEP_ITEMS
@@ -444,20 +459,20 @@ done:
     return result;
 }
 
-/* replay(plans, args, num_sms, index_checks, by_signature) -> the call's result, or NotImplemented
- * A launch plan's call (see _plans.launch_plan) with positional arguments only: its signature, made as _plans.signature
- * makes it, is looked up in `plans`; where that holds a plan with a native form (_Plan.native), the plan runs here.
- * Any other call with a signature goes to by_signature(signature, argument tensors, args), which Python's replay and
+/* replay(plans, args, kwargs, num_sms, index_checks, by_signature) -> the call's result, or NotImplemented
+ * A launch plan's call (see _plans.launch_plan), its positional arguments a tuple and its keyword arguments a dict: its
+ * signature, made as _plans.signature makes it, is looked up in `plans`; where that holds a plan with a native form (_Plan.native), the plan runs here.
+ * Any other call with a signature goes to by_signature(signature, argument tensors, args, kwargs), which Python's replay and
  * the op's full call begin with, as does a native plan's where another CUDA context is current (found before anything
  * is allocated). NotImplemented, with nothing done, where an argument is of a kind this does not key. */
 static PyObject *replay(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 5 || !PyDict_Check(args[0]) || !PyTuple_Check(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "replay takes a dict of plans, a tuple of arguments, the SM count, the index-check switch "
-                                         "and the call by signature");
+    if (nargs != 6 || !PyDict_Check(args[0]) || !PyTuple_Check(args[1]) || !PyDict_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "replay takes a dict of plans, a tuple of arguments, a dict of keyword arguments, the SM "
+                                         "count, the index-check switch and the call by signature");
         return NULL;
     }
     struct call call;
-    PyObject *key = signature_of(args[1], args[2], args[3], &call);
+    PyObject *key = signature_of(args[1], args[2], args[3], args[4], &call);
     if (key == NULL) {
         PyErr_Clear();  /* an argument without a signature here: Python keys it, or the op's own checks say what is wrong */
         Py_RETURN_NOTIMPLEMENTED;
@@ -479,7 +494,7 @@ static PyObject *replay(PyObject *module, PyObject *const *args, Py_ssize_t narg
             Py_INCREF(call.tensors[i]);
             PyList_SetItem(tensors, i, call.tensors[i]);
         }
-        result = tensors ? PyObject_CallFunctionObjArgs(args[4], key, tensors, args[1], NULL) : NULL;
+        result = tensors ? PyObject_CallFunctionObjArgs(args[5], key, tensors, args[1], args[2], NULL) : NULL;
         Py_XDECREF(tensors);
     }
     Py_DECREF(key);
@@ -491,9 +506,9 @@ static PyMethodDef methods[] = {
     {"launch", (PyCFunction)(void (*)(void))launch, METH_FASTCALL,
      "launch(function, grid, block, shared_bytes, stream, params) -> CUresult"},
     {"signature", (PyCFunction)(void (*)(void))signature, METH_FASTCALL,
-     "signature(args, num_sms, index_checks) -> the signature replay() looks up, or None"},
+     "signature(args, kwargs, num_sms, index_checks) -> the signature replay() looks up, or None"},
     {"replay", (PyCFunction)(void (*)(void))replay, METH_FASTCALL,
-     "replay(plans, args, num_sms, index_checks, by_signature) -> the call's result, or NotImplemented where Python keys it"},
+     "replay(plans, args, kwargs, num_sms, index_checks, by_signature) -> the call's result, or NotImplemented where Python keys it"},
     {NULL, NULL, 0, NULL},
 };
 

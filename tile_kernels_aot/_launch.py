@@ -7,7 +7,7 @@ and pointer alignment is checked against them, so a binary can never run on memo
 for, whatever the op in front of it got wrong.
 
 A launch plan (tile_kernels_aot._plans) repeats a checked launch with other tensors: through replayer() in Python,
-or, for a kernel of one launch without a tensor map, in the runtime's C extension from native_step(), whose grid,
+or, for a kernel without a tensor map, in the runtime's C extension from native_steps(), whose grid,
 scalars and launch attributes are checked and written by the same code as a launch's.
 """
 
@@ -317,35 +317,39 @@ class LoadedKernel:
                     drv.check('cuLaunchKernel', code)  # Driver.launch, spelled out: a replay's one driver call
         return replay
 
-    def native_step(self, device: int, buffers: tuple[tuple[str, int, int], ...], env: dict[str, int]) -> tuple | None:
-        """The launch step of replayer() as the C extension's replay runs it (tile_kernels_aot._driver_native, launch_step):
-        (cuLaunchKernel, cuCtxGetCurrent, cuLaunchKernelEx, the context, the function, grid x, y, z, block x, y, z, shared
-        bytes, the current stream's function, device, Driver.check, the argument block, its pointer slots, the launch
-        attributes). The grid and the scalars are checked and written by _bind_env, as for a launch, into an argument
-        block of 8 bytes an argument; the pointer slots are (slot, tensor number, byte offset) triples, flat; the launch
-        attributes are the bytes of launch_attributes' array (empty: cuLaunchKernel, else cuLaunchKernelEx), a
-        cooperative grid checked against the blocks that fit at once, as _launch_one checks it. None where only
-        replayer() serves: a kernel of several launches or with a tensor map, a binary not loaded on `device` yet, a
-        driver without the extension, another device's context current, an empty grid, a cooperative grid too large."""
+    def native_steps(self, device: int, buffers: tuple[tuple[str, int, int], ...], env: dict[str, int]) -> tuple | None:
+        """The launch steps of replayer(), one a launch of the kernel in order, as the C extension's replay runs them
+        (tile_kernels_aot._driver_native, launch_step): each (cuLaunchKernel, cuCtxGetCurrent, cuLaunchKernelEx, the
+        context, the function, grid x, y, z, block x, y, z, shared bytes, the current stream's function, device,
+        Driver.check, the argument block, its pointer slots, the launch attributes). The grid and the scalars are checked
+        and written by _bind_env, as for a launch, into an argument block of 8 bytes an argument; the pointer slots are
+        (slot, tensor number, byte offset) triples, flat; the launch attributes are the bytes of launch_attributes' array
+        (empty: cuLaunchKernel, else cuLaunchKernelEx), a cooperative grid checked against the blocks that fit at once,
+        as _launch_one checks it. None where only replayer() serves: a launch with a tensor map, a binary not loaded on
+        `device` yet, a driver without the extension, another device's context current, an empty grid, a cooperative
+        grid too large."""
         drv, functions = self._driver, self._functions.get(device)
-        if len(self.entry.launches) != 1 or functions is None or drv is None or drv.replay_functions is None:
+        if functions is None or drv is None or drv.replay_functions is None or drv.current_context_device() != device:
             return None
-        launch = self.entry.launches[0]
-        if launch.tma or len(launch.args) > drv.native.MAX_PARAMS or drv.current_context_device() != device:
-            return None
-        pack = _ArgPack(launch)
-        self._bind_env(launch, pack, self._grids[0](env), env)
-        if pack.grid is None:
-            return None
-        if launch.cooperative and pack.grid[0] * pack.grid[1] * pack.grid[2] > self._resident_blocks.get((device, launch.symbol), 0):
-            return None  # _launch_one raises
-        block = b''.join(bytes(8) if arg.kind == 'ptr' else ctypes.string_at(address, ctypes.sizeof(_SCALAR_CTYPES[arg.kind])).ljust(8, b'\0')
-                         for arg, address in zip(launch.args, pack.pointers))
         where = {name: (index, offset) for name, index, offset in buffers}
-        slots = tuple(n for slot, arg in enumerate(launch.args) if arg.kind == 'ptr' for n in (slot, *where[arg.name]))
-        attributes = launch_attributes(launch)
-        return (*drv.replay_functions, drv.current_context(), functions[0].value or 0, *pack.grid, *launch.block, launch.dynamic_smem,
-                _current_stream, device, drv.check, block, slots, b'' if attributes is None else bytes(attributes))
+        steps = []
+        for launch, function, grid_of in zip(self.entry.launches, functions, self._grids):
+            if launch.tma or len(launch.args) > drv.native.MAX_PARAMS:
+                return None
+            pack = _ArgPack(launch)
+            self._bind_env(launch, pack, grid_of(env), env)
+            if pack.grid is None:
+                return None
+            if launch.cooperative and pack.grid[0] * pack.grid[1] * pack.grid[2] > self._resident_blocks.get((device, launch.symbol), 0):
+                return None  # _launch_one raises
+            block = b''.join(bytes(8) if arg.kind == 'ptr' else ctypes.string_at(address, ctypes.sizeof(_SCALAR_CTYPES[arg.kind])).ljust(8, b'\0')
+                             for arg, address in zip(launch.args, pack.pointers))
+            slots = tuple(n for slot, arg in enumerate(launch.args) if arg.kind == 'ptr' for n in (slot, *where[arg.name]))
+            attributes = launch_attributes(launch)
+            steps.append((*drv.replay_functions, drv.current_context(), function.value or 0, *pack.grid, *launch.block,
+                          launch.dynamic_smem, _current_stream, device, drv.check, block, slots,
+                          b'' if attributes is None else bytes(attributes)))
+        return tuple(steps)
 
     def _launch_all(self, device: int, pointers: Mapping[str, int], env: dict[str, int]) -> None:
         functions = self._functions.get(device) or self.functions(device)

@@ -27,16 +27,16 @@ Each op keeps at most ``MAX_PLANS`` signatures: a new one replaces the oldest se
 or :func:`enable` turns them off: every call runs in full.
 
 Where the runtime's C extension is installed (tile_kernels_aot._driver_native, unless
-``TILE_KERNELS_AOT_NATIVE_LAUNCH=0``), a call with positional arguments only goes to its ``replay`` once the checks
-above let it replay (plans on, not under torch.compile, not inside a recorded call). It makes the signature in C, the
-same tuple :func:`signature` makes, for arguments that are exactly ``torch.Tensor``, the scalars, floats, and tuples
-and lists of these (for any other argument it leaves the call to Python), and looks it up in the op's plans. A plan
-is *simple* when its steps are allocations and launches of kernels of one launch without a tensor map, it saw no
-tensor passed twice, and it returns its tensors as they are, or views of them that the result's builder makes in one
-or two steps (``base.as_strided(...)``, ``base.view(dtype).as_strided(...)``), or None, or tuples and lists of these:
-no torch op or address table is repeated. Such a plan has a native form (``_Plan.native``), which the extension runs:
+``TILE_KERNELS_AOT_NATIVE_LAUNCH=0``), a call goes to its ``replay`` once the checks above let it replay (plans on,
+not under torch.compile, not inside a recorded call). It makes the signature in C, the same tuple :func:`signature`
+makes of the positional and keyword arguments, for arguments that are exactly ``torch.Tensor``, the scalars, floats,
+and tuples and lists of these (for any other argument it leaves the call to Python), and looks it up in the op's
+plans. A plan is *simple* when its steps are allocations and launches of kernels without a tensor map (each of a
+kernel's launches a step), it saw no tensor passed twice, and it returns its tensors as they are, or views of them
+that the result's builder makes in one or two steps (``base.as_strided(...)``, ``base.view(dtype).as_strided(...)``),
+or None, or tuples and lists of these: no torch op or address table is repeated. Such a plan has a native form (``_Plan.native``), which the extension runs:
 the allocations through ``torch.empty_strided`` and ``torch.zeros``, then each launch with its argument block on the
-stack, its grid and scalars checked and written when the plan was made (``LoadedKernel.native_step``), on torch's
+stack, its grid and scalars checked and written when the plan was made (``LoadedKernel.native_steps``), on torch's
 current stream, cuLaunchKernel called without the GIL (cuLaunchKernelEx, with its CUlaunchConfig on the stack and the
 launch attributes a checked launch passes, for a launch with PDL, cluster dims or a cooperative grid) and its failure
 raised by ``Driver.check``, then the returned views through the tensors' own ``view`` and ``as_strided``, the calls
@@ -163,8 +163,8 @@ def launch_plan(op: Callable) -> Callable:
     def call(*args, **kwargs):
         if not enabled or is_compiling() or recording.__dict__.get('active') is not None:
             return op(*args, **kwargs)
-        if _native_replay is not None and not kwargs:  # C replays a simple plan, else makes the signature for by_signature
-            result = _native_replay(plans, args, config._num_sms, _index_checks.enabled, by_signature)
+        if _native_replay is not None:  # C replays a simple plan, else makes the signature for by_signature
+            result = _native_replay(plans, args, kwargs, config._num_sms, _index_checks.enabled, by_signature)
             if result is not NotImplemented:
                 return result
         tensors: list = []
@@ -532,10 +532,10 @@ class _Plan:
 
 def _native_plan(num_tensors: int, same: tuple, steps: tuple, returns: object, views: tuple) -> tuple | None:
     """A simple plan as the C extension's replay runs it (tile_kernels_aot._driver_native, run): (the allocations as
-    (number, torch.empty_strided or torch.zeros, args, kwargs), the launch steps (LoadedKernel.native_step), the views it
+    (number, torch.empty_strided or torch.zeros, args, kwargs), the launch steps (LoadedKernel.native_steps), the views it
     returns as (number, base number, dtype or None, shape, stride, offset): base.view(dtype).as_strided(shape, stride,
     offset), as _Recorder._builder rebuilds them, the result (_Recorder._returns)), its tensors numbered below
-    MAX_TENSORS. A plan is simple when its steps are allocations and launches of single-launch kernels without a tensor
+    MAX_TENSORS. A plan is simple when its steps are allocations and launches of kernels without a tensor
     map, it saw no tensor passed twice, and it returns its tensors as they are or views of them that _builder rebuilds
     in one or two steps. None for any other plan, or without the extension: Python replays it."""
     if _native is None or same or returns is _NOT_SIMPLE or num_tensors > _native.MAX_TENSORS:
@@ -547,10 +547,10 @@ def _native_plan(num_tensors: int, same: tuple, steps: tuple, returns: object, v
             where = {'dtype': dtype, 'device': device}
             allocations.append((made, torch.zeros, (shape,), where) if zeros_made else (made, torch.empty_strided, (shape, stride), where))
         elif step[0] is _LAUNCH:
-            launch = step[1].native_step(*step[2:])
-            if launch is None:
+            steps_of_launch = step[1].native_steps(*step[2:])
+            if steps_of_launch is None:
                 return None
-            launches.append(launch)
+            launches.extend(steps_of_launch)
         else:  # a torch op, an address table, a zero-filled allocation with strides
             return None
     return tuple(allocations), tuple(launches), views, returns

@@ -24,7 +24,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from tests.fixtures import stub_driver
-from tile_kernels_aot import _checks, _driver, _index_checks, _launch, _plans, _select, config, moe, quant
+from tile_kernels_aot import _checks, _driver, _index_checks, _launch, _plans, _select, config, mhc, moe, quant
 from tile_kernels_aot._launch import LoadedKernel
 from tile_kernels_aot.errors import CudaDriverError
 from tile_kernels_aot.manifest import KernelArg, Launch
@@ -70,6 +70,7 @@ class CallbackDriver:
         self.native = self
         self.seen: list[tuple] = []
         self.kinds: dict[int, list[str]] = {}  # function -> its arguments' kinds
+        self.num_functions = 0
         self.fail_with = 0  # the CUresult of the next C launches
         self._state = threading.local()
         self._launch = LAUNCH_KERNEL(self._c_launch)
@@ -132,7 +133,8 @@ class CallbackDriver:
         return ctypes.c_void_p(1)
 
     def get_function(self, module, symbol: str):
-        return ctypes.c_void_p(0xF00 + len(self.kinds))  # the kinds are set by the caller that knows the launch
+        self.num_functions += 1  # a new function each: the caller that knows the launch sets its kinds
+        return ctypes.c_void_p(0xF00 + self.num_functions - 1)
 
     def device_attribute(self, attribute: int, device: int) -> int:
         return 1 << 20
@@ -334,24 +336,32 @@ def test_python_gets_the_signature_c_made(drv, monkeypatch):
     drv.make_current(0)
     demo(x_of())  # a simple plan, and no context current: Python replays it with C's signature
     assert made[1] == 0 and hows(drv) == ['full', 'full', 'python', 'python', 'full', 'full', 'python']
-    demo(x_of(), scale=0.5)
-    assert made[1] == 1
+    demo(x_of(), scale=0.5)  # keyword arguments: keyed in C too
+    assert made[1] == 0
 
 
 def test_the_signature_is_the_one_python_makes(drv):
     x = x_of(4)
     calls = [(x,), (x, 3, True, 'a', None, torch.float16), (x, 0.0), (x, -0.0), (x, float('inf')), (x[1:], x.T, x[:, ::2]),
              (aligned(x, 16).half(),), (), (7,), (x, [1, 2]), (x, (1, (2.0, [x[1:]]), [])), ([x, x[2:]], x.T)]
+    keywords = [{}, {'scale': 0.5}, {'y': x.T, 'flag': True, 'mode': None}, {'n': 3, 'xs': [x[1:], (2, x)]}, {'flag': True, 'n': 3},
+                {'n': 3, 'flag': True}]
     for args in calls:
-        for num_sms, checks in [(None, False), (7, True)]:
-            with pytest.MonkeyPatch.context() as patch:
-                patch.setattr(config, '_num_sms', num_sms)
-                patch.setattr(_index_checks, 'enabled', checks)
-                assert native.signature(args, num_sms, checks) == _plans.signature(args, {}, []), args
-    for unkeyed in [(torch.nn.Parameter(x.float()),), (x, object()), (x, [1, {}]), ((x.float() * 1).as_subclass(Subclass),)]:
-        assert native.signature(unkeyed, None, False) is None  # Python keys some of these, and replays them itself
-    keys = {native.signature(args, None, False) for args in [(x, 1), (x, True), (x, 1.0), (x, 0.0), (x, -0.0), (x, False)]}
+        for kwargs in keywords:
+            for num_sms, checks in [(None, False), (7, True)]:
+                with pytest.MonkeyPatch.context() as patch:
+                    patch.setattr(config, '_num_sms', num_sms)
+                    patch.setattr(_index_checks, 'enabled', checks)
+                    tensors: list = []
+                    assert native.signature(args, kwargs, num_sms, checks) == _plans.signature(args, kwargs, tensors), (args, kwargs)
+    for unkeyed, kwargs in [((torch.nn.Parameter(x.float()),), {}), ((x, object()), {}), ((x, [1, {}]), {}),
+                            (((x.float() * 1).as_subclass(Subclass),), {}), ((x,), {'p': torch.nn.Parameter(x.float())}),
+                            ((x,), {'o': object()})]:
+        assert native.signature(unkeyed, kwargs, None, False) is None  # Python keys some of these, and replays them itself
+    keys = {native.signature(args, {}, None, False) for args in [(x, 1), (x, True), (x, 1.0), (x, 0.0), (x, -0.0), (x, False)]}
     assert len(keys) == 6  # equal values of other types, and 0.0 and -0.0, are other signatures
+    keys = {native.signature((x,), kwargs, None, False) for kwargs in [{'a': 1}, {'b': 1}, {'a': True}, {'a': 1, 'b': 2}, {'b': 2, 'a': 1}]}
+    assert len(keys) == 5  # a keyword's name is part of it, and so is the keywords' order
 
 
 def test_the_sm_count_and_the_index_checks_are_part_of_the_signature(drv, monkeypatch):
@@ -452,13 +462,13 @@ def test_a_launch_with_attributes_is_replayed_in_c_through_cuLaunchKernelEx(drv,
     assert (info.value.function, info.value.code) == ('cuLaunchKernelEx', 700)
 
 
-def test_a_cooperative_grid_that_does_not_fit_has_no_native_step(drv, monkeypatch):
+def test_a_cooperative_grid_that_does_not_fit_has_no_native_steps(drv, monkeypatch):
     kernel = attributed('cooperative')
     monkeypatch.setattr(plans_tests, 'KERNEL', kernel)
     demo(x_of(8))  # loads the kernel
     env = {'num_tokens': 8, 'row_stride': 64, 'num_sms': 132}
-    assert kernel.native_step(0, (('x', 0, 0), ('out', 1, 0)), env) is not None
-    assert kernel.native_step(0, (('x', 0, 0), ('out', 1, 0)), {**env, 'num_tokens': 9}) is None  # _launch_one raises
+    assert len(kernel.native_steps(0, (('x', 0, 0), ('out', 1, 0)), env)) == 1
+    assert kernel.native_steps(0, (('x', 0, 0), ('out', 1, 0)), {**env, 'num_tokens': 9}) is None  # _launch_one raises
 
 
 def test_threads_replay_in_c_each_with_its_own_tensors(drv):
@@ -499,10 +509,30 @@ def spy(drv, monkeypatch) -> Spy:
     return spy
 
 
-def test_a_call_with_keyword_arguments_replays_in_python(drv, spy):
+def test_a_call_with_keyword_arguments_is_replayed_in_c(drv, spy):
+    calls = []
     for _ in range(4):
-        demo(x_of(), mode='empty')
-    assert spy.calls == 0 and hows(drv) == ['full', 'full', 'python', 'python']
+        x = x_of(3)
+        calls.append((x, demo(x, mode='empty', scale=1.0)))
+    assert spy.calls == 4 and hows(drv) == ['full', 'full', 'native', 'native']
+    for _ in range(4):  # the same arguments, other keywords: another signature
+        x = x_of(3)
+        calls.append((x, demo(x, 1.0, mode='empty')))
+    assert hows(drv)[4:] == ['full', 'full', 'native', 'native'] and native_plans(demo) == [True, True]
+    expected = (0xF00, (3, 1, 1), (128, 2, 1), 96, 0x5EA, None, (0, (3).to_bytes(4, 'little'), 1, (132).to_bytes(4, 'little')))
+    for (x, out), record in zip(calls, drv.seen):
+        assert addresses(record, [x.data_ptr(), out.data_ptr()]) == expected
+
+
+def test_a_keyword_tensor_is_launched_where_the_op_launches_it(drv):
+    calls = []
+    for _ in range(4):
+        x, out = x_of(3), aligned(torch.empty(3, 2))
+        assert demo(x, out=out) is out
+        calls.append((x, out))
+    assert hows(drv) == ['full', 'full', 'native', 'native']
+    for (x, out), record in zip(calls, drv.seen):
+        assert addresses(record, [x.data_ptr(), out.data_ptr()])[-1][0::2] == (0, 1)
 
 
 def test_under_torch_compile_the_op_runs_as_it_is(drv, spy, monkeypatch):
@@ -631,7 +661,8 @@ SPECS = [{'kernel': 'moe.topk_gate', 'params': {'num_experts': 256, 'num_topk': 
          {'kernel': 'moe.group_count', 'params': {'index_dtype': 'int64'}},  # launched with PDL
          {'kernel': 'moe.aux_fi', 'params': {'index_dtype': 'int64'}},  # launched with PDL
          *({'kernel': 'quant.per_token_cast', 'params': {**CAST, 'fmt': fmt, 'sf_format': sf}}  # returning views
-           for fmt, sf in [('e4m3', 'ue8m0'), ('e2m1', 'ue8m0'), ('e4m3', 'f32')])]
+           for fmt, sf in [('e4m3', 'ue8m0'), ('e2m1', 'ue8m0'), ('e4m3', 'f32')]),
+         {'kernel': 'mhc.head_compute_mix_bwd', 'params': {'mhc': 4}}]  # two launches
 
 
 @pytest.fixture(scope='module')
@@ -654,7 +685,8 @@ def real_drv(drv, specs_build, monkeypatch):
     monkeypatch.setattr(_checks, 'on_one_cuda_device', lambda op, **tensors: 0)
     def load(self, device):  # the real load, over the CallbackDriver, which learns the kernel's argument kinds
         functions = REAL_LOAD(self, device)
-        drv.kinds[functions[0].value] = [arg.kind for arg in self.entry.launches[0].args]
+        for function, launch in zip(functions, self.entry.launches):
+            drv.kinds[function.value] = [arg.kind for arg in launch.args]
         return functions
 
     monkeypatch.setattr(LoadedKernel, '_load', load)
@@ -688,41 +720,54 @@ def index_of(tokens: int) -> torch.Tensor:
     return aligned(torch.randint(-1, 64, (tokens, 8)))
 
 
-REAL_OPS = {  # op, its arguments for a number of tokens
-    'group_count': (moe.group_count, lambda tokens: (index_of(tokens), 64)),
-    'aux_fi': (moe.aux_fi, lambda tokens: (index_of(tokens).clamp_(min=0), 64, 8)),
-    'per_token_cast-e4m3-packed': (quant.per_token_cast, lambda tokens: (aligned(torch.randn(tokens, 256).bfloat16()), 'e4m3', 32, None, True, True, True)),
-    'per_token_cast-e2m1-packed': (quant.per_token_cast, lambda tokens: (aligned(torch.randn(tokens, 256).bfloat16()), 'e2m1', 32, None, True, True, True)),
-    'per_token_cast-col-major': (quant.per_token_cast, lambda tokens: (aligned(torch.randn(tokens, 256).bfloat16()), 'e4m3', 128, None, True)),
+def bf16_of(tokens: int) -> torch.Tensor:
+    return aligned(torch.randn(tokens, 256).bfloat16())
+
+
+PACKED = {'use_tma_aligned_col_major_sf': True, 'round_sf': True, 'use_packed_ue8m0': True}
+REAL_OPS = {  # op, its positional arguments for a number of tokens, its keyword arguments
+    'group_count': (moe.group_count, lambda tokens: (index_of(tokens), 64), {}),
+    'aux_fi': (moe.aux_fi, lambda tokens: (index_of(tokens).clamp_(min=0), 64, 8), {}),
+    'per_token_cast-e4m3-packed': (quant.per_token_cast, lambda tokens: (bf16_of(tokens), 'e4m3', 32, None, True, True, True), {}),
+    'per_token_cast-e2m1-packed': (quant.per_token_cast, lambda tokens: (bf16_of(tokens), 'e2m1', 32, None, True, True, True), {}),
+    'per_token_cast-col-major': (quant.per_token_cast, lambda tokens: (bf16_of(tokens), 'e4m3', 128, None, True), {}),
+    'per_token_cast-keywords': (quant.per_token_cast, lambda tokens: (bf16_of(tokens), 'e4m3', 32), PACKED),
+    'mhc_head_compute_mix_bwd': (mhc.mhc_head_compute_mix_bwd, lambda tokens: (
+        aligned(torch.rand(tokens, 2, 4)), aligned(torch.rand(tokens, 2, 4)), aligned(torch.rand(1)), aligned(torch.randn(4))), {}),
 }
 
 
 @pytest.mark.parametrize('case, tokens', [('group_count', 5), ('group_count', 1000), ('aux_fi', 5), ('aux_fi', 1000),
                                           ('per_token_cast-e4m3-packed', 5), ('per_token_cast-e2m1-packed', 5),
-                                          ('per_token_cast-col-major', 5)])
+                                          ('per_token_cast-col-major', 5), ('per_token_cast-keywords', 5),
+                                          ('mhc_head_compute_mix_bwd', 5)])
 def test_real_ops_with_launch_attributes_or_returned_views_replay_in_c(real_drv, monkeypatch, case, tokens):
     """group_count and aux_fi launch with PDL (one block writes its outputs, several add to zeroed ones); per_token_cast
-    returns views of what it allocates (packed UE8M0 words over the bytes its kernel writes, column-major float32). Their
-    C replays launch what their checked calls launch, through cuLaunchKernelEx with the same config and attributes
-    where the checked call uses it, and return tensors laid out as Python's replay and the full call lay them out, over
-    the storage the kernel wrote."""
+    returns views of what it allocates (packed UE8M0 words over the int32 words it allocates, column-major float32), and
+    is called with keyword arguments too; mhc_head_compute_mix_bwd's kernel is two launches. Their C replays launch
+    what their checked calls launch, through cuLaunchKernelEx with the same config and attributes where the checked
+    call uses it, and return tensors laid out as Python's replay and the full call lay them out, over the storage the
+    kernel wrote."""
     drv = real_drv
     monkeypatch.setattr(config, '_num_sms', 132)
-    op, make = REAL_OPS[case]
+    op, make, keywords = REAL_OPS[case]
+    launches = 2 if case == 'mhc_head_compute_mix_bwd' else 1
     calls = []
     for i in range(5):
         if i == 4:
             monkeypatch.setattr(_plans, '_native_replay', None)  # as without the extension: Python's replay
         args = make(tokens)
-        result = op(*args)
+        result = op(*args, **keywords)
         outputs = list(result) if isinstance(result, tuple) else [result]
         values = [a.data_ptr() for a in args if isinstance(a, torch.Tensor)] + [t.untyped_storage().data_ptr() for t in outputs]
         calls.append((values, [layout(t) for t in outputs]))
-    assert hows(drv) == ['full', 'full', 'native', 'native', 'full' if case in ('group_count', 'aux_fi') else 'python']
+    last = 'python' if launches == 1 and case not in ('group_count', 'aux_fi') else 'full'  # Python's replay of these: Driver.launch
+    assert hows(drv) == [how for how in ['full', 'full', 'native', 'native', last] for _ in range(launches)]
     assert native_plans(op) == [True]
     assert all(layouts == calls[0][1] for _, layouts in calls)
-    full = addresses(drv.seen[0], calls[0][0])
-    assert all(addresses(record, values) == full for record, (values, _) in zip(drv.seen, calls))
+    full = [addresses(record, calls[0][0]) for record in drv.seen[:launches]]
+    assert [addresses(record, calls[i // launches][0]) for i, record in enumerate(drv.seen)] == full * 5
+    full = full[0]
     assert (full[5] is not None) == (case in ('group_count', 'aux_fi'))  # a CUlaunchConfig: cuLaunchKernelEx
     if full[5] is not None:
         assert full[5][1] == ATTRIBUTES['pdl'][1]
