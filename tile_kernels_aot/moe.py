@@ -485,7 +485,6 @@ def _fused_maps(op: str, token_topk_to_pos: object, pos_to_expert: object | None
             raise ValueError(f'{op}: pos_to_expert has {pos_to_expert.shape[0]} positions, more than int32 positions can address')
 
 
-@_plans.launch_plan
 def get_fused_mapping(
     topk_idx: torch.Tensor, num_experts: int, num_expanded_tokens: int, alignment: int, force_no_sync: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, list[int]]:
@@ -519,6 +518,19 @@ def get_fused_mapping(
     """
     if is_compiling():
         return _custom_ops.get_fused_mapping(topk_idx, num_experts, num_expanded_tokens, alignment, force_no_sync)
+    mapping = _fused_mapping(topk_idx, num_experts, num_expanded_tokens, alignment, force_no_sync)
+    if num_expanded_tokens or force_no_sync:
+        return (*mapping, [])
+    counts = mapping[6].tolist()  # the host sync
+    used = sum(counts)
+    return (mapping[0][:used], mapping[1][:used], mapping[2][:used], *mapping[3:], counts)
+
+
+@_plans.launch_plan
+def _fused_mapping(topk_idx: torch.Tensor, num_experts: int, num_expanded_tokens: int, alignment: int,
+                   force_no_sync: bool) -> tuple[torch.Tensor, ...]:
+    """get_fused_mapping's checks and launch, with outputs of ``num_expanded_tokens`` positions (upstream's bound where
+    that is 0): a launch plan replays it, and get_fused_mapping's host sync and trim come after."""
     op = 'get_fused_mapping'
     _index_tensor(op, 'topk_idx', topk_idx)
     num_tokens, num_topk = topk_idx.shape
@@ -536,7 +548,6 @@ def get_fused_mapping(
         _index_checks.below(op, 'topk_idx', topk_idx, num_experts, what=f'num_experts ({num_experts})')
         if num_expanded_tokens:
             _index_checks.fused_positions_fit(op, topk_idx, num_experts, alignment, num_expanded_tokens)
-    should_sync = num_expanded_tokens == 0 and not force_no_sync
     if num_expanded_tokens == 0:
         num_expanded_tokens = (num_tokens * num_topk + (alignment - 1) * num_experts) // alignment * alignment
         if num_expanded_tokens > _INT32_LIMIT:
@@ -562,13 +573,10 @@ def get_fused_mapping(
     }
     kernel = find_kernel('moe.get_fused_mapping', {'index_dtype': INDEX_DTYPES[topk_idx.dtype]}, device)
     kernel(device, tensors, {'alignment': alignment})
-    counts: list[int] = []
-    if should_sync:
-        _plans.not_replayable('it reads the counts back to size its outputs')
-        counts = num_tokens_per_expert.tolist()
-        used = sum(counts)
-        pos_to_expert, pos_to_token, pos_to_token_topk = pos_to_expert[:used], pos_to_token[:used], pos_to_token_topk[:used]
-    return pos_to_expert, pos_to_token, pos_to_token_topk, token_topk_to_pos, expert_start, expert_end, num_tokens_per_expert, counts
+    return pos_to_expert, pos_to_token, pos_to_token_topk, token_topk_to_pos, expert_start, expert_end, num_tokens_per_expert
+
+
+get_fused_mapping.plans = _fused_mapping.plans  # its launch plans (tests and benchmarks read them): the sync comes after
 
 
 def _expand(x: torch.Tensor, x_sf: torch.Tensor | None, out_sf: torch.Tensor | None,

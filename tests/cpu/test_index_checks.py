@@ -121,7 +121,7 @@ def test_enable_switches_the_flag():
 # Every op the check covers, with the index arguments it checks: each call of a helper sits under `if
 # _index_checks.enabled` (or `if ... and _index_checks.enabled`), so that with the checks off the op pays one flag read.
 COVERED = {
-    'moe.py': {'group_count', 'aux_fi', 'inplace_unique_group_indices', 'mask_indices_by_tp', 'get_fused_mapping', 'expand_to_fused',
+    'moe.py': {'group_count', 'aux_fi', 'inplace_unique_group_indices', 'mask_indices_by_tp', '_fused_mapping', 'expand_to_fused',
                'expand_to_fused_with_sf', 'reduce_fused', 'top2_sum_gate', 'topk_gate', 'topk_sum_and_topk_group_idx'},
     'quant/per_channel.py': {'_per_channel_cast'},
     'quant/swiglu.py': {'swiglu_forward_and_per_token_cast', 'swiglu_backward_and_per_token_cast'},

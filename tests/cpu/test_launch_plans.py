@@ -333,6 +333,7 @@ def test_every_public_op_has_a_launch_plan():
     # mhc_post_bwd stashes a gradient on the residual's storage, around _post_bwd, which has a plan.
     assert set(unwrapped) == {'mhc.mhc_post_bwd'}
     assert hasattr(importlib.import_module('tile_kernels_aot.mhc.post')._post_bwd, 'plans')
+    assert moe.get_fused_mapping.plans is moe._fused_mapping.plans  # it syncs and trims after _fused_mapping's launch
 
 
 def test_real_ops_replay_their_launches(built, record_launches):

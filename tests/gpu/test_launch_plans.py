@@ -53,6 +53,23 @@ def test_replayed_calls_give_what_checked_calls_give(case):
             assert not differs.any(), f'{case.name}: tensor {index} differs when replayed at {differs.nonzero()[:4].tolist()}'
 
 
+@pytest.mark.parametrize('index_dtype', [torch.int64, torch.int32])
+def test_a_get_fused_mapping_that_syncs_replays_its_launch_then_trims(index_dtype):
+    from tile_kernels_aot import moe, reference
+
+    topk_idx = torch.randint(-1, 64, (37, 8), device='cuda', dtype=index_dtype)
+    expected = reference.get_fused_mapping(topk_idx.long(), 64, 0, 16)
+    plans = moe._fused_mapping.plans
+    for call in range(4):  # in full, recorded, then replayed twice
+        *tensors, counts = moe.get_fused_mapping(topk_idx, 64, 0, 16)
+        *expected_tensors, expected_counts = expected
+        assert counts == expected_counts, call
+        for got, want in zip(tensors, expected_tensors, strict=True):
+            assert got.shape == want.shape and torch.equal(got.long(), want.long()), call
+    signature = _plans.signature((topk_idx, 64, 0, 16, False), {}, [])
+    assert type(plans[signature]) is _plans._Plan
+
+
 def test_a_replayed_call_is_captured_in_a_cuda_graph():
     x = torch.randn(64, 7168, device='cuda').bfloat16()
     for _ in range(2):
