@@ -169,12 +169,9 @@ def alloc_sf(num_rows: int, num_blocks: int, col_major: bool, packed: bool, devi
     allocated as upstream's alloc_scaling_factors: column-major layouts pad the row dim to 16 bytes (4
     float32 or 4 int32 words), and packed UE8M0 holds 4 blocks per int32 (the kernel writes its bytes: row w
     of the uint8 view is word w, bytes [4r, 4r + 4) of it are row r)."""
-    if packed:
-        words = -(-num_blocks // 4)
-        storage = torch.empty((words, align(num_rows * 4, 16)), dtype=torch.uint8, device=device)[:, :num_rows * 4]
-        if num_rows == 0:
-            return torch.empty((words, 0), dtype=torch.int32, device=device).T, storage
-        return storage.view(torch.int32).T, storage
+    if packed:  # allocated as int32 words, so that the returned tensor is a view of the allocation in its own dtype
+        words = torch.empty((-(-num_blocks // 4), align(num_rows, 4)), dtype=torch.int32, device=device)
+        return words[:, :num_rows].T, words.view(torch.uint8)[:, :num_rows * 4]
     if col_major:
         sf = torch.empty((num_blocks, align(num_rows, 4)), dtype=torch.float32, device=device)[:, :num_rows].T
         return sf, sf

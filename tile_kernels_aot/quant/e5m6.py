@@ -67,7 +67,7 @@ def per_token_cast_to_e5m6(
     _checks.inner_contiguous(op, 'x', x)
     device = _checks.on_one_cuda_device(op, x=x)
 
-    out = torch.empty((num_tokens, hidden // 8 * 3), dtype=torch.uint32, device=x.device)
+    out = torch.empty((num_tokens, hidden // 2 * 3), dtype=torch.uint8, device=x.device)  # the kernel stores uint32 words
     if col_major:
         storage = torch.empty((1, align(num_tokens, 4)), dtype=torch.int32 if packed else torch.float32, device=x.device)
         sf, sf_arg = storage[:, :num_tokens].T, storage[0, :num_tokens]
@@ -76,8 +76,8 @@ def per_token_cast_to_e5m6(
         sf_arg = sf[:, 0]
     if num_tokens:
         spec = e5m6_spec_of(x, packed)
-        find_kernel('quant.per_token_cast_to_e5m6', spec, device)(device, {'x': x, 'out': out, 'out_sf': sf_arg}, {'round_sf': int(round_sf)})
-    return out.view(torch.uint8), sf
+        find_kernel('quant.per_token_cast_to_e5m6', spec, device)(device, {'x': x, 'out': out.view(torch.uint32), 'out_sf': sf_arg}, {'round_sf': int(round_sf)})
+    return out, sf
 
 
 @_plans.launch_plan
