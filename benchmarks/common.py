@@ -37,3 +37,10 @@ class RowWriter:
     def close(self) -> None:
         if self._file:
             self._file.close()
+
+
+def kernel_only(case):
+    """Mark a benchmark case that launches a kernel through the loader (tile_kernels_aot._select.find_kernel) rather than
+    calling an op: the host-overhead step, which compares ops, leaves it out."""
+    case.kernel_only = True
+    return case

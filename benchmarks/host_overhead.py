@@ -2,9 +2,10 @@
 
     python -m benchmarks.host_overhead [--out host.jsonl] [--kernels PATTERN] [--tokens 128]
 
-For each case of benchmarks.upstream (one or more per kernel), at a decode-sized token count: the host time per call
-of our op (a loop of 2000 calls timed on the host, benchmarks.run.Timer.host_us: at decode sizes the device keeps
-up, so the loop's time is the host's), of the same op with launch plans off (tile_kernels_aot._plans: every call checks its arguments and chooses its
+For each case of benchmarks.upstream (one or more per kernel) that calls an op (not those marked
+benchmarks.common.kernel_only), at a decode-sized token count: the host time per call
+of our op (2000 calls timed on the host in short bursts, benchmarks.run.Timer.host_us: no call waits for the device,
+so the time is the host's alone), of the same op with launch plans off (tile_kernels_aot._plans: every call checks its arguments and chooses its
 binary again), of `torch.neg` on the largest floating-point tensor the case passes to the op (its input, so of the
 op's shape), and of upstream's op when `tile_kernels` is importable (after one call, its JIT compile). Where the runtime's C
 extension is installed (tile_kernels_aot._driver_native: it makes the driver call and replays simple launch plans),
@@ -72,6 +73,8 @@ def main() -> int:
     record = RowWriter(args.out)
     kernels, _ = select(CASES, args.kernels, installed_kernels())
     for kernel in kernels:
+        if getattr(CASES[kernel], 'kernel_only', False):  # a kernel launched through the loader, not an op
+            continue
         for label, mine, theirs, _, _ in cases_of(CASES[kernel], tk, args.tokens):
             reference, torch_op = torch_reference(mine)
             timed = {'ours': mine, 'ours_in_full': mine, 'torch': torch_op}

