@@ -77,9 +77,9 @@ def load_records(folder: Path = MEASUREMENTS) -> list[Record]:
 @dataclasses.dataclass
 class Sources:
     """Which record each kernel's figures come from. The primary record is the newest with benchmark cases; a kernel's
-    cases come from the newest record of the primary's GPU that has them, its comparison with upstream and its host
-    times (each row timed against its references in one run) from the newest record of any GPU that has one, each
-    table naming the GPU of every record it uses."""
+    cases come from the newest record of the primary's GPU that has them, its comparison with upstream from the newest
+    record of any GPU that has one, each table naming the GPU of every record it uses. The host times all come from the
+    newest record that has any: one run, every op timed the same way against its references."""
     primary: Record
     records: list[Record]  # every record, newest first
     cases: dict[str, Record]
@@ -89,7 +89,8 @@ class Sources:
     @classmethod
     def of(cls, records: list[Record]) -> Sources:
         primary = next((r for r in records if r.of_type('case')), records[0])
-        pools = {'case': [r for r in records if r.gpu == primary.gpu], 'upstream': records, 'host': records}
+        host = next(([r] for r in records if r.of_type('host')), [])
+        pools = {'case': [r for r in records if r.gpu == primary.gpu], 'upstream': records, 'host': host}
         picked: dict[str, dict[str, Record]] = {}
         for kind, pool in pools.items():
             chosen: dict[str, Record] = {}
@@ -223,7 +224,7 @@ and maximum of those calls. Bandwidth counts each input read once and each outpu
 device-to-device copy of 235 MB measured in the same run ("of copy"), and as the time of a copy that moves as many
 bytes as the case, timed the same way, over the case's time ("of a copy of its size"): a kernel of 20-30 us pays the
 fixed costs of a launch of its size, which the large copy spreads thin. Decode columns: device time per call from
-replaying a CUDA graph of 100 calls, and host time per call of a loop of 2000 calls. A spec whose inputs take
+replaying a CUDA graph of 100 calls, and host time per call (Timer.host_us, as below). A spec whose inputs take
 different paths through its kernel has a row per path.
 
 The comparison with upstream (benchmarks/upstream.py) runs both on the same inputs in one process, checks that the
@@ -358,8 +359,9 @@ def host_table(sources: Sources) -> list[str]:
                      f'{line["ours_us"] / upstream:.2f}' if upstream else '—'])
     tokens = '/'.join(str(t) for t in dict.fromkeys(x['tokens'] for r in dict.fromkeys(sources.host.values()) for x in r.of_type('host')))
     return ['## Host time per call', '',
-            wrap(f'benchmarks/host_overhead.py at {tokens} tokens: a loop of 2000 calls timed on the host, '
-                 'the lowest of three interleaved rounds; "in full" is the op with launch plans off (every call checks its arguments '
+            wrap(f'benchmarks/host_overhead.py at {tokens} tokens: 2000 calls timed on the host in bursts of 16, each burst '
+                 'started on an idle device, so that no call waits for the device (the median burst, the lowest of three '
+                 'interleaved rounds); "in full" is the op with launch plans off (every call checks its arguments '
                  'again), "via ctypes" the op without the runtime\'s C extension (its launch plan replayed in Python, the driver call '
                  'made through ctypes), '
                  '"torch" is torch.neg on the op\'s largest floating-point input, in the same '
