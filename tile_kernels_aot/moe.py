@@ -412,7 +412,7 @@ def inplace_unique_group_indices(group_indices: torch.Tensor, num_groups: int) -
         _index_checks.below(op, 'group_indices', group_indices, num_groups, what=f'num_groups ({num_groups})')
     if group_indices.numel():
         kernel = find_kernel('moe.inplace_unique_group_indices', {'index_dtype': INDEX_DTYPES[group_indices.dtype]}, device)
-        kernel(device, {'group_indices': group_indices}, {'num_groups': num_groups})
+        kernel(device, {'group_indices': group_indices})
 
 
 @_plans.launch_plan

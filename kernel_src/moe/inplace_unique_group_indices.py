@@ -11,9 +11,9 @@ overwritten, so the answer is the same. 32 threads per block spread the loads of
 every SM (the loads are one per index and lane, so their L1 cost grows with the warps per SM).
 The indices are only compared, never used as addresses, so no value can make the kernel read or write
 outside the row, and any value is deduplicated as the op says: the kernel checks nothing on the device
-(kernel_src/bounds.py), and num_groups bounds the values only under TILE_KERNELS_AOT_CHECK_INDICES=1. They are
-compared in their own dtype, so no two int64 values compare equal after narrowing. Top-k and the group count
-are run-time arguments, so one binary serves every model.
+(kernel_src/bounds.py), and the op's num_groups bounds the values only under TILE_KERNELS_AOT_CHECK_INDICES=1,
+on the host: the kernel does not take it. The values are compared in their own dtype, so no two int64 values
+compare equal after narrowing. Top-k is a run-time argument, so one binary serves every model.
 """
 
 from tilelang import language as T
@@ -31,7 +31,6 @@ def build(arch: Arch, index_dtype: str) -> KernelProgram:
     @T.prim_func
     def inplace_unique_group_indices(
         group_indices: T.StridedTensor[(num_tokens, num_topk), (row_stride, 1), index_dtype],
-        num_groups: T.int32,
     ):
         with T.Kernel(T.ceildiv(num_tokens, THREADS), threads=THREADS) as pid:
             row = pid * THREADS + T.get_thread_binding()
