@@ -35,7 +35,7 @@ plans. A plan is *simple* when its steps are allocations and launches of kernels
 kernel's launches a step), it saw no tensor passed twice, and it returns its tensors as they are, or views of them
 that the result's builder makes in one or two steps (``base.as_strided(...)``, ``base.view(dtype).as_strided(...)``),
 or None, or tuples and lists of these: no torch op or address table is repeated. Such a plan has a native form (``_Plan.native``), which the extension runs:
-the allocations through ``torch.empty_strided`` and ``torch.zeros``, then each launch with its argument block on the
+the allocations (:func:`_allocator`), then each launch with its argument block on the
 stack, its grid and scalars checked and written when the plan was made (``LoadedKernel.native_steps``), on torch's
 current stream, cuLaunchKernel called without the GIL (cuLaunchKernelEx, with its CUlaunchConfig on the stack and the
 launch attributes a checked launch passes, for a launch with PDL, cluster dims or a cooperative grid) and its failure
@@ -532,7 +532,7 @@ class _Plan:
 
 def _native_plan(num_tensors: int, same: tuple, steps: tuple, returns: object, views: tuple) -> tuple | None:
     """A simple plan as the C extension's replay runs it (tile_kernels_aot._driver_native, run): (the allocations as
-    (number, torch.empty_strided or torch.zeros, args, kwargs), the launch steps (LoadedKernel.native_steps), the views it
+    (number, the allocating method (_allocator), args, kwargs), the launch steps (LoadedKernel.native_steps), the views it
     returns as (number, base number, dtype or None, shape, stride, offset): base.view(dtype).as_strided(shape, stride,
     offset), as _Recorder._builder rebuilds them, the result (_Recorder._returns)), its tensors numbered below
     MAX_TENSORS. A plan is simple when its steps are allocations and launches of kernels without a tensor
@@ -544,8 +544,8 @@ def _native_plan(num_tensors: int, same: tuple, steps: tuple, returns: object, v
     for step in steps:
         if step[0] is _ALLOC and not step[7]:
             _, made, shape, stride, dtype, device, zeros_made, _ = step
-            where = {'dtype': dtype, 'device': device}
-            allocations.append((made, torch.zeros, (shape,), where) if zeros_made else (made, torch.empty_strided, (shape, stride), where))
+            allocate = _allocator(dtype, device, zeros_made)
+            allocations.append((made, allocate, (shape,) if zeros_made else (shape, stride), {}))
         elif step[0] is _LAUNCH:
             steps_of_launch = step[1].native_steps(*step[2:])
             if steps_of_launch is None:
@@ -554,6 +554,19 @@ def _native_plan(num_tensors: int, same: tuple, steps: tuple, returns: object, v
         else:  # a torch op, an address table, a zero-filled allocation with strides
             return None
     return tuple(allocations), tuple(launches), views, returns
+
+
+def _allocator(dtype: torch.dtype, device: torch.device, zeros: bool) -> Callable:
+    """The method that allocates a replayed call's tensor of `dtype` on `device`: new_zeros(shape), or
+    new_empty_strided(shape, stride), of an empty tensor of that dtype and device, which takes no keyword arguments to
+    parse, unlike torch.zeros and torch.empty_strided, and so is the cheaper call."""
+    template = _templates.get((dtype, device))
+    if template is None:
+        template = _templates.setdefault((dtype, device), torch.empty(0, dtype=dtype, device=device))
+    return template.new_zeros if zeros else template.new_empty_strided
+
+
+_templates: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}  # (dtype, device) -> an empty tensor: no memory
 
 
 def _action(step: tuple) -> Callable[[list], None]:
@@ -571,13 +584,14 @@ def _action(step: tuple) -> Callable[[list], None]:
         return table
     if kind is _ALLOC:
         _, made, shape, stride, dtype, device, zeros_made, zero_filled = step
+        allocate = _allocator(dtype, device, zeros_made)
         if zeros_made:
             def zeros(tensors):
-                tensors[made] = torch.zeros(shape, dtype=dtype, device=device)
+                tensors[made] = allocate(shape)
             return zeros
 
         def alloc(tensors):
-            t = tensors[made] = torch.empty_strided(shape, stride, dtype=dtype, device=device)
+            t = tensors[made] = allocate(shape, stride)
             if zero_filled:
                 t.zero_()
         return alloc

@@ -381,7 +381,7 @@ class Allocations(TorchDispatchMode):
         self.count = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.count += func is torch.ops.aten.empty_strided.default
+        self.count += func in (torch.ops.aten.empty_strided.default, torch.ops.aten.new_empty_strided.default)
         return func(*args, **(kwargs or {}))
 
 
