@@ -461,10 +461,11 @@ done:
 
 /* replay(plans, args, kwargs, num_sms, index_checks, by_signature) -> the call's result, or NotImplemented
  * A launch plan's call (see _plans.launch_plan), its positional arguments a tuple and its keyword arguments a dict: its
- * signature, made as _plans.signature makes it, is looked up in `plans`; where that holds a plan with a native form (_Plan.native), the plan runs here.
- * Any other call with a signature goes to by_signature(signature, argument tensors, args, kwargs), which Python's replay and
- * the op's full call begin with, as does a native plan's where another CUDA context is current (found before anything
- * is allocated). NotImplemented, with nothing done, where an argument is of a kind this does not key. */
+ * signature, made as _plans.signature makes it, is looked up in `plans`; where that holds a plan with a native form
+ * (_Plan.native), the plan runs here. Any other call with a signature goes to by_signature(signature, argument tensors,
+ * args, kwargs), which Python's replay and the op's full call begin with, as does a native plan's where another CUDA
+ * context is current (found before anything is allocated). NotImplemented, with nothing done, where an argument is of a
+ * kind this does not key. */
 static PyObject *replay(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 6 || !PyDict_Check(args[0]) || !PyTuple_Check(args[1]) || !PyDict_Check(args[2])) {
         PyErr_SetString(PyExc_TypeError, "replay takes a dict of plans, a tuple of arguments, a dict of keyword arguments, the SM "
