@@ -224,7 +224,8 @@ def swiglu_forward_case(tk, tokens):
     p2e = torch.zeros(tokens, dtype=torch.int32, device='cuda')
     args = (x, 'e4m3', 128, p2tt, weights, p2e, False, True, False, 10.0)
     try:
-        tk.quant.swiglu_forward_and_per_token_cast(*args)
+        if tk is not None:  # without upstream (benchmarks.host_overhead's fallback) ours alone is timed
+            tk.quant.swiglu_forward_and_per_token_cast(*args)
     except Exception as exc:
         raise RuntimeError('upstream swiglu_forward_and_per_token_cast does not build here (it needs the legacy '
                            f'T.alloc_reducer lowering, gone in tilelang 0.1.15): {type(exc).__name__}: {exc}') from exc

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import json
 
+import pytest
 import torch
 
 from benchmarks import host_overhead, record, report
@@ -64,3 +65,17 @@ def test_the_host_rows_all_come_from_the_newest_record_that_has_any(tmp_path):
     assert 'per_token_cast' not in section  # one run's rows only: the older record's are not mixed in
     text = ' '.join(section.split())  # the method paragraph is wrapped
     assert 'NVIDIA H100 80GB HBM3' in text and '`5678def`' in text
+
+
+def test_a_case_whose_upstream_fails_is_timed_without_it():
+    def case(tk, tokens):
+        if tk is not None:
+            raise RuntimeError('upstream does not build here\nits log')
+        return 'ours only', (lambda: tokens), None, None, 0
+
+    cases, upstream = host_overhead.cases_and_upstream(case, object(), 3)
+    assert upstream is None and [label for label, *_ in cases] == ['ours only'] and cases[0][1]() == 3
+    with pytest.raises(ZeroDivisionError):  # the cases fail without upstream too: that error is the case's own
+        host_overhead.cases_and_upstream(lambda tk, tokens: 1 / 0 if tk is None else case(tk, tokens), object(), 3)
+    tk = object()
+    assert host_overhead.cases_and_upstream(lambda t, tokens: ('both', None, None, None, 0), tk, 3) == ([('both', None, None, None, 0)], tk)
