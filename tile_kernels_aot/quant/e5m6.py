@@ -76,7 +76,8 @@ def per_token_cast_to_e5m6(
         sf_arg = sf[:, 0]
     if num_tokens:
         spec = e5m6_spec_of(x, packed)
-        find_kernel('quant.per_token_cast_to_e5m6', spec, device)(device, {'x': x, 'out': out.view(torch.uint32), 'out_sf': sf_arg}, {'round_sf': int(round_sf)})
+        tensors = {'x': x, 'out': out.view(torch.uint32), 'out_sf': sf_arg}
+        find_kernel('quant.per_token_cast_to_e5m6', spec, device)(device, tensors, {'round_sf': int(round_sf)})
     return out, sf
 
 
