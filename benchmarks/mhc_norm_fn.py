@@ -198,7 +198,7 @@ def up_fwd_mul_cases(tk, tokens):
         mhc3, width = fn_tf32.shape
         kernel = _upstream(tk)._mhc_pre_norm_fn_fwd_mul(mhc3, 1, width)
 
-        def theirs(kernel=kernel, residual=residual, fn_tf32=fn_tf32):  # its outputs allocated as upstream's Function does
+        def theirs(kernel=kernel, residual=residual, fn_tf32=fn_tf32, mhc3=mhc3):  # its outputs allocated as upstream's Function does
             out, sqrsum = torch.empty(1, tokens, 1, mhc3, device='cuda'), torch.empty(1, tokens, 1, device='cuda')
             kernel(residual.view(tokens, -1), fn_tf32, out.view(-1, 1, mhc3), sqrsum.view(-1, 1))
             return out.view(tokens, -1), sqrsum.view(tokens)
