@@ -3,7 +3,10 @@ the SASS, no WGMMA or tcgen05), without spills; n_splits, eps and the width stay
 
 from __future__ import annotations
 
+import importlib.metadata
+import os
 import re
+import shutil
 import subprocess
 
 import pytest
@@ -25,7 +28,22 @@ def compile_and_dump(source: str, arch, pass_configs, tmp_path) -> tuple[str, st
     flags = device_flags(arch, dict(pass_configs))
     report = subprocess.run([nvcc_path(), *flags, *(f'-I{d}' for d in include_dirs().values()), '-Xptxas', '-v', '-o', str(cubin), str(cu)],
                             check=True, capture_output=True, text=True).stderr
-    return subprocess.run(['cuobjdump', '-sass', str(cubin)], check=True, capture_output=True, text=True).stdout, report
+    tools = [tool('cuobjdump'), tool('nvdisasm')]  # cuobjdump runs nvdisasm, which it looks for on PATH
+    path = os.pathsep.join([*{os.path.dirname(t) for t in tools}, os.environ.get('PATH', '')])
+    sass = subprocess.run([tools[0], '-sass', str(cubin)], check=True, capture_output=True, text=True, env={**os.environ, 'PATH': path})
+    return sass.stdout, report
+
+
+def tool(name: str) -> str:
+    """A CUDA tool on PATH, else the one of its NVIDIA wheel (nvidia-cuda-<name>, in the test extra)."""
+    try:
+        files = importlib.metadata.files(f'nvidia-cuda-{name}') or []
+    except importlib.metadata.PackageNotFoundError:
+        files = []
+    found = shutil.which(name) or next((str(f.locate()) for f in files if f.name == name), None)
+    if found is None:
+        pytest.fail(f'no {name}: `pip install -e .[test]` installs nvidia-cuda-{name}')
+    return found
 
 
 @pytest.mark.parametrize('arch', ARCHS, ids=lambda a: a.target)
