@@ -11,7 +11,7 @@ import pstats
 import torch
 
 import tile_kernels_aot
-from tile_kernels_aot import _checks, _plans
+from tile_kernels_aot import _checks, _plans, _torch_shim
 from tile_kernels_aot._launch import _current_device, _current_stream
 from tile_kernels_aot._select import find_kernel
 
@@ -58,9 +58,11 @@ def main():
         'topk_gate op, in full': per_call_us(lambda: topk_gate.__wrapped__(scores, 8)),
         'topk_gate op (its launch plan)': per_call_us(lambda: topk_gate(scores, 8)),
         'topk_gate op (its plan replayed in Python)': without_native_replay(lambda: per_call_us(lambda: topk_gate(scores, 8))),
+        'topk_gate op (in C, without the shim)': without_shim(topk_gate, lambda: per_call_us(lambda: topk_gate(scores, 8))),
     }
+    print(f"allocations of C replays: {'through torch C shim' if _plans._shim else 'through torch Python API'}")
     for name, us in rows.items():
-        print(f'{name:36s} {us:6.2f} us' if us else f'{name:36s} (no C extension)')
+        print(f'{name:40s} {us:6.2f} us' if us else f'{name:40s} (no C extension, or no shim)')
     weights = torch.rand(1, 8, device='cuda')
     for name, call in [('topk_gate', lambda: tile_kernels_aot.moe.topk_gate(scores, 8)),
                        ('normalize_weight', lambda: tile_kernels_aot.moe.normalize_weight(weights)), *many_tensor_calls()]:
@@ -82,6 +84,19 @@ def without_native_replay(fn):
         return fn()
     finally:
         _plans._native_replay = native_replay
+
+
+def without_shim(op, fn):
+    """fn() with `op`'s plans made again without torch's C shim: the C replay allocates through torch's Python API."""
+    if not _plans._shim:
+        return None
+    allocation, _torch_shim.allocation = _torch_shim.allocation, lambda *args: None
+    op.plans.clear()
+    try:
+        return fn()
+    finally:
+        _torch_shim.allocation = allocation
+        op.plans.clear()
 
 
 def many_tensor_calls():

@@ -15,6 +15,7 @@
 #define MAX_TENSORS 64 /* tensors of one replayed call: its argument tensors and what it allocates */
 #define MAX_PARAMS 64  /* arguments of one replayed kernel */
 #define MAX_ATTRIBUTES 4  /* launch attributes of one replayed kernel */
+#define MAX_DIMS 16  /* dims of a tensor allocated through torch's shim (_torch_shim.MAX_DIMS) */
 
 typedef int (*launch_kernel_t)(void *f, unsigned grid_x, unsigned grid_y, unsigned grid_z, unsigned block_x, unsigned block_y,
                                unsigned block_z, unsigned shared_bytes, void *stream, void **params, void **extra);
@@ -111,10 +112,12 @@ static PyObject *tensor_type, *dtype_type, *m_stride, *m_get_device, *m_data_ptr
     *str_native;
 
 /* One replayed call's tensors by number (see _plans._Recorder): its argument tensors (borrowed), then what it allocates
- * (owned), with each one's data pointer; bit i of `have` says whether number i holds a tensor yet. */
+ * (owned), with each one's data pointer and, for one allocated through torch's shim, its handle (else NULL) until the
+ * call's views are made; bit i of `have` says whether number i holds a tensor yet. */
 struct call {
     PyObject *tensors[MAX_TENSORS];
     uintptr_t pointers[MAX_TENSORS];
+    void *handles[MAX_TENSORS];
     uint64_t have;
     Py_ssize_t num_inputs;
 };
@@ -252,6 +255,95 @@ static PyObject *signature(PyObject *module, PyObject *const *args, Py_ssize_t n
     return key;
 }
 
+/* -- allocations through torch's C shim (_torch_shim.py) ----------------------------------------------------- */
+
+typedef int32_t (*empty_strided_t)(int64_t ndim, const int64_t *sizes, const int64_t *strides, int32_t dtype, int32_t device_type,
+                                   int32_t device_index, void **tensor);
+typedef int32_t (*of_tensor_t)(void *tensor);  /* aoti_torch_zero_, aoti_torch_delete_tensor_object */
+typedef int32_t (*get_data_ptr_t)(void *tensor, void **data);
+typedef int32_t (*reinterpret_t)(void *tensor, int64_t ndim, const int64_t *sizes, const int64_t *strides, int64_t offset, void **view);
+
+static empty_strided_t shim_empty_strided;
+static of_tensor_t shim_zero, shim_delete;
+static get_data_ptr_t shim_get_data_ptr;
+static reinterpret_t shim_reinterpret;
+static PyObject *shim_steal;  /* torch._C._aoti.alloc_tensor_by_stealing_from_void_ptr: a capsule of a handle -> a tensor */
+
+/* bind_shim(empty_strided, zero_, get_data_ptr, delete_tensor_object, _reinterpret_tensor, steal):
+ * _torch_shim.functions(). */
+static PyObject *bind_shim(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6 || !PyCallable_Check(args[5])) {
+        PyErr_SetString(PyExc_TypeError, "bind_shim takes five addresses and a callable");
+        return NULL;
+    }
+    void *p[5];
+    for (int i = 0; i < 5; i++)
+        if (!(p[i] = PyLong_AsVoidPtr(args[i]))) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "bind_shim: an address is 0");
+            return NULL;
+        }
+    shim_empty_strided = (empty_strided_t)p[0];
+    shim_zero = (of_tensor_t)p[1];
+    shim_get_data_ptr = (get_data_ptr_t)p[2];
+    shim_delete = (of_tensor_t)p[3];
+    shim_reinterpret = (reinterpret_t)p[4];
+    Py_XDECREF(shim_steal);
+    shim_steal = Py_NewRef(args[5]);
+    Py_RETURN_NONE;
+}
+
+/* The tensor of a handle (torch's shim's reference to it), a new reference; NULL without an exception on a failure. */
+static PyObject *stolen(void *tensor) {
+    PyObject *capsule = PyCapsule_New(tensor, NULL, NULL);
+    PyObject *made = capsule ? PyObject_CallFunctionObjArgs(shim_steal, capsule, NULL) : NULL;
+    Py_XDECREF(capsule);
+    PyErr_Clear();  /* the caller leaves a failure to torch's Python API */
+    return made;
+}
+
+/* Int64s of a shim spec: `head` of them, then `ndim` sizes and `ndim` strides, ndim being head[0] (at most MAX_DIMS).
+ * 0, or -1 with a SystemError naming `what`. */
+static int spec_of(PyObject *spec, const char *what, Py_ssize_t nhead, int64_t *head, int64_t *dims) {
+    char *bytes;
+    Py_ssize_t nbytes;
+    if (PyBytes_AsStringAndSize(spec, &bytes, &nbytes))
+        return -1;
+    if (nbytes >= 8 * nhead)
+        __builtin_memcpy(head, bytes, 8 * nhead);
+    if (nbytes < 8 * nhead || head[0] < 0 || head[0] > MAX_DIMS || nbytes != 8 * (nhead + 2 * head[0])) {
+        PyErr_Format(PyExc_SystemError, "replay: %s shim spec is not %zd + 2 * ndim int64s", what, nhead);
+        return -1;
+    }
+    __builtin_memcpy(dims, bytes + 8 * nhead, 16 * head[0]);
+    return 0;
+}
+
+/* A tensor allocated (and zeroed where asked) through the shim as `spec` (_torch_shim.allocation) says, with its data
+ * pointer in `pointer` and its handle in `handle`, which the caller deletes. NULL without an exception where the shim
+ * is not bound or fails (torch's Python API then allocates, and raises what torch raises); NULL with one for a
+ * malformed spec. */
+static PyObject *shim_allocate(PyObject *spec, uintptr_t *pointer, void **handle) {
+    int64_t head[5], dims[2 * MAX_DIMS];  /* ndim, dtype, device type, device index, zero; sizes then strides */
+    if (shim_steal == NULL || spec_of(spec, "an allocation's", 5, head, dims))
+        return NULL;
+    void *tensor = NULL, *data = NULL;
+    int32_t code;
+    Py_BEGIN_ALLOW_THREADS
+    code = shim_empty_strided(head[0], dims, dims + head[0], (int32_t)head[1], (int32_t)head[2], (int32_t)head[3], &tensor);
+    if (!code && head[4])
+        code = shim_zero(tensor);
+    if (!code)
+        code = shim_get_data_ptr(tensor, &data);
+    Py_END_ALLOW_THREADS
+    PyObject *made = code ? NULL : stolen(tensor);
+    if (made == NULL && tensor != NULL)
+        shim_delete(tensor);
+    *handle = made ? tensor : NULL;
+    *pointer = (uintptr_t)data;
+    return made;
+}
+
 /* -- replay ---------------------------------------------------------------------------------------------------- */
 
 /* A tensor number of a plan that `call` holds (or, with `absent`, does not hold yet): 0, or -1 with an exception.
@@ -365,25 +457,44 @@ static int launch_step(PyObject *step, const struct call *call) {
     return 0;
 }
 
-/* A returned view (_plans._native_plan): (number, base number, dtype or None, shape, stride, offset) made as
- * base.view(dtype).as_strided(shape, stride, offset), or base.as_strided(...) without a dtype, as _plans._Recorder._builder
- * makes it. 0, or -1 with an exception. */
+/* A view of an allocation made through the shim's _reinterpret_tensor as `spec` (_torch_shim.view) says; NULL without
+ * an exception where the shim fails, with one for a malformed spec. */
+static PyObject *shim_view(PyObject *spec, void *base) {
+    int64_t head[2], dims[2 * MAX_DIMS];  /* ndim, storage offset; sizes then strides */
+    if (spec_of(spec, "a view's", 2, head, dims))
+        return NULL;
+    void *view = NULL;
+    if (shim_reinterpret(base, head[0], dims, dims + head[0], head[1], &view))
+        return NULL;
+    PyObject *made = stolen(view);
+    shim_delete(view);
+    return made;
+}
+
+/* A returned view (_plans._native_plan): (number, base number, dtype or None, shape, stride, offset, shim spec or None)
+ * made as base.view(dtype).as_strided(shape, stride, offset), or base.as_strided(...) without a dtype, as
+ * _plans._Recorder._builder makes it; or, with a shim spec and a base allocated through the shim, by the shim's
+ * _reinterpret_tensor. 0, or -1 with an exception. */
 static int view_step(PyObject *step, struct call *call) {
     Py_ssize_t number, base;
-    if (!PyTuple_Check(step) || PyTuple_Size(step) != 6) {
-        PyErr_SetString(PyExc_SystemError, "replay: a returned view is a tuple of 6");
+    if (!PyTuple_Check(step) || PyTuple_Size(step) != 7) {
+        PyErr_SetString(PyExc_SystemError, "replay: a returned view is a tuple of 7");
         return -1;
     }
     if (number_of(PyTuple_GetItem(step, 0), call, 1, 0, &number) || number_of(PyTuple_GetItem(step, 1), call, 0, 0, &base))
         return -1;
-    PyObject *dtype = PyTuple_GetItem(step, 2), *retyped = NULL, *made;
-    if (dtype != Py_None && !(retyped = PyObject_CallFunctionObjArgs(m_view, call->tensors[base], dtype, NULL)))
+    PyObject *dtype = PyTuple_GetItem(step, 2), *spec = PyTuple_GetItem(step, 6), *retyped = NULL, *made = NULL;
+    if (spec != Py_None && call->handles[base] != NULL && !(made = shim_view(spec, call->handles[base])) && PyErr_Occurred())
         return -1;
-    made = PyObject_CallFunctionObjArgs(m_as_strided, retyped ? retyped : call->tensors[base], PyTuple_GetItem(step, 3),
-                                       PyTuple_GetItem(step, 4), PyTuple_GetItem(step, 5), NULL);
-    Py_XDECREF(retyped);
-    if (made == NULL)
-        return -1;
+    if (made == NULL) {
+        if (dtype != Py_None && !(retyped = PyObject_CallFunctionObjArgs(m_view, call->tensors[base], dtype, NULL)))
+            return -1;
+        made = PyObject_CallFunctionObjArgs(m_as_strided, retyped ? retyped : call->tensors[base], PyTuple_GetItem(step, 3),
+                                           PyTuple_GetItem(step, 4), PyTuple_GetItem(step, 5), NULL);
+        Py_XDECREF(retyped);
+        if (made == NULL)
+            return -1;
+    }
     call->tensors[number] = made;
     call->have |= (uint64_t)1 << number;
     return 0;
@@ -432,18 +543,28 @@ static PyObject *run(PyObject *plan, struct call *call) {
         }
     }
     uint64_t inputs = call->have;
-    for (Py_ssize_t i = 0; i < num_allocations; i++) {  /* (number, function, args, kwargs) */
-        PyObject *step = PyTuple_GetItem(allocations, i);
+    __builtin_memset(call->handles, 0, sizeof call->handles);
+    for (Py_ssize_t i = 0; i < num_allocations; i++) {  /* (number, allocating method, its args, shim spec or None) */
+        PyObject *step = PyTuple_GetItem(allocations, i), *spec;
         Py_ssize_t number;
+        if (!PyTuple_Check(step) || PyTuple_Size(step) != 4) {
+            PyErr_SetString(PyExc_SystemError, "replay: an allocation is a tuple of 4");
+            goto done;
+        }
         if (number_of(PyTuple_GetItem(step, 0), call, 1, 0, &number))
             goto done;
-        PyObject *made = PyObject_Call(PyTuple_GetItem(step, 1), PyTuple_GetItem(step, 2), PyTuple_GetItem(step, 3));
-        if (made == NULL)
-            goto done;
+        spec = PyTuple_GetItem(step, 3);
+        PyObject *made = spec == Py_None ? NULL : shim_allocate(spec, &call->pointers[number], &call->handles[number]);
+        if (made == NULL) {
+            if (PyErr_Occurred() || !(made = PyObject_Call(PyTuple_GetItem(step, 1), PyTuple_GetItem(step, 2), NULL)))
+                goto done;
+            if (data_ptr(made, &call->pointers[number])) {
+                Py_DECREF(made);
+                goto done;
+            }
+        }
         call->tensors[number] = made;
         call->have |= (uint64_t)1 << number;
-        if (data_ptr(made, &call->pointers[number]))
-            goto done;
     }
     for (Py_ssize_t i = 0; i < num_launches; i++)
         if (launch_step(PyTuple_GetItem(launches, i), call))
@@ -453,9 +574,12 @@ static PyObject *run(PyObject *plan, struct call *call) {
             goto done;
     result = result_of(PyTuple_GetItem(plan, 3), call);
 done:
-    for (Py_ssize_t i = 0; i < MAX_TENSORS; i++)
+    for (Py_ssize_t i = 0; i < MAX_TENSORS; i++) {
         if ((call->have & ~inputs) >> i & 1)
             Py_DECREF(call->tensors[i]);
+        if (call->handles[i] != NULL)
+            shim_delete(call->handles[i]);
+    }
     return result;
 }
 
@@ -508,6 +632,9 @@ static PyMethodDef methods[] = {
      "launch(function, grid, block, shared_bytes, stream, params) -> CUresult"},
     {"signature", (PyCFunction)(void (*)(void))signature, METH_FASTCALL,
      "signature(args, kwargs, num_sms, index_checks) -> the signature replay() looks up, or None"},
+    {"bind_shim", (PyCFunction)(void (*)(void))bind_shim, METH_FASTCALL,
+     "bind_shim(empty_strided, zero_, get_data_ptr, delete_tensor_object, _reinterpret_tensor, steal): torch's C shim, for "
+     "replayed allocations and views."},
     {"replay", (PyCFunction)(void (*)(void))replay, METH_FASTCALL,
      "replay(plans, args, kwargs, num_sms, index_checks, by_signature) -> the call's result, or NotImplemented where Python keys it"},
     {NULL, NULL, 0, NULL},
@@ -529,7 +656,8 @@ PyMODINIT_FUNC PyInit__driver_native(void) {
         !(str_native = PyUnicode_InternFromString("native")))
         return NULL;
     PyObject *module = PyModule_Create(&module_def);
-    if (module == NULL || PyModule_AddIntConstant(module, "MAX_TENSORS", MAX_TENSORS) || PyModule_AddIntConstant(module, "MAX_PARAMS", MAX_PARAMS)) {
+    if (module == NULL || PyModule_AddIntConstant(module, "MAX_TENSORS", MAX_TENSORS) || PyModule_AddIntConstant(module, "MAX_PARAMS", MAX_PARAMS) ||
+        PyModule_AddIntConstant(module, "MAX_DIMS", MAX_DIMS)) {
         Py_XDECREF(module);
         return NULL;
     }

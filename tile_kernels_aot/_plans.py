@@ -35,12 +35,15 @@ plans. A plan is *simple* when its steps are allocations and launches of kernels
 kernel's launches a step), it saw no tensor passed twice, and it returns its tensors as they are, or views of them
 that the result's builder makes in one or two steps (``base.as_strided(...)``, ``base.view(dtype).as_strided(...)``),
 or None, or tuples and lists of these: no torch op or address table is repeated. Such a plan has a native form (``_Plan.native``), which the extension runs:
-the allocations (:func:`_allocator`), then each launch with its argument block on the
+the allocations (through torch's C shim, :mod:`tile_kernels_aot._torch_shim`, without the GIL, where it serves the
+dtype and device; else :func:`_allocator`), then each launch with its argument block on the
 stack, its grid and scalars checked and written when the plan was made (``LoadedKernel.native_steps``), on torch's
 current stream, cuLaunchKernel called without the GIL (cuLaunchKernelEx, with its CUlaunchConfig on the stack and the
 launch attributes a checked launch passes, for a launch with PDL, cluster dims or a cooperative grid) and its failure
-raised by ``Driver.check``, then the returned views through the tensors' own ``view`` and ``as_strided``, the calls
-Python's replay makes. Where the current CUDA context is not the one the plan was recorded in (another device's,
+raised by ``Driver.check``, then the returned views: a view of an allocation's own dtype, of an allocation the shim
+made, by the shim's ``_reinterpret_tensor`` (:func:`_torch_shim.view`: the same storage, sizes, strides and offset,
+but not an autograd view), any other through the tensors' own ``view`` and ``as_strided``, the calls Python's replay
+makes. Where the current CUDA context is not the one the plan was recorded in (another device's,
 or none yet on a new thread), it leaves the call to Python before it allocates anything. Every other call it hands to
 the Python path above with the signature it made. The extension reads the op's one dict of plans: a plan cleared,
 evicted or turned off is gone for both.
@@ -58,7 +61,7 @@ import torch
 from torch.compiler import is_compiling
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from tile_kernels_aot import _driver, _index_checks, config
+from tile_kernels_aot import _driver, _index_checks, _torch_shim, config
 from tile_kernels_aot._launch import recording
 
 MAX_PLANS = 256  # signatures an op keeps: decode's batch sizes, with room for prefill's passing ones
@@ -76,6 +79,9 @@ _TENSORS = (torch.Tensor, torch.nn.Parameter)
 _caches: list[dict] = []
 _native = _driver.native_extension()  # the C extension, which replays simple plans (_Plan.native); None: Python replays all
 _native_replay = _native and _native.replay
+_shim = _native and _torch_shim.functions()  # torch's C shim, through which the extension allocates; None: torch's Python API
+if _shim:
+    _native.bind_shim(*_shim)
 
 
 class _Unkeyable(Exception):
@@ -532,9 +538,11 @@ class _Plan:
 
 def _native_plan(num_tensors: int, same: tuple, steps: tuple, returns: object, views: tuple) -> tuple | None:
     """A simple plan as the C extension's replay runs it (tile_kernels_aot._driver_native, run): (the allocations as
-    (number, the allocating method (_allocator), args, kwargs), the launch steps (LoadedKernel.native_steps), the views it
-    returns as (number, base number, dtype or None, shape, stride, offset): base.view(dtype).as_strided(shape, stride,
-    offset), as _Recorder._builder rebuilds them, the result (_Recorder._returns)), its tensors numbered below
+    (number, the allocating method (_allocator), its args, the same allocation through torch's C shim
+    (_torch_shim.allocation) or None), the launch steps (LoadedKernel.native_steps), the views it
+    returns as (number, base number, dtype or None, shape, stride, offset, the same view through torch's C shim
+    (_torch_shim.view) or None): base.view(dtype).as_strided(shape, stride, offset), as _Recorder._builder rebuilds them,
+    the result (_Recorder._returns)), its tensors numbered below
     MAX_TENSORS. A plan is simple when its steps are allocations and launches of kernels without a tensor
     map, it saw no tensor passed twice, and it returns its tensors as they are or views of them that _builder rebuilds
     in one or two steps. None for any other plan, or without the extension: Python replays it."""
@@ -545,7 +553,8 @@ def _native_plan(num_tensors: int, same: tuple, steps: tuple, returns: object, v
         if step[0] is _ALLOC and not step[7]:
             _, made, shape, stride, dtype, device, zeros_made, _ = step
             allocate = _allocator(dtype, device, zeros_made)
-            allocations.append((made, allocate, (shape,) if zeros_made else (shape, stride), {}))
+            shim = _shim and _torch_shim.allocation(dtype, device, shape, stride, zeros_made)
+            allocations.append((made, allocate, (shape,) if zeros_made else (shape, stride), shim))
         elif step[0] is _LAUNCH:
             steps_of_launch = step[1].native_steps(*step[2:])
             if steps_of_launch is None:
@@ -553,6 +562,7 @@ def _native_plan(num_tensors: int, same: tuple, steps: tuple, returns: object, v
             launches.extend(steps_of_launch)
         else:  # a torch op, an address table, a zero-filled allocation with strides
             return None
+    views = tuple((*view, _shim and view[2] is None and _torch_shim.view(*view[3:]) or None) for view in views)
     return tuple(allocations), tuple(launches), views, returns
 
 

@@ -24,7 +24,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from tests.fixtures import stub_driver
-from tile_kernels_aot import _checks, _driver, _index_checks, _launch, _plans, _select, config, mhc, moe, quant
+from tile_kernels_aot import _checks, _driver, _index_checks, _launch, _plans, _select, _torch_shim, config, mhc, moe, quant
 from tile_kernels_aot._launch import LoadedKernel
 from tile_kernels_aot.errors import CudaDriverError
 from tile_kernels_aot.manifest import KernelArg, Launch
@@ -294,9 +294,10 @@ def test_a_returned_view_is_made_in_c_as_python_makes_it(drv, monkeypatch, mode,
     for _ in range(4):
         x = x_of()
         calls.append((x, demo(x, 1.0, mode)))
-    (number, base, dtype, *rest), = next(iter(demo.plans.values())).native[2]
+    (number, base, dtype, *rest, spec), = next(iter(demo.plans.values())).native[2]
     assert base == 1 and number > base  # the view is made from the call's one allocation, tensor 1 after x
     assert (dtype, *rest) == ((None, torch.int32)[mode == 'retyped'], *view[:3])
+    assert spec == (None if mode == 'retyped' else _torch_shim.view(*view[:3]))  # a view of another dtype: torch's Python API
     monkeypatch.setattr(_plans, '_native_replay', None)  # as without the extension: Python's replay
     x = x_of()
     calls.append((x, demo(x, 1.0, mode)))
@@ -320,6 +321,122 @@ def test_other_plans_replay_in_python(drv, call, why):
         call(x_of())
     assert hows(drv) == ['full', 'full', 'python', 'python'], why
     assert [native for op in (demo, pair, outer, tabled) for native in native_plans(op)] == [False]
+
+
+@pytest.fixture
+def shim(monkeypatch):
+    """torch's C shim bound to the extension with a steal that counts its calls (one per replayed allocation); unbound
+    again, as _plans binds it, after the test."""
+    functions = _torch_shim.functions()
+    if functions is None:
+        pytest.fail(f'torch {torch.__version__} lacks the AOTInductor shim functions _torch_shim looks up')
+    *addresses, steal = functions
+    steals = Counter()
+
+    def counting(capsule):
+        steals['tensors'] += 1
+        return steal(capsule)
+
+    native.bind_shim(*addresses, counting)
+    yield steals, addresses
+    native.bind_shim(*functions)
+
+
+@pytest.mark.parametrize('mode', ['empty', 'zeros'])
+def test_a_replayed_allocation_goes_through_torchs_shim_and_has_one_owner(drv, shim, mode):
+    steals, _ = shim
+    outs = []
+    for _ in range(5):
+        litter = torch.full((4, 2), 7.0)  # freed memory of the output's size, for the allocator to hand out again
+        del litter
+        x = x_of(4)
+        out = demo(x, 1.0, mode)
+        assert addresses(drv.seen[-1], [x.data_ptr(), out.data_ptr()])[-1][0::2] == (0, 1)  # launched where it lives
+        outs.append(out)
+    assert hows(drv) == ['full', 'full', 'native', 'native', 'native'] and steals['tensors'] == 3
+    for out in outs[2:]:
+        assert type(out) is torch.Tensor and layout(out) == ((4, 2), (2, 1), 0, torch.float32)
+        assert out._use_count() == 1  # the shim's handle was dropped: the caller's is the only reference
+        if mode == 'zeros':
+            assert torch.equal(out, torch.zeros(4, 2))
+    assert len({out.data_ptr() for out in outs}) == 5
+
+
+@pytest.mark.parametrize('shimmed', [True, False], ids=['shim', 'torch Python API'])
+def test_a_returned_view_of_a_shim_allocation_is_made_by_the_shim(drv, shim, monkeypatch, shimmed):
+    """demo returns out.T: through the shim (the view's handle dropped once it is a tensor), or, where the shim did not
+    allocate its base, through as_strided; either way the view Python's replay makes, over memory of its own."""
+    steals, _ = shim
+    if not shimmed:
+        monkeypatch.setattr(_torch_shim, 'allocation', lambda *args: None)
+    outs = []
+    for _ in range(4):
+        out = demo(x_of(), 1.0, 'transposed')
+        assert layout(out) == ((2, 3), (1, 2), 0, torch.float32) and out.untyped_storage().nbytes() == 3 * 8
+        outs.append(out)
+    assert hows(drv)[2:] == ['native', 'native'] and steals['tensors'] == (4 if shimmed else 0)
+    for out in outs[2:]:
+        assert out._use_count() == 1 and (out._base is None) == shimmed  # the shim's is not an autograd view
+    assert len({out.untyped_storage().data_ptr() for out in outs}) == 4
+
+
+def test_without_the_shim_a_replay_allocates_through_torchs_python_api(drv, shim, monkeypatch):
+    steals, _ = shim
+    monkeypatch.setattr(_torch_shim, 'allocation', lambda *args: None)  # as where the shim does not serve the dtype
+    for _ in range(4):
+        out = demo(x_of(3), 1.0, 'zeros')
+        assert torch.equal(out, torch.zeros(3, 2)) and out._use_count() == 1
+    assert hows(drv)[2:] == ['native', 'native'] and steals['tensors'] == 0
+    assert next(iter(demo.plans.values())).native[0][0][3] is None
+
+
+def test_a_failing_shim_leaves_the_allocation_to_torchs_python_api(drv, shim, monkeypatch):
+    """aoti_torch_empty_strided returning an error (as on an out-of-memory device): the replay allocates through torch's
+    Python API, which raises what torch raises or, here, allocates."""
+    _, (_, *others) = shim
+    failing = ctypes.CFUNCTYPE(ctypes.c_int32, *[ctypes.c_void_p] * 7)(lambda *args: 1)
+    native.bind_shim(ctypes.cast(failing, ctypes.c_void_p).value, *others, lambda capsule: pytest.fail('stole'))
+    calls = []
+    for _ in range(4):
+        x = x_of(3)
+        calls.append((x, demo(x)))
+    assert hows(drv)[2:] == ['native', 'native']
+    for (x, out), record in zip(calls, drv.seen):
+        assert addresses(record, [x.data_ptr(), out.data_ptr()])[-1][0::2] == (0, 1) and out._use_count() == 1
+
+
+@pytest.mark.parametrize('spec', [b'', b'\x00' * 15, struct.pack('=5q', 17, 6, 0, -1, 0), struct.pack('=7q', 2, 6, 0, -1, 0, 1, 1)],
+                         ids=['empty', 'short', 'too many dims', 'sizes without strides'])
+@pytest.mark.parametrize('of', ['allocation', 'view'])
+def test_a_malformed_shim_spec_is_a_system_error(drv, shim, spec, of):
+    for _ in range(2):
+        demo(x_of(3), 1.0, 'transposed')
+    plan = next(iter(demo.plans.values()))
+    (allocation,), launches, (view,), returns = plan.native
+    if of == 'allocation':
+        allocation = (*allocation[:3], spec)
+    else:
+        view = (*view[:6], spec)
+    plan.native = ((allocation,), launches, (view,), returns)
+    with pytest.raises(SystemError, match=f"{'an allocation' if of == 'allocation' else 'a view'}'s shim spec"):
+        demo(x_of(3), 1.0, 'transposed')
+
+
+def test_the_shim_serves_a_dtype_and_device_only_once_a_tensor_made_through_it_matches(monkeypatch):
+    cpu = torch.device('cpu')
+    spec = _torch_shim.allocation(torch.bfloat16, cpu, (2, 3), (1, 2), True)
+    assert struct.unpack('=9q', spec) == (2, *_torch_shim._codes(torch.bfloat16, cpu), 1, 2, 3, 1, 2)
+    assert _torch_shim.allocation(torch.float32, cpu, (1,) * 17, (1,) * 17, False) is None  # over MAX_DIMS
+    assert _torch_shim.MAX_DIMS == native.MAX_DIMS
+    _torch_shim._codes.cache_clear()
+    monkeypatch.setattr(_torch_shim, '_made', lambda lib, codes: torch.empty(0, dtype=torch.float64))
+    assert _torch_shim.allocation(torch.float32, cpu, (2,), (1,), False) is None  # the shim's float32 code made float64
+    monkeypatch.setattr(_torch_shim, '_made', lambda lib, codes: None)  # the shim's error
+    _torch_shim._codes.cache_clear()
+    assert _torch_shim.allocation(torch.float32, cpu, (2,), (1,), False) is None
+    monkeypatch.undo()
+    _torch_shim._codes.cache_clear()
+    assert _torch_shim.allocation(torch.float32, cpu, (2,), (1,), False) is not None
 
 
 class Subclass(torch.Tensor):

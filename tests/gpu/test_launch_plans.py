@@ -123,6 +123,32 @@ def test_simple_plans_replay_in_c_and_give_what_checked_calls_give():
         assert len({t.data_ptr() for result in results[2:] for t in pytree.tree_leaves(result) if isinstance(t, torch.Tensor)}) == 3 * len(first)
 
 
+def test_a_replay_in_c_allocates_through_torchs_shim_and_leaves_its_outputs_to_the_caller():
+    """The C replay's allocations and same-dtype views come from torch's C shim (_torch_shim) on the GPU too; each output
+    it returns has the caller as its only owner, and 200 replayed calls whose results are dropped leave the memory
+    torch has allocated where it was."""
+    if _plans._native_replay is None:
+        pytest.skip('the runtime C extension is not installed, or TILE_KERNELS_AOT_NATIVE_LAUNCH=0')
+    assert _plans._shim, f'torch {torch.__version__} lacks the AOTInductor shim functions _torch_shim looks up'
+    for op, args in _simple_calls():
+        op.plans.clear()
+        for _ in range(3):
+            result = op(*args)
+        (plan,) = op.plans.values()
+        allocations, _, views, _ = plan.native
+        assert all(spec is not None for *_, spec in allocations), op.__name__
+        assert all((spec is None) == (dtype is not None) for _, _, dtype, *_, spec in views), op.__name__
+        outputs = [t for t in pytree.tree_leaves(result) if isinstance(t, torch.Tensor) and t.device.type == 'cuda']
+        assert outputs and all(t._use_count() == 1 for t in outputs), op.__name__
+        del result, outputs
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        for _ in range(200):
+            op(*args)
+        torch.cuda.synchronize()
+        assert torch.cuda.memory_allocated() == before, op.__name__
+
+
 def test_a_replay_in_c_is_captured_in_a_cuda_graph_and_runs_on_a_side_stream():
     from tile_kernels_aot import moe
 
