@@ -10,6 +10,7 @@ the GIL, these skip the parsing of torch's Python bindings, which is most of an 
 Nothing here is built or linked: the functions are looked up by name in the libtorch_cpu that ``import torch`` loaded,
 and each (dtype, device) is checked once by allocating through them and comparing the tensor made. Where a function is
 missing or the check fails, :func:`allocation` gives None and the replay allocates through torch's Python API.
+``TILE_KERNELS_AOT_TORCH_SHIM=0`` (read at import) chooses torch's Python API for every replay.
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ import struct
 
 import torch
 
+from tile_kernels_aot import config
+
+SHIM_ENV = 'TILE_KERNELS_AOT_TORCH_SHIM'
 MAX_DIMS = 16  # dims of a tensor the replay allocates through the shim (_driver_native.c's MAX_DIMS)
 _FUNCTIONS = ('aoti_torch_empty_strided', 'aoti_torch_zero_', 'aoti_torch_get_data_ptr', 'aoti_torch_delete_tensor_object',
               'aoti_torch__reinterpret_tensor')
@@ -44,12 +48,17 @@ def _library() -> ctypes.CDLL | None:
 def functions() -> tuple | None:
     """(the addresses of aoti_torch_empty_strided, aoti_torch_zero_, aoti_torch_get_data_ptr,
     aoti_torch_delete_tensor_object and aoti_torch__reinterpret_tensor, the function that turns a handle into a tensor),
-    as the extension's bind_shim takes them, or None where torch lacks any of them."""
+    as the extension's bind_shim takes them, or None where torch lacks any of them or TILE_KERNELS_AOT_TORCH_SHIM=0."""
+    if not _enabled:
+        return None
     lib = _library()
     steal = getattr(getattr(torch._C, '_aoti', None), 'alloc_tensor_by_stealing_from_void_ptr', None)
     if lib is None or steal is None:
         return None
     return (*(ctypes.cast(getattr(lib, name), ctypes.c_void_p).value for name in _FUNCTIONS), steal)
+
+
+_enabled = config.env_switch(SHIM_ENV, True)
 
 
 def allocation(dtype: torch.dtype, device: torch.device, shape: tuple[int, ...], stride: tuple[int, ...], zeros: bool) -> bytes | None:

@@ -5,7 +5,7 @@ every call (fewer when the tokens fill fewer blocks); it is a launch argument, n
 one binary serves GPUs of any size. Results do not depend on it.
 
 env_switch reads the package's 0/1 environment switches (TILE_KERNELS_AOT_CHECK_INDICES, TILE_KERNELS_AOT_LAUNCH_PLANS,
-TILE_KERNELS_AOT_NATIVE_LAUNCH).
+TILE_KERNELS_AOT_NATIVE_LAUNCH, TILE_KERNELS_AOT_TORCH_SHIM).
 """
 
 from __future__ import annotations

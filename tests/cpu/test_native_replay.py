@@ -706,6 +706,17 @@ def test_without_the_extension_plans_replay_in_python(env, blocked):
     assert result.stdout.split() == ['None', 'None']
 
 
+@pytest.mark.parametrize('value, bound', [('0', False), ('1', True), ('', True)])
+def test_torch_shim_switch_chooses_how_the_c_replay_allocates(value, bound):
+    result = subprocess.run([sys.executable, '-c', textwrap.dedent('''
+        import torch
+        from tile_kernels_aot import _plans, _torch_shim
+        print(bool(_plans._shim), _torch_shim.functions() is not None)
+    ''')], capture_output=True, text=True, env={**os.environ, _torch_shim.SHIM_ENV: value})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == [str(bound)] * 2
+
+
 @pytest.fixture
 def thread_state():
     _launch._thread_state.__dict__.clear()
