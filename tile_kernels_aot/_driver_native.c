@@ -5,7 +5,9 @@
  * slower), and it links nothing. Driver functions come as addresses, from the libcuda.so.1 that _driver.py opened:
  * cuLaunchKernel through bind() for launch(), and cuLaunchKernel, cuLaunchKernelEx and cuCtxGetCurrent in each plan's
  * launch steps for replay(). Launch attributes come as the bytes of the CUlaunchAttribute array that _launch.py builds
- * in ctypes; this file knows only the layout of CUlaunchConfig (cuda.h's, and _driver.py's ctypes one).
+ * in ctypes; this file knows only the layout of CUlaunchConfig (cuda.h's, and _driver.py's ctypes one). A replay's
+ * allocations and same-dtype views go through torch's AOTInductor C shim, whose functions come as addresses too, from
+ * the libtorch_cpu that torch loaded (bind_shim, _torch_shim.py).
  * Built against Python's limited API, so one binary serves every CPython from 3.11 on.
  */
 #define Py_LIMITED_API 0x030B0000
@@ -302,31 +304,23 @@ static PyObject *stolen(void *tensor) {
     return made;
 }
 
-/* Int64s of a shim spec: `head` of them, then `ndim` sizes and `ndim` strides, ndim being head[0] (at most MAX_DIMS).
- * 0, or -1 with a SystemError naming `what`. */
-static int spec_of(PyObject *spec, const char *what, Py_ssize_t nhead, int64_t *head, int64_t *dims) {
-    char *bytes;
-    Py_ssize_t nbytes;
-    if (PyBytes_AsStringAndSize(spec, &bytes, &nbytes))
-        return -1;
-    if (nbytes >= 8 * nhead)
-        __builtin_memcpy(head, bytes, 8 * nhead);
-    if (nbytes < 8 * nhead || head[0] < 0 || head[0] > MAX_DIMS || nbytes != 8 * (nhead + 2 * head[0])) {
-        PyErr_Format(PyExc_SystemError, "replay: %s shim spec is not %zd + 2 * ndim int64s", what, nhead);
-        return -1;
-    }
-    __builtin_memcpy(dims, bytes + 8 * nhead, 16 * head[0]);
-    return 0;
-}
-
 /* A tensor allocated (and zeroed where asked) through the shim as `spec` (_torch_shim.allocation) says, with its data
  * pointer in `pointer` and its handle in `handle`, which the caller deletes. NULL without an exception where the shim
  * is not bound or fails (torch's Python API then allocates, and raises what torch raises); NULL with one for a
  * malformed spec. */
 static PyObject *shim_allocate(PyObject *spec, uintptr_t *pointer, void **handle) {
     int64_t head[5], dims[2 * MAX_DIMS];  /* ndim, dtype, device type, device index, zero; sizes then strides */
-    if (shim_steal == NULL || spec_of(spec, "an allocation's", 5, head, dims))
+    char *bytes;
+    Py_ssize_t nbytes;
+    if (shim_steal == NULL || PyBytes_AsStringAndSize(spec, &bytes, &nbytes))
         return NULL;
+    if (nbytes >= 40)
+        __builtin_memcpy(head, bytes, 40);
+    if (nbytes < 40 || head[0] < 0 || head[0] > MAX_DIMS || nbytes != 8 * (5 + 2 * head[0])) {
+        PyErr_SetString(PyExc_SystemError, "replay: an allocation's shim spec is not 5 + 2 * ndim int64s");
+        return NULL;
+    }
+    __builtin_memcpy(dims, bytes + 40, 16 * head[0]);
     void *tensor = NULL, *data = NULL;
     int32_t code;
     Py_BEGIN_ALLOW_THREADS
@@ -457,34 +451,46 @@ static int launch_step(PyObject *step, const struct call *call) {
     return 0;
 }
 
-/* A view of an allocation made through the shim's _reinterpret_tensor as `spec` (_torch_shim.view) says; NULL without
- * an exception where the shim fails, with one for a malformed spec. */
-static PyObject *shim_view(PyObject *spec, void *base) {
-    int64_t head[2], dims[2 * MAX_DIMS];  /* ndim, storage offset; sizes then strides */
-    if (spec_of(spec, "a view's", 2, head, dims))
+/* base.as_strided(shape, stride, offset) made by the shim's _reinterpret_tensor from the handle of `base`, an allocation
+ * the shim made (a tensor of the same storage, sizes, strides and offset, but not an autograd view, as AOTInductor's
+ * outputs are not). NULL without an exception where the shim cannot make it; with one for a shape or stride that is
+ * not a tuple of ints. */
+static PyObject *shim_view(void *base, PyObject *shape, PyObject *stride, PyObject *offset) {
+    int64_t dims[2 * MAX_DIMS];  /* sizes, then strides */
+    Py_ssize_t ndim = PyTuple_Size(shape);
+    if (ndim < 0 || ndim > MAX_DIMS || PyTuple_Size(stride) != ndim) {
+        PyErr_Clear();
         return NULL;
+    }
+    for (Py_ssize_t i = 0; i < ndim; i++) {
+        dims[i] = PyLong_AsLongLong(PyTuple_GetItem(shape, i));
+        dims[ndim + i] = PyLong_AsLongLong(PyTuple_GetItem(stride, i));
+    }
+    int64_t start = PyLong_AsLongLong(offset);
     void *view = NULL;
-    if (shim_reinterpret(base, head[0], dims, dims + head[0], head[1], &view))
+    if (PyErr_Occurred() || shim_reinterpret(base, ndim, dims, dims + ndim, start, &view))
         return NULL;
     PyObject *made = stolen(view);
     shim_delete(view);
     return made;
 }
 
-/* A returned view (_plans._native_plan): (number, base number, dtype or None, shape, stride, offset, shim spec or None)
- * made as base.view(dtype).as_strided(shape, stride, offset), or base.as_strided(...) without a dtype, as
- * _plans._Recorder._builder makes it; or, with a shim spec and a base allocated through the shim, by the shim's
- * _reinterpret_tensor. 0, or -1 with an exception. */
+/* A returned view (_plans._native_plan): (number, base number, dtype or None, shape, stride, offset) made as
+ * base.view(dtype).as_strided(shape, stride, offset), or base.as_strided(...) without a dtype, as
+ * _plans._Recorder._builder makes it: without a dtype, of a base the shim allocated, by the shim (shim_view), else
+ * through the tensors' own methods. 0, or -1 with an exception. */
 static int view_step(PyObject *step, struct call *call) {
     Py_ssize_t number, base;
-    if (!PyTuple_Check(step) || PyTuple_Size(step) != 7) {
-        PyErr_SetString(PyExc_SystemError, "replay: a returned view is a tuple of 7");
+    if (!PyTuple_Check(step) || PyTuple_Size(step) != 6) {
+        PyErr_SetString(PyExc_SystemError, "replay: a returned view is a tuple of 6");
         return -1;
     }
     if (number_of(PyTuple_GetItem(step, 0), call, 1, 0, &number) || number_of(PyTuple_GetItem(step, 1), call, 0, 0, &base))
         return -1;
-    PyObject *dtype = PyTuple_GetItem(step, 2), *spec = PyTuple_GetItem(step, 6), *retyped = NULL, *made = NULL;
-    if (spec != Py_None && call->handles[base] != NULL && !(made = shim_view(spec, call->handles[base])) && PyErr_Occurred())
+    PyObject *dtype = PyTuple_GetItem(step, 2), *retyped = NULL, *made = NULL;
+    if (dtype == Py_None && call->handles[base] != NULL &&
+        !(made = shim_view(call->handles[base], PyTuple_GetItem(step, 3), PyTuple_GetItem(step, 4), PyTuple_GetItem(step, 5))) &&
+        PyErr_Occurred())
         return -1;
     if (made == NULL) {
         if (dtype != Py_None && !(retyped = PyObject_CallFunctionObjArgs(m_view, call->tensors[base], dtype, NULL)))

@@ -41,9 +41,8 @@ stack, its grid and scalars checked and written when the plan was made (``Loaded
 current stream, cuLaunchKernel called without the GIL (cuLaunchKernelEx, with its CUlaunchConfig on the stack and the
 launch attributes a checked launch passes, for a launch with PDL, cluster dims or a cooperative grid) and its failure
 raised by ``Driver.check``, then the returned views: a view of an allocation's own dtype, of an allocation the shim
-made, by the shim's ``_reinterpret_tensor`` (:func:`_torch_shim.view`: the same storage, sizes, strides and offset,
-but not an autograd view), any other through the tensors' own ``view`` and ``as_strided``, the calls Python's replay
-makes. Where the current CUDA context is not the one the plan was recorded in (another device's,
+made, by the shim's ``_reinterpret_tensor`` (the same storage, sizes, strides and offset, but not an autograd view),
+any other through the tensors' own ``view`` and ``as_strided``, the calls Python's replay makes. Where the current CUDA context is not the one the plan was recorded in (another device's,
 or none yet on a new thread), it leaves the call to Python before it allocates anything. Every other call it hands to
 the Python path above with the signature it made. The extension reads the op's one dict of plans: a plan cleared,
 evicted or turned off is gone for both.
@@ -540,9 +539,8 @@ def _native_plan(num_tensors: int, same: tuple, steps: tuple, returns: object, v
     """A simple plan as the C extension's replay runs it (tile_kernels_aot._driver_native, run): (the allocations as
     (number, the allocating method (_allocator), its args, the same allocation through torch's C shim
     (_torch_shim.allocation) or None), the launch steps (LoadedKernel.native_steps), the views it
-    returns as (number, base number, dtype or None, shape, stride, offset, the same view through torch's C shim
-    (_torch_shim.view) or None): base.view(dtype).as_strided(shape, stride, offset), as _Recorder._builder rebuilds them,
-    the result (_Recorder._returns)), its tensors numbered below
+    returns as (number, base number, dtype or None, shape, stride, offset): base.view(dtype).as_strided(shape, stride,
+    offset), as _Recorder._builder rebuilds them, the result (_Recorder._returns)), its tensors numbered below
     MAX_TENSORS. A plan is simple when its steps are allocations and launches of kernels without a tensor
     map, it saw no tensor passed twice, and it returns its tensors as they are or views of them that _builder rebuilds
     in one or two steps. None for any other plan, or without the extension: Python replays it."""
@@ -562,7 +560,6 @@ def _native_plan(num_tensors: int, same: tuple, steps: tuple, returns: object, v
             launches.extend(steps_of_launch)
         else:  # a torch op, an address table, a zero-filled allocation with strides
             return None
-    views = tuple((*view, _shim and view[2] is None and _torch_shim.view(*view[3:]) or None) for view in views)
     return tuple(allocations), tuple(launches), views, returns
 
 

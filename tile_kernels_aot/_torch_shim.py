@@ -3,9 +3,10 @@
 AOTInductor's compiled models allocate through a small C ABI that torch exports from libtorch_cpu
 (torch/csrc/inductor/aoti_torch/c/shim.h): ``aoti_torch_empty_strided`` makes a tensor, a handle to it, from sizes,
 strides and integer codes for the dtype and device; ``aoti_torch_zero_`` zeroes one; ``aoti_torch_get_data_ptr`` reads
-its address; ``aoti_torch_delete_tensor_object`` drops the handle. ``torch._C._aoti.alloc_tensor_by_stealing_from_void_ptr``
-turns a handle into a Python tensor, as torch's AOTInductor runner does with a model's outputs. Called in C, without
-the GIL, these skip the parsing of torch's Python bindings, which is most of an allocation's host time.
+its address; ``aoti_torch__reinterpret_tensor`` makes a view of one (a returned view of an allocation's own dtype);
+``aoti_torch_delete_tensor_object`` drops the handle. ``torch._C._aoti.alloc_tensor_by_stealing_from_void_ptr``
+turns a handle into a Python tensor, as torch's AOTInductor runner does with a model's outputs. Called in C, these
+skip the parsing of torch's Python bindings, which is most of an allocation's or a view's host time.
 
 Nothing here is built or linked: the functions are looked up by name in the libtorch_cpu that ``import torch`` loaded,
 and each (dtype, device) is checked once by allocating through them and comparing the tensor made. Where a function is
@@ -68,16 +69,6 @@ def allocation(dtype: torch.dtype, device: torch.device, shape: tuple[int, ...],
     if codes is None or len(shape) > MAX_DIMS:
         return None
     return struct.pack(f'={5 + 2 * len(shape)}q', len(shape), *codes, int(zeros), *shape, *stride)
-
-
-def view(shape: tuple[int, ...], stride: tuple[int, ...], offset: int) -> bytes | None:
-    """A returned view of an allocation, of the allocation's dtype, as the extension reads it: int64s (number of dims,
-    storage offset, then sizes, then strides), which it makes with aoti_torch__reinterpret_tensor. Such a view shares
-    its base's storage as ``base.as_strided(shape, stride, offset)`` does, but is not an autograd view (its ``_base`` is
-    None), as AOTInductor's outputs are not. None where the shim cannot make it."""
-    if len(shape) > MAX_DIMS:
-        return None
-    return struct.pack(f'={2 + 2 * len(shape)}q', len(shape), offset, *shape, *stride)
 
 
 @functools.cache

@@ -137,9 +137,11 @@ def test_a_replay_in_c_allocates_through_torchs_shim_and_leaves_its_outputs_to_t
         (plan,) = op.plans.values()
         allocations, _, views, _ = plan.native
         assert all(spec is not None for *_, spec in allocations), op.__name__
-        assert all((spec is None) == (dtype is not None) for _, _, dtype, *_, spec in views), op.__name__
-        outputs = [t for t in pytree.tree_leaves(result) if isinstance(t, torch.Tensor) and t.device.type == 'cuda']
+        outputs = [t for t in pytree.tree_leaves(result) if isinstance(t, torch.Tensor)]
         assert outputs and all(t._use_count() == 1 for t in outputs), op.__name__
+        # a view of an allocation's own dtype comes from the shim, which makes no autograd view; one of another dtype
+        # comes from torch's view(dtype).as_strided(...), which does
+        assert sum(t._base is not None for t in outputs) == sum(dtype is not None for _, _, dtype, *_ in views), op.__name__
         del result, outputs
         torch.cuda.synchronize()
         before = torch.cuda.memory_allocated()
