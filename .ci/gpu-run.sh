@@ -7,8 +7,8 @@
 # (default steps: tests bench tune cold). COMMIT names the commit the wheels were built from; without it the
 # script reads $DIST/COMMIT, and without that the record is left to `python -m benchmarks.record $OUT --commit SHA`.
 # Test dependencies the GPU host lacks (hypothesis and sortedcontainers, for tests/gpu/test_fuzz_ops.py; pytest-xdist and
-# execnet, for TESTS_WORKERS) are installed from .whl/ when it is carried there (`pip download hypothesis --no-deps
-# --python-version 3.12 --only-binary=:all: -d .whl`, and likewise the others).
+# execnet, for TESTS_WORKERS) are installed from .whl/ when it is carried there. .ci/gpu-prep.sh makes .whl/, the
+# wheels, the upstream pack and build-launch/ on the build machine.
 set -uo pipefail
 OUT=${OUT:-/tmp/tk-out}
 SITE=${SITE:-/tmp/tk-site}  # the installed wheels; WORK: the copy of the tests the steps run in (two runs at once: set both apart)
