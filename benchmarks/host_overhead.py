@@ -81,7 +81,7 @@ def main() -> int:
     timer = Timer()
     drv = _driver.driver()
     native = drv.native  # the C extension, where it is installed; None makes the driver call through ctypes
-    native_replay = _plans._native_replay  # its replay of simple plans; None: Python replays every plan
+    native_replay, native_extension = _plans._native_replay, _plans._native  # its replay of simple plans, its keys; None: Python
     record = RowWriter(args.out)
     kernels, _ = select(CASES, args.kernels, installed_kernels())
     for kernel in kernels:
@@ -100,13 +100,13 @@ def main() -> int:
             for _ in range(3):  # interleaved rounds
                 for side, fn in timed.items():
                     _plans.enable(side != 'ours_in_full')
-                    if side == 'ours_ctypes':
-                        drv.native, _plans._native_replay = None, None
+                    if side == 'ours_ctypes':  # keyed, replayed and launched as without the extension
+                        drv.native, _plans._native, _plans._native_replay = None, None, None
                     try:
                         best[side] = min(best.get(side, float('inf')), timer.host_us(fn))
                     finally:
                         _plans.enable(True)
-                        drv.native, _plans._native_replay = native, native_replay
+                        drv.native, _plans._native, _plans._native_replay = native, native_extension, native_replay
             row = {'what': 'host', 'kernel': kernel, 'shape': label, 'tokens': args.tokens, 'ours_us': best['ours'],
                    'ours_in_full_us': best['ours_in_full'], 'ours_ctypes_us': best.get('ours_ctypes'), 'torch_us': best['torch'],
                    'torch_op': reference, 'upstream_us': best.get('upstream')}

@@ -54,7 +54,7 @@ def main():
         'cuLaunchKernel via the C extension': native and per_call_us(lambda: native.launch(fn.value, (1, 1, 1), launch.block,
                                                                                          launch.dynamic_smem, _current_stream(0), pack.address)),
         'LoadedKernel call': per_call_us(lambda: kernel(0, tensors)),
-        "topk_gate's signature, made in C": _plans._native and per_call_us(lambda: _plans._native.signature((scores, 8), {}, None, False)),
+        "topk_gate's signature, made in C": _plans._native and per_call_us(lambda: _plans._native.signature((scores, 8), {}, None, False, [])),
         'topk_gate op, in full': per_call_us(lambda: topk_gate.__wrapped__(scores, 8)),
         'topk_gate op (its launch plan)': per_call_us(lambda: topk_gate(scores, 8)),
         'topk_gate op (its plan replayed in Python)': without_native_replay(lambda: per_call_us(lambda: topk_gate(scores, 8))),
@@ -78,12 +78,13 @@ def main():
 
 
 def without_native_replay(fn):
-    """fn() with every launch plan replayed in Python, as without the C extension."""
-    native_replay, _plans._native_replay = _plans._native_replay, None
+    """fn() with every launch plan keyed and replayed in Python, as without the C extension."""
+    native, native_replay = _plans._native, _plans._native_replay
+    _plans._native = _plans._native_replay = None
     try:
         return fn()
     finally:
-        _plans._native_replay = native_replay
+        _plans._native, _plans._native_replay = native, native_replay
 
 
 def without_shim(op, fn):

@@ -129,7 +129,7 @@ def main() -> int:
     stub_folder = tempfile.TemporaryDirectory()
     drv = stub_driver(stub_folder.name)
     native = drv.native if drv is not None else None  # None for a launch through ctypes
-    native_replay = _plans._native_replay  # the extension's replay of simple plans
+    native_replay, native_extension = _plans._native_replay, _plans._native  # the extension's replay of simple plans, its keys
     if drv is None:
         print('no C compiler: each launch is timed as a record, not a driver call')
 
@@ -162,7 +162,7 @@ def main() -> int:
             replayed = per_call_us(lambda: op(*call_args))
             through_ctypes = ''
             if native is not None:  # as without the extension: Python replays, ctypes makes the driver call
-                drv.native, _plans._native_replay = None, None
+                drv.native, _plans._native, _plans._native_replay = None, None, None
                 through_ctypes = f'  replayed without the extension {per_call_us(lambda: op(*call_args)):6.1f} us'
         except (ValueError, TypeError, SpecNotPrebuiltError) as exc:  # a case the token count or the build does not suit
             print(f'{case.name:60s} skipped: {str(exc).splitlines()[0]}')
@@ -170,7 +170,7 @@ def main() -> int:
         finally:
             _plans.enable(True)
             if native is not None:
-                drv.native, _plans._native_replay = native, native_replay
+                drv.native, _plans._native, _plans._native_replay = native, native_extension, native_replay
         same = all(r == records[0] for r in records[1:])
         failed += not same
         print(f'{case.name:60s} in full {full:6.1f} us  replayed in {replayer:6s} {replayed:6.1f} us  {full / replayed:4.1f}x{through_ctypes}'

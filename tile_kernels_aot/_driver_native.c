@@ -17,7 +17,7 @@
 #define MAX_TENSORS 64 /* tensors of one replayed call: its argument tensors and what it allocates */
 #define MAX_PARAMS 64  /* arguments of one replayed kernel */
 #define MAX_ATTRIBUTES 4  /* launch attributes of one replayed kernel */
-#define MAX_DIMS 16  /* dims of a tensor allocated through torch's shim (_torch_shim.MAX_DIMS) */
+#define MAX_DIMS 16  /* dims of a tensor allocated through torch's shim (_torch_shim.MAX_DIMS) or keyed in bytes */
 
 typedef int (*launch_kernel_t)(void *f, unsigned grid_x, unsigned grid_y, unsigned grid_z, unsigned block_x, unsigned block_y,
                                unsigned block_z, unsigned shared_bytes, void *stream, void **params, void **extra);
@@ -113,16 +113,92 @@ static PyObject *launch(PyObject *module, PyObject *const *args, Py_ssize_t narg
 static PyObject *tensor_type, *dtype_type, *m_stride, *m_get_device, *m_data_ptr, *m_view, *m_as_strided, *str_dtype, *str_shape,
     *str_native;
 
+/* -- argument tensors through torch's DLPack exchange API -------------------------------------------------------- */
+
+/* dlpack.h's DLTensor and the head of its DLPackExchangeAPI (major version 1), which torch (2.10 on) gives as the
+ * capsule torch.Tensor.__dlpack_c_exchange_api__: its dltensor_from_py_object_no_sync fills a DLTensor from a tensor
+ * without a Python call (non-owning: shape and strides point into the tensor, valid while it lives). */
+struct dl_tensor {
+    void *data;
+    int32_t device_type, device_id;
+    int32_t ndim;
+    uint8_t code, bits;
+    uint16_t lanes;
+    int64_t *shape, *strides;
+    uint64_t byte_offset;
+};
+struct dl_exchange_api {
+    uint32_t major, minor;
+    void *prev_api, *managed_tensor_allocator, *managed_tensor_from_py_object_no_sync, *managed_tensor_to_py_object_no_sync;
+    int (*dltensor_from_py_object_no_sync)(void *py_object, struct dl_tensor *out);
+    void *current_work_stream;
+};
+_Static_assert(sizeof(struct dl_tensor) == 48, "DLTensor is 48 bytes");
+enum { DL_CPU = 1, DL_CUDA = 2 };
+
+static const struct dl_exchange_api *exchange;  /* NULL: argument tensors are read through torch's Python API */
+
+/* bind_exchange(capsule): torch's DLPack exchange API, the capsule of torch.Tensor.__dlpack_c_exchange_api__, through
+ * which a signature reads its tensors; bind_exchange(None) unbinds it. */
+static PyObject *bind_exchange(PyObject *module, PyObject *capsule) {
+    const struct dl_exchange_api *api = NULL;
+    if (capsule != Py_None) {
+        if (!(api = PyCapsule_GetPointer(capsule, "dlpack_exchange_api")))
+            return NULL;
+        if (api->major != 1 || api->dltensor_from_py_object_no_sync == NULL) {
+            PyErr_Format(PyExc_ValueError, "bind_exchange: DLPack exchange API %u.%u, not 1.x with dltensor_from_py_object_no_sync",
+                         api->major, api->minor);
+            return NULL;
+        }
+    }
+    exchange = api;
+    Py_RETURN_NONE;
+}
+
+/* A tensor's entry in a signature's bytes: its device (-1 for the CPU, as get_device() says), number of dims and the
+ * low bits of its data pointer, then its sizes and its strides. (Its dtype is its part of the signature's tuple.) */
+struct tensor_key {
+    int32_t device, ndim;
+    uint64_t low;
+};
+#define KEY_BYTES (MAX_TENSORS * (sizeof(struct tensor_key) + 2 * MAX_DIMS * sizeof(int64_t)))
+
 /* One replayed call's tensors by number (see _plans._Recorder): its argument tensors (borrowed), then what it allocates
  * (owned), with each one's data pointer and, for one allocated through torch's shim, its handle (else NULL) until the
- * call's views are made; bit i of `have` says whether number i holds a tensor yet. */
+ * call's views are made; bit i of `have` says whether number i holds a tensor yet. `key` holds the entries of the
+ * argument tensors read through the exchange API, in order. */
 struct call {
     PyObject *tensors[MAX_TENSORS];
     uintptr_t pointers[MAX_TENSORS];
     void *handles[MAX_TENSORS];
     uint64_t have;
     Py_ssize_t num_inputs;
+    unsigned char key[KEY_BYTES];
+    size_t key_size;
 };
+
+/* Whether `t` is read through the exchange API (its entry added to the call's key bytes, its data pointer in
+ * `pointer`): 1, or 0 where it is not bound or does not serve the tensor (a dtype DLPack has no type for, a device
+ * other than CPU or CUDA, more than MAX_DIMS dims). */
+static int exchange_key(PyObject *t, struct call *call, uintptr_t *pointer) {
+    struct dl_tensor d;
+    if (exchange == NULL)
+        return 0;
+    if (exchange->dltensor_from_py_object_no_sync(t, &d)) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (d.byte_offset || d.strides == NULL || (d.device_type != DL_CPU && d.device_type != DL_CUDA) || d.ndim < 0 || d.ndim > MAX_DIMS)
+        return 0;
+    *pointer = (uintptr_t)d.data;
+    struct tensor_key head = {d.device_type == DL_CPU ? -1 : d.device_id, d.ndim, *pointer & 255};
+    unsigned char *at = call->key + call->key_size;
+    __builtin_memcpy(at, &head, sizeof head);
+    __builtin_memcpy(at + sizeof head, d.shape, d.ndim * sizeof(int64_t));
+    __builtin_memcpy(at + sizeof head + d.ndim * sizeof(int64_t), d.strides, d.ndim * sizeof(int64_t));
+    call->key_size += sizeof head + 2 * d.ndim * sizeof(int64_t);
+    return 1;
+}
 
 /* A tensor's data pointer; -1 with an exception set on failure. */
 static int data_ptr(PyObject *tensor, uintptr_t *out) {
@@ -134,16 +210,20 @@ static int data_ptr(PyObject *tensor, uintptr_t *out) {
     return PyErr_Occurred() ? -1 : 0;
 }
 
-/* An argument tensor's part of the signature, (dtype, shape, stride(), get_device(), data_ptr() & 255), the tensor
- * and its data pointer put in `call`. NULL without an exception where the call has MAX_TENSORS already. */
+/* An argument tensor's part of the signature, the tensor and its data pointer put in `call`: its dtype where the
+ * exchange API reads the rest (its entry in the key bytes), else (dtype, shape, stride(), get_device(), data_ptr() &
+ * 255) through torch's Python API, as _plans._part makes it. NULL without an exception where the call has MAX_TENSORS
+ * already. */
 static PyObject *tensor_part(PyObject *t, struct call *call) {
     if (call->num_inputs == MAX_TENSORS)
         return NULL;
     uintptr_t *pointer = &call->pointers[call->num_inputs];
-    PyObject *dtype = NULL, *shape = NULL, *stride = NULL, *device = NULL, *low = NULL, *part = NULL;
-    if ((dtype = PyObject_GetAttr(t, str_dtype)) && (shape = PyObject_GetAttr(t, str_shape)) &&
-        (stride = PyObject_CallFunctionObjArgs(m_stride, t, NULL)) && (device = PyObject_CallFunctionObjArgs(m_get_device, t, NULL)) &&
-        !data_ptr(t, pointer) && (low = PyLong_FromLong((long)(*pointer & 255))))
+    PyObject *dtype = PyObject_GetAttr(t, str_dtype), *shape = NULL, *stride = NULL, *device = NULL, *low = NULL, *part = NULL;
+    if (dtype != NULL && exchange_key(t, call, pointer))
+        part = Py_NewRef(dtype);
+    else if (dtype != NULL && (shape = PyObject_GetAttr(t, str_shape)) &&
+             (stride = PyObject_CallFunctionObjArgs(m_stride, t, NULL)) && (device = PyObject_CallFunctionObjArgs(m_get_device, t, NULL)) &&
+             !data_ptr(t, pointer) && (low = PyLong_FromLong((long)(*pointer & 255))))
         part = PyTuple_Pack(5, dtype, shape, stride, device, low);
     Py_XDECREF(dtype);
     Py_XDECREF(shape);
@@ -192,16 +272,19 @@ static PyObject *part_of(PyObject *v, struct call *call) {
     return part;
 }
 
-/* The signature _plans.signature makes of a call with positional arguments `args` (a tuple) and keyword arguments
- * `kwargs` (a dict, or NULL for none): the SM count, the index-check switch, then for each positional argument a
- * scalar's type and value, or another argument's part (part_of), then for each keyword argument, in the call's order,
- * its name and its part. `call` gets the argument tensors in that order. NULL without an exception where an argument
- * is of a kind this does not key; NULL with one on an error. */
+/* The signature of a call with positional arguments `args` (a tuple) and keyword arguments `kwargs` (a dict, or NULL
+ * for none): the SM count, the index-check switch, then for each positional argument a scalar's type and value, or
+ * another argument's part (part_of), then for each keyword argument, in the call's order, its name and its part, and,
+ * where the exchange API is bound, last the bytes of the entries of the tensors it read. Unbound, it is the tuple
+ * _plans.signature makes; bound, two calls have equal signatures exactly where they have equal _plans.signature
+ * tuples. `call` gets the argument tensors in order. NULL without an exception where an argument is of a kind this
+ * does not key; NULL with one on an error. */
 static PyObject *signature_of(PyObject *args, PyObject *kwargs, PyObject *num_sms, PyObject *checks, struct call *call) {
-    Py_ssize_t nargs = PyTuple_Size(args), size = 2 + (kwargs ? 2 * PyDict_Size(kwargs) : 0);
+    Py_ssize_t nargs = PyTuple_Size(args), size = 2 + (kwargs ? 2 * PyDict_Size(kwargs) : 0) + (exchange != NULL);
     for (Py_ssize_t i = 0; i < nargs; i++)
         size += is_scalar(PyTuple_GetItem(args, i)) ? 2 : 1;
     call->num_inputs = 0;
+    call->key_size = 0;
     PyObject *key = PyTuple_New(size);
     if (key == NULL)
         return NULL;
@@ -239,21 +322,33 @@ static PyObject *signature_of(PyObject *args, PyObject *kwargs, PyObject *num_sm
         PyTuple_SetItem(key, at++, part);
     }
     call->have = call->num_inputs == 64 ? ~(uint64_t)0 : ((uint64_t)1 << call->num_inputs) - 1;
+    if (exchange != NULL) {  /* the tensors' entries: the last item, bytes, which no argument's part is */
+        PyObject *entries = PyBytes_FromStringAndSize((const char *)call->key, (Py_ssize_t)call->key_size);
+        if (entries == NULL) {
+            Py_DECREF(key);
+            return NULL;
+        }
+        PyTuple_SetItem(key, at, entries);
+    }
     return key;
 }
 
-/* signature(args, kwargs, num_sms, index_checks) -> the tuple _plans.signature(args, kwargs, []) makes, or None where
- * replay() leaves the call to Python. */
+/* signature(args, kwargs, num_sms, index_checks, tensors) -> the signature replay() looks up (signature_of), the
+ * call's argument tensors appended to the list `tensors`; or None, nothing appended, where replay() leaves the call to
+ * Python. */
 static PyObject *signature(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4 || !PyTuple_Check(args[0]) || !PyDict_Check(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "signature takes a tuple of arguments, a dict of keyword arguments, the SM count and "
-                                         "the index-check switch");
+    if (nargs != 5 || !PyTuple_Check(args[0]) || !PyDict_Check(args[1]) || !PyList_Check(args[4])) {
+        PyErr_SetString(PyExc_TypeError, "signature takes a tuple of arguments, a dict of keyword arguments, the SM count, "
+                                         "the index-check switch and a list for the tensors");
         return NULL;
     }
     struct call call;
     PyObject *key = signature_of(args[0], args[1], args[2], args[3], &call);
     if (key == NULL && !PyErr_Occurred())
         Py_RETURN_NONE;
+    for (Py_ssize_t i = 0; key && i < call.num_inputs; i++)
+        if (PyList_Append(args[4], call.tensors[i]))
+            Py_CLEAR(key);
     return key;
 }
 
@@ -637,10 +732,13 @@ static PyMethodDef methods[] = {
     {"launch", (PyCFunction)(void (*)(void))launch, METH_FASTCALL,
      "launch(function, grid, block, shared_bytes, stream, params) -> CUresult"},
     {"signature", (PyCFunction)(void (*)(void))signature, METH_FASTCALL,
-     "signature(args, kwargs, num_sms, index_checks) -> the signature replay() looks up, or None"},
+     "signature(args, kwargs, num_sms, index_checks, tensors) -> the signature replay() looks up, or None"},
     {"bind_shim", (PyCFunction)(void (*)(void))bind_shim, METH_FASTCALL,
      "bind_shim(empty_strided, zero_, get_data_ptr, delete_tensor_object, _reinterpret_tensor, steal): torch's C shim, for "
      "replayed allocations and views."},
+    {"bind_exchange", bind_exchange, METH_O,
+     "bind_exchange(capsule): torch's DLPack exchange API, through which a signature reads its tensors; bind_exchange(None) "
+     "unbinds it."},
     {"replay", (PyCFunction)(void (*)(void))replay, METH_FASTCALL,
      "replay(plans, args, kwargs, num_sms, index_checks, by_signature) -> the call's result, or NotImplemented where Python keys it"},
     {NULL, NULL, 0, NULL},

@@ -28,10 +28,14 @@ or :func:`enable` turns them off: every call runs in full.
 
 Where the runtime's C extension is installed (tile_kernels_aot._driver_native, unless
 ``TILE_KERNELS_AOT_NATIVE_LAUNCH=0``), a call goes to its ``replay`` once the checks above let it replay (plans on,
-not under torch.compile, not inside a recorded call). It makes the signature in C, the same tuple :func:`signature`
-makes of the positional and keyword arguments, for arguments that are exactly ``torch.Tensor``, the scalars, floats,
-and tuples and lists of these (for any other argument it leaves the call to Python), and looks it up in the op's
-plans. A plan is *simple* when its steps are allocations and launches of kernels without a tensor map (each of a
+not under torch.compile, not inside a recorded call). It makes the signature in C, for arguments that are exactly
+``torch.Tensor``, the scalars, floats, and tuples and lists of these (for any other argument it leaves the call to
+Python), and looks it up in the op's plans. It reads each tensor through torch's DLPack exchange API
+(``torch.Tensor.__dlpack_c_exchange_api__``, torch 2.10 on, :func:`_torch_shim.exchange`) without a Python call, and
+keeps the tensor's dtype in the signature and what the API reads (device, sizes, strides, the low bits of the address)
+as bytes at its end; without that API, or for a dtype or device DLPack does not serve, it reads the tensor through
+torch's Python API as :func:`signature` does. Two calls have equal C signatures exactly where they have equal :func:`signature` tuples; with
+the extension installed every key is the C one (:func:`plan_key`), so both replays find the same plans. A plan is *simple* when its steps are allocations and launches of kernels without a tensor map (each of a
 kernel's launches a step), it saw no tensor passed twice, and it returns its tensors as they are, or views of them
 that the result's builder makes in one or two steps (``base.as_strided(...)``, ``base.view(dtype).as_strided(...)``),
 or None, or tuples and lists of these: no torch op or address table is repeated. Such a plan has a native form
@@ -82,6 +86,9 @@ _native_replay = _native and _native.replay
 _shim = _native and _torch_shim.functions()  # torch's C shim, through which the extension allocates; None: torch's Python API
 if _shim:
     _native.bind_shim(*_shim)
+_exchange = _native and _torch_shim.exchange()  # torch's DLPack exchange API, through which the extension reads tensors
+if _exchange:
+    _native.bind_exchange(_exchange)
 
 
 class _Unkeyable(Exception):
@@ -134,6 +141,16 @@ def signature(args: tuple, kwargs: dict, tensors: list) -> tuple:
     return tuple(key)
 
 
+def plan_key(args: tuple, kwargs: dict, tensors: list) -> tuple:
+    """The key an op keeps the plan of a call under, its tensors appended to `tensors`: the C extension's signature
+    (the one its replay looks up) where it makes one, else :func:`signature`. Raises _Unkeyable."""
+    if _native is not None:
+        key = _native.signature(args, kwargs, config._num_sms, _index_checks.enabled, tensors)
+        if key is not None:
+            return key
+    return signature(args, kwargs, tensors)
+
+
 enabled: bool = config.env_switch(PLANS_ENV, True)
 
 
@@ -175,7 +192,7 @@ def launch_plan(op: Callable) -> Callable:
                 return result
         tensors: list = []
         try:
-            key = signature(args, kwargs, tensors)
+            key = plan_key(args, kwargs, tensors)
         except Exception:  # an argument without a signature (another type, a tensor without storage)
             return op(*args, **kwargs)  # the op's own checks say what is wrong with it
         return by_signature(key, tensors, args, kwargs)

@@ -1,4 +1,5 @@
-"""torch's C shim, through which the C extension's replay (tile_kernels_aot._driver_native) allocates a call's outputs.
+"""torch's C entry points for the C extension's replay (tile_kernels_aot._driver_native): the shim through which it
+allocates a call's outputs, and the DLPack exchange API through which it reads the argument tensors.
 
 AOTInductor's compiled models allocate through a small C ABI that torch exports from libtorch_cpu
 (torch/csrc/inductor/aoti_torch/c/shim.h): ``aoti_torch_empty_strided`` makes a tensor, a handle to it, from sizes,
@@ -11,7 +12,11 @@ skip the parsing of torch's Python bindings, which is most of an allocation's or
 Nothing here is built or linked: the functions are looked up by name in the libtorch_cpu that ``import torch`` loaded,
 and each (dtype, device) is checked once by allocating through them and comparing the tensor made. Where a function is
 missing or the check fails, :func:`allocation` gives None and the replay allocates through torch's Python API.
-``TILE_KERNELS_AOT_TORCH_SHIM=0`` (read at import) chooses torch's Python API for every replay.
+
+torch (2.10 on) also gives every tensor type the DLPack exchange API (dlpack.h's DLPackExchangeAPI, a table of C
+functions in the capsule ``torch.Tensor.__dlpack_c_exchange_api__``): :func:`exchange` hands it to the extension, whose
+signatures read each argument tensor's address, sizes, strides and device through it rather than through five Python
+calls. ``TILE_KERNELS_AOT_TORCH_SHIM=0`` (read at import) chooses torch's Python API for both.
 """
 
 from __future__ import annotations
@@ -60,6 +65,13 @@ def functions() -> tuple | None:
 
 
 _enabled = config.env_switch(SHIM_ENV, True)
+
+
+def exchange() -> object | None:
+    """torch's DLPack exchange API, the capsule ``torch.Tensor.__dlpack_c_exchange_api__``, as the extension's
+    bind_exchange takes it (its ``dltensor_from_py_object_no_sync`` reads a tensor's address, sizes, strides and device
+    without a Python call), or None where torch has none (before 2.10) or TILE_KERNELS_AOT_TORCH_SHIM=0."""
+    return getattr(torch.Tensor, '__dlpack_c_exchange_api__', None) if _enabled else None
 
 
 def allocation(dtype: torch.dtype, device: torch.device, shape: tuple[int, ...], stride: tuple[int, ...], zeros: bool) -> bytes | None:

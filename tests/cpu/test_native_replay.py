@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import json
+import operator
 import os
 import struct
 import subprocess
@@ -31,7 +32,7 @@ from tile_kernels_aot.manifest import KernelArg, Launch
 
 from . import test_launch_plans as plans_tests
 from .conftest import build_subset
-from .test_launch_plans import ENTRY, aligned, demo, full_calls, in_threads, outer, pair, tabled, x_of
+from .test_launch_plans import ENTRY, aligned, demo, first_rows, full_calls, in_threads, outer, pair, tabled, x_of
 
 native = _driver.native_extension()
 
@@ -456,28 +457,112 @@ def test_python_gets_the_signature_c_made(drv, monkeypatch):
     assert made[1] == 0
 
 
-def test_the_signature_is_the_one_python_makes(drv):
-    x = x_of(4)
-    calls = [(x,), (x, 3, True, 'a', None, torch.float16), (x, 0.0), (x, -0.0), (x, float('inf')), (x[1:], x.T, x[:, ::2]),
-             (aligned(x, 16).half(),), (), (7,), (x, [1, 2]), (x, (1, (2.0, [x[1:]]), [])), ([x, x[2:]], x.T)]
-    keywords = [{}, {'scale': 0.5}, {'y': x.T, 'flag': True, 'mode': None}, {'n': 3, 'xs': [x[1:], (2, x)]}, {'flag': True, 'n': 3},
-                {'n': 3, 'flag': True}]
-    for args in calls:
-        for kwargs in keywords:
+SIGNED_CALLS = [(x, *rest) for x in [x_of(4)] for rest in [(), (3, True, 'a', None, torch.float16), (0.0,), (-0.0,), (float('inf'),),
+                                                            (x[1:], x.T, x[:, ::2]), (aligned(x, 16).half(),), ([1, 2],),
+                                                            ((1, (2.0, [x[1:]]), []),), ([x, x[2:]], x.T)]] + [(), (7,)]
+SIGNED_KEYWORDS = [{}, {'scale': 0.5}, {'y': x_of(4).T, 'flag': True, 'mode': None}, {'n': 3, 'xs': [x_of(4)[1:], (2, x_of(4))]},
+                   {'flag': True, 'n': 3}, {'n': 3, 'flag': True}]
+
+
+@pytest.fixture
+def exchange_unbound():
+    """The extension without torch's DLPack exchange API, as on a torch before 2.10; bound again after the test."""
+    native.bind_exchange(None)
+    yield
+    native.bind_exchange(_plans._exchange or None)
+
+
+def test_without_the_exchange_api_the_signature_is_the_one_python_makes(drv, exchange_unbound):
+    for args in SIGNED_CALLS:
+        for kwargs in SIGNED_KEYWORDS:
             for num_sms, checks in [(None, False), (7, True)]:
                 with pytest.MonkeyPatch.context() as patch:
                     patch.setattr(config, '_num_sms', num_sms)
                     patch.setattr(_index_checks, 'enabled', checks)
-                    tensors: list = []
-                    assert native.signature(args, kwargs, num_sms, checks) == _plans.signature(args, kwargs, tensors), (args, kwargs)
-    for unkeyed, kwargs in [((torch.nn.Parameter(x.float()),), {}), ((x, object()), {}), ((x, [1, {}]), {}),
-                            (((x.float() * 1).as_subclass(Subclass),), {}), ((x,), {'p': torch.nn.Parameter(x.float())}),
-                            ((x,), {'o': object()})]:
-        assert native.signature(unkeyed, kwargs, None, False) is None  # Python keys some of these, and replays them itself
-    keys = {native.signature(args, {}, None, False) for args in [(x, 1), (x, True), (x, 1.0), (x, 0.0), (x, -0.0), (x, False)]}
+                    tensors, c_tensors = [], []
+                    assert native.signature(args, kwargs, num_sms, checks, c_tensors) == _plans.signature(args, kwargs, tensors)
+                    assert c_tensors == tensors and all(map(operator.is_, c_tensors, tensors)), (args, kwargs)
+    for unkeyed, kwargs in [((torch.nn.Parameter(x_of().float()),), {}), ((x_of(), object()), {}), ((x_of(), [1, {}]), {}),
+                            (((x_of().float() * 1).as_subclass(Subclass),), {}), ((x_of(),), {'p': torch.nn.Parameter(x_of().float())}),
+                            ((x_of(),), {'o': object()})]:
+        tensors = []
+        assert native.signature(unkeyed, kwargs, None, False, tensors) is None and tensors == []  # Python keys these, and replays them
+
+
+def signed_tensors() -> list:
+    """Argument tensors whose signatures differ in one thing each, and some that share one (equal metadata and address
+    bits at other addresses)."""
+    x = x_of(4)
+    return [x, x_of(4), x[1:], x[:, 1:], x.T, x[:, ::2], x[:0], x[0], x.unsqueeze(1), x[:, :1], x.expand(2, 4, 64), x.view(torch.int16),
+            aligned(x, 16), aligned(x.float()), aligned(x.float(), 64).view(torch.int32), aligned(x.half()),
+            aligned(torch.ones(4, 64, dtype=torch.bool)), aligned(x.view(torch.uint8)), aligned(x.view(torch.uint8)).view(torch.int8),
+            aligned(x.view(torch.uint8)).view(torch.uint4), aligned(x.view(torch.uint8)).view(torch.int4),
+            aligned(x.view(torch.uint8)).view(torch.float8_e4m3fn), aligned(x.view(torch.uint8)).view(torch.float8_e5m2),
+            aligned(x.view(torch.uint8)).view(torch.float8_e8m0fnu), aligned(x.view(torch.uint8)).view(torch.float4_e2m1fn_x2),
+            aligned(x.view(torch.uint8)).view(torch.bits8), torch.tensor(1.5), torch.tensor(2.5), torch.tensor(1, dtype=torch.int64),
+            torch.zeros(3, 5, dtype=torch.complex64), torch.empty(3, 5, device='meta'), aligned(torch.zeros([1] * 17))]
+
+
+def read_through_the_api(t: torch.Tensor) -> bool:
+    """Whether a signature reads `t` through torch's DLPack exchange API: not a dtype DLPack has no type for, nor a
+    device other than CPU or CUDA, nor more dims than a signature's entry holds."""
+    try:
+        t.__dlpack__()
+    except (BufferError, RuntimeError, TypeError):
+        return False
+    return t.device.type in ('cpu', 'cuda') and t.ndim <= native.MAX_DIMS
+
+
+def entries(key_bytes: bytes) -> int:
+    """The number of tensor entries in the bytes that end a signature (each: device and dims as 4-byte ints, address
+    bits as an 8-byte one, then dims sizes and dims strides of 8 bytes)."""
+    count = at = 0
+    while at < len(key_bytes):
+        at += 16 + 16 * struct.unpack_from('=i', key_bytes, at + 4)[0]
+        count += 1
+    assert at == len(key_bytes)
+    return count
+
+
+def test_with_the_exchange_api_two_calls_have_equal_signatures_where_python_makes_equal_ones(drv):
+    if _plans._exchange is None:
+        pytest.skip(f'torch {torch.__version__} has no DLPack exchange API (torch.Tensor.__dlpack_c_exchange_api__, 2.10 on)')
+    tensors = signed_tensors()
+    assert 0 < sum(map(read_through_the_api, tensors)) < len(tensors)
+    calls = [((t, *rest), kwargs) for t in tensors for rest in [(), (3,), (t,)] for kwargs in [{}, {'y': t}]]
+    calls += [(args, kwargs) for args in SIGNED_CALLS for kwargs in SIGNED_KEYWORDS]
+    python, c = [], []
+    for args, kwargs in calls:
+        tensors, c_tensors = [], []
+        python.append(_plans.signature(args, kwargs, tensors))
+        c.append(native.signature(args, kwargs, None, False, c_tensors))
+        assert len(c_tensors) == len(tensors) and all(map(operator.is_, c_tensors, tensors))
+        assert entries(c[-1][-1]) == sum(map(read_through_the_api, tensors))
+    equal_pairs = 0
+    for i in range(len(calls)):
+        for j in range(len(calls)):
+            assert (c[i] == c[j]) == (python[i] == python[j]), (calls[i], calls[j])
+            equal_pairs += i != j and c[i] == c[j]
+    assert equal_pairs >= 6  # the list holds calls of equal signatures, not only different ones
+    x = x_of(4)
+    keys = {native.signature(args, {}, None, False, []) for args in [(x, 1), (x, True), (x, 1.0), (x, 0.0), (x, -0.0), (x, False)]}
     assert len(keys) == 6  # equal values of other types, and 0.0 and -0.0, are other signatures
-    keys = {native.signature((x,), kwargs, None, False) for kwargs in [{'a': 1}, {'b': 1}, {'a': True}, {'a': 1, 'b': 2}, {'b': 2, 'a': 1}]}
+    keys = {native.signature((x,), kwargs, None, False, []) for kwargs in [{'a': 1}, {'b': 1}, {'a': True}, {'a': 1, 'b': 2}, {'b': 2, 'a': 1}]}
     assert len(keys) == 5  # a keyword's name is part of it, and so is the keywords' order
+    keys = [native.signature(args, {}, None, False, []) for args in [(x.dtype,), (x,), (torch.float16, x), (x, torch.float16)]]
+    assert len(set(keys)) == 4  # a dtype argument and a tensor of that dtype are told apart
+
+
+def test_bind_exchange_takes_only_a_version_1_api(exchange_unbound):
+    api = (ctypes.c_uint64 * 8)(2)  # a DLPackExchangeAPI of version 2.0
+    capsule = ctypes.pythonapi.PyCapsule_New
+    capsule.restype, capsule.argtypes = ctypes.py_object, (ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p)
+    with pytest.raises(ValueError, match='exchange API 2.0'):
+        native.bind_exchange(capsule(ctypes.addressof(api), b'dlpack_exchange_api', None))
+    with pytest.raises(ValueError, match='incorrect name'):
+        native.bind_exchange(torch.Tensor.__dlpack__(x_of()))  # a capsule of another name
+    x = x_of()
+    assert native.signature((x,), {}, config._num_sms, _index_checks.enabled, []) == _plans.signature((x,), {}, [])  # still unbound
 
 
 def test_the_sm_count_and_the_index_checks_are_part_of_the_signature(drv, monkeypatch):
@@ -686,7 +771,7 @@ def test_an_evicted_signature_is_not_replayed_in_c(drv, monkeypatch):
         demo(x_of(1))
     for tokens in (2, 2, 3, 3):  # two plans more: the first goes
         demo(x_of(tokens))
-    assert [key[2][1][0] for key in demo.plans] == [2, 3]
+    assert [first_rows(key) for key in demo.plans] == [2, 3]
     before = full_calls['demo']
     demo(x_of(1))
     assert full_calls['demo'] == before + 1 and hows(drv)[-1] == 'full'

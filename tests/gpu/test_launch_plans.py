@@ -4,6 +4,7 @@ inputs of tests/fixtures/custom_ops.py, and a replayed call captures into a CUDA
 from __future__ import annotations
 
 import importlib
+import struct
 
 import pytest
 import torch
@@ -66,7 +67,7 @@ def test_a_get_fused_mapping_that_syncs_replays_its_launch_then_trims(index_dtyp
         assert counts == expected_counts, call
         for got, want in zip(tensors, expected_tensors, strict=True):
             assert got.shape == want.shape and torch.equal(got.long(), want.long()), call
-    signature = _plans.signature((topk_idx, 64, 0, 16, False), {}, [])
+    signature = _plans.plan_key((topk_idx, 64, 0, 16, False), {}, [])
     assert type(plans[signature]) is _plans._Plan
 
 
@@ -187,3 +188,24 @@ def test_a_new_thread_replays_a_plan_recorded_on_another():
     thread.join()
     torch.cuda.synchronize()
     assert len(got) == 2 and all(torch.equal(a, b) for result in got for a, b in zip(result, expected))
+
+
+def test_the_c_signature_reads_cuda_tensors_through_torchs_dlpack_exchange_api():
+    """On the GPU the extension's signature reads a CUDA tensor through torch's DLPack exchange API (its entry holds
+    the tensor's device index), and two calls have equal C signatures exactly where they have equal Python ones."""
+    if _plans._native is None or _plans._exchange is None:
+        pytest.skip('the runtime C extension is not installed, or torch has no DLPack exchange API (2.10 on)')
+    x = torch.randn(64, 128, device='cuda')
+    tensors = [x, torch.randn(64, 128, device='cuda'), x[1:], x.T, x[:, ::2], x.bfloat16(), x.view(torch.int32), x.view(torch.uint8),
+               x[:0], x.cpu()]
+    calls = [(t, *rest) for t in tensors for rest in [(), (3,), (t,)]]
+    python, c = [], []
+    for args in calls:
+        tensors_in, c_tensors = [], []
+        python.append(_plans.signature(args, {}, tensors_in))
+        c.append(_plans._native.signature(args, {}, None, False, c_tensors))
+        assert isinstance(c[-1][2], torch.dtype) and list(map(id, c_tensors)) == list(map(id, tensors_in))  # read through the API
+        assert struct.unpack_from('=i', c[-1][-1])[0] == args[0].get_device()
+    for i in range(len(calls)):
+        for j in range(len(calls)):
+            assert (c[i] == c[j]) == (python[i] == python[j]), (i, j)
