@@ -30,6 +30,7 @@ def main():
     kernel(0, tensors)  # loads the module and creates this thread's argument block
     launch, fn, pack = kernel.entry.launches[0], kernel.functions(0)[0], kernel._packs.value[0]
     topk_gate = tile_kernels_aot.moe.topk_gate
+    nine = tuple(torch.empty(128, 4096, dtype=torch.bfloat16, device='cuda') for _ in range(9))  # an op of nine argument tensors
     native = kernel._driver.native
     rows = {
         'torch.neg (reference point)': per_call_us(lambda: torch.neg(scores)),
@@ -55,6 +56,9 @@ def main():
                                                                                          launch.dynamic_smem, _current_stream(0), pack.address)),
         'LoadedKernel call': per_call_us(lambda: kernel(0, tensors)),
         "topk_gate's signature, made in C": _plans._native and per_call_us(lambda: _plans._native.signature((scores, 8), {}, None, False, [])),
+        "9 tensors' signature, made in C": _plans._native and per_call_us(lambda: _plans._native.signature(nine, {}, None, False, [])),
+        "9 tensors' signature, without DLPack": _plans._exchange and without_exchange(
+            lambda: per_call_us(lambda: _plans._native.signature(nine, {}, None, False, []))),
         'topk_gate op, in full': per_call_us(lambda: topk_gate.__wrapped__(scores, 8)),
         'topk_gate op (its launch plan)': per_call_us(lambda: topk_gate(scores, 8)),
         'topk_gate op (its plan replayed in Python)': without_native_replay(lambda: per_call_us(lambda: topk_gate(scores, 8))),
@@ -75,6 +79,15 @@ def main():
         profile.disable()
         torch.cuda.synchronize()
         pstats.Stats(profile).sort_stats('tottime').print_stats(18)
+
+
+def without_exchange(fn):
+    """fn() with the C extension's signatures reading tensors through torch's Python API, not its DLPack exchange API."""
+    _plans._native.bind_exchange(None)
+    try:
+        return fn()
+    finally:
+        _plans._native.bind_exchange(_plans._exchange)
 
 
 def without_native_replay(fn):
