@@ -34,23 +34,24 @@ Python), and looks it up in the op's plans. It reads each tensor through torch's
 (``torch.Tensor.__dlpack_c_exchange_api__``, torch 2.10 on, :func:`_torch_shim.exchange`) without a Python call, and
 keeps the tensor's dtype in the signature and what the API reads (device, sizes, strides, the low bits of the address)
 as bytes at its end; without that API, or for a dtype or device DLPack does not serve, it reads the tensor through
-torch's Python API as :func:`signature` does. Two calls have equal C signatures exactly where they have equal :func:`signature` tuples; with
-the extension installed every key is the C one (:func:`plan_key`), so both replays find the same plans. A plan is *simple* when its steps are allocations and launches of kernels without a tensor map (each of a
-kernel's launches a step), it saw no tensor passed twice, and it returns its tensors as they are, or views of them
-that the result's builder makes in one or two steps (``base.as_strided(...)``, ``base.view(dtype).as_strided(...)``),
-or None, or tuples and lists of these: no torch op or address table is repeated. Such a plan has a native form
-(``_Plan.native``), which the extension runs: the allocations (through torch's C shim,
-:mod:`tile_kernels_aot._torch_shim`, without the GIL, where it serves the dtype and device; else :func:`_allocator`),
-then each launch with its argument block on the stack, its grid and scalars checked and written when the plan was made
-(``LoadedKernel.native_steps``), on torch's current stream, cuLaunchKernel called without the GIL (cuLaunchKernelEx,
-with its CUlaunchConfig on the stack and the launch attributes a checked launch passes, for a launch with PDL, cluster
-dims or a cooperative grid) and its failure raised by ``Driver.check``, then the returned views: a view of an
-allocation's own dtype, of an allocation the shim made, by the shim's ``_reinterpret_tensor`` (the same storage,
-sizes, strides and offset, but not an autograd view), any other through the tensors' own ``view`` and ``as_strided``,
-the calls Python's replay makes. Where the current CUDA context is not the one the plan was recorded in (another
-device's, or none yet on a new thread), it leaves the call to Python before it allocates anything. Every other call it
-hands to the Python path above with the signature it made. The extension reads the op's one dict of plans: a plan
-cleared, evicted or turned off is gone for both.
+torch's Python API as :func:`signature` does. Two calls have equal C signatures exactly where they have equal
+:func:`signature` tuples; with the extension installed every key is the C one (:func:`plan_key`), so both replays find
+the same plans. A plan is *simple* when its steps are allocations and launches of kernels without a tensor map (each
+of a kernel's launches a step), it saw no tensor passed twice, and it returns its tensors as they are, or views of
+them that the result's builder makes in one or two steps (``base.as_strided(...)``,
+``base.view(dtype).as_strided(...)``), or None, or tuples and lists of these: no torch op or address table is
+repeated. Such a plan has a native form (``_Plan.native``), which the extension runs: the allocations (through torch's
+C shim, :mod:`tile_kernels_aot._torch_shim`, without the GIL, where it serves the dtype and device; else
+:func:`_allocator`), then each launch with its argument block on the stack, its grid and scalars checked and written
+when the plan was made (``LoadedKernel.native_steps``), on torch's current stream, cuLaunchKernel called without the
+GIL (cuLaunchKernelEx, with its CUlaunchConfig on the stack and the launch attributes a checked launch passes, for a
+launch with PDL, cluster dims or a cooperative grid) and its failure raised by ``Driver.check``, then the returned
+views: a view of an allocation's own dtype, of an allocation the shim made, by the shim's ``_reinterpret_tensor`` (the
+same storage, sizes, strides and offset, but not an autograd view), any other through the tensors' own ``view`` and
+``as_strided``, the calls Python's replay makes. Where the current CUDA context is not the one the plan was recorded
+in (another device's, or none yet on a new thread), it leaves the call to Python before it allocates anything. Every
+other call it hands to the Python path above with the signature it made. The extension reads the op's one dict of
+plans: a plan cleared, evicted or turned off is gone for both.
 """
 
 from __future__ import annotations
