@@ -192,8 +192,8 @@ def launch_plan(op: Callable) -> Callable:
             if result is not NotImplemented:
                 return result
         tensors: list = []
-        try:
-            key = plan_key(args, kwargs, tensors)
+        try:  # where C's replay ran and came back, C could not key the call (an argument of a kind it does not key)
+            key = plan_key(args, kwargs, tensors) if _native_replay is None else signature(args, kwargs, tensors)
         except Exception:  # an argument without a signature (another type, a tensor without storage)
             return op(*args, **kwargs)  # the op's own checks say what is wrong with it
         return by_signature(key, tensors, args, kwargs)
