@@ -116,11 +116,23 @@ def x_of(tokens=3):
     return aligned(torch.randn(tokens, 64).bfloat16())
 
 
+def key_entries(key_bytes: bytes) -> list[tuple]:
+    """The tensor entries in the bytes that end the C extension's signature, as (device, sizes, strides): each its
+    device and dims as 4-byte ints, its address bits as an 8-byte one, then its sizes and strides as 8-byte ints."""
+    found, at = [], 0
+    while at < len(key_bytes):
+        device, ndim, _ = struct.unpack_from('=iiq', key_bytes, at)
+        dims = struct.unpack_from(f'={2 * ndim}q', key_bytes, at + 16)
+        found.append((device, dims[:ndim], dims[ndim:]))
+        at += 16 + 16 * ndim
+    assert at == len(key_bytes)
+    return found
+
+
 def first_rows(key: tuple) -> int:
     """The first size of a plan key's first argument, a tensor: in the tuple signature makes of it, or in the entries
-    that end the C extension's signature where its part is its dtype (a tensor's entry: its device and dims as 4-byte
-    ints, its address bits as an 8-byte one, then its sizes and strides)."""
-    return struct.unpack_from('=q', key[-1], 16)[0] if isinstance(key[2], torch.dtype) else key[2][1][0]
+    that end the C extension's signature where its part is its dtype."""
+    return key_entries(key[-1])[0][1][0] if isinstance(key[2], torch.dtype) else key[2][1][0]
 
 
 def test_the_third_call_of_a_signature_replays_the_second(launches):

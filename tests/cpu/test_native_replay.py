@@ -32,7 +32,7 @@ from tile_kernels_aot.manifest import KernelArg, Launch
 
 from . import test_launch_plans as plans_tests
 from .conftest import build_subset
-from .test_launch_plans import ENTRY, aligned, demo, first_rows, full_calls, in_threads, outer, pair, tabled, x_of
+from .test_launch_plans import ENTRY, aligned, demo, first_rows, full_calls, in_threads, key_entries, outer, pair, tabled, x_of
 
 native = _driver.native_extension()
 
@@ -513,17 +513,6 @@ def read_through_the_api(t: torch.Tensor) -> bool:
     return t.device.type in ('cpu', 'cuda') and t.ndim <= native.MAX_DIMS
 
 
-def entries(key_bytes: bytes) -> int:
-    """The number of tensor entries in the bytes that end a signature (each: device and dims as 4-byte ints, address
-    bits as an 8-byte one, then dims sizes and dims strides of 8 bytes)."""
-    count = at = 0
-    while at < len(key_bytes):
-        at += 16 + 16 * struct.unpack_from('=i', key_bytes, at + 4)[0]
-        count += 1
-    assert at == len(key_bytes)
-    return count
-
-
 def test_with_the_exchange_api_two_calls_have_equal_signatures_where_python_makes_equal_ones(drv):
     if _plans._exchange is None:
         pytest.skip(f'torch {torch.__version__} has no DLPack exchange API (torch.Tensor.__dlpack_c_exchange_api__, 2.10 on)')
@@ -537,7 +526,7 @@ def test_with_the_exchange_api_two_calls_have_equal_signatures_where_python_make
         python.append(_plans.signature(args, kwargs, tensors))
         c.append(native.signature(args, kwargs, None, False, c_tensors))
         assert len(c_tensors) == len(tensors) and all(map(operator.is_, c_tensors, tensors))
-        assert entries(c[-1][-1]) == sum(map(read_through_the_api, tensors))
+        assert len(key_entries(c[-1][-1])) == sum(map(read_through_the_api, tensors))
     equal_pairs = 0
     for i in range(len(calls)):
         for j in range(len(calls)):
