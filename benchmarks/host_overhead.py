@@ -7,7 +7,9 @@ benchmarks.common.kernel_only), at a decode-sized token count: the host time per
 of our op (2000 calls timed on the host in short bursts, benchmarks.run.Timer.host_us: no call waits for the device,
 so the time is the host's alone), of the same op with launch plans off (tile_kernels_aot._plans: every call checks its arguments and chooses its
 binary again), of `torch.neg` on the largest floating-point tensor the case passes to the op (its input, so of the
-op's shape), and of upstream's op when `tile_kernels` is importable (after one call, its JIT compile). Where the runtime's C
+op's shape), for an op that returns N > 1 tensors of `torch._foreach_neg` over N references to that tensor (one torch
+launch that allocates N outputs, as the op does: each output is an allocation torch's ops pay for too), and of
+upstream's op when `tile_kernels` is importable (after one call, its JIT compile). Where the runtime's C
 extension is installed (tile_kernels_aot._driver_native: it makes the driver call and replays simple launch plans),
 ours is timed a second time as without it (ours_ctypes_us: the plan replayed in Python, the driver call made through
 ctypes), so one run compares the two paths. They are timed
@@ -49,11 +51,44 @@ def _tensors_of(fn) -> list[torch.Tensor]:
     return found
 
 
-def torch_reference(fn) -> tuple[str, object]:
-    """torch.neg on the largest floating-point tensor `fn` reads, else a same-size bf16 tensor of one row."""
+def reference_tensor(fn) -> torch.Tensor:
+    """The largest floating-point tensor `fn` reads, else a bf16 tensor of one 7168-element row."""
     floats = [t for t in _tensors_of(fn) if t.is_floating_point() and t.dtype.itemsize >= 2]
-    t = max(floats, key=torch.Tensor.numel) if floats else torch.randn(1, 7168, device='cuda').bfloat16()
-    return f'torch.neg {tuple(t.shape)} {str(t.dtype).removeprefix("torch.")}', lambda: torch.neg(t)
+    return max(floats, key=torch.Tensor.numel) if floats else torch.randn(1, 7168, device='cuda').bfloat16()
+
+
+def _describe(t: torch.Tensor) -> str:
+    return f'{tuple(t.shape)} {str(t.dtype).removeprefix("torch.")}'
+
+
+def torch_reference(fn) -> tuple[str, object]:
+    """torch.neg on :func:`reference_tensor`."""
+    t = reference_tensor(fn)
+    return f'torch.neg {_describe(t)}', lambda: torch.neg(t)
+
+
+# Elements one launch of ATen's multi_tensor_apply covers for a foreach op with one input and one output a tensor: at
+# most 320 blocks a launch (its depth-2 limit), each a chunk of 65536 elements.
+_FOREACH_LAUNCH_ELEMENTS = 320 * 65536
+
+
+def returned_tensors(result: object) -> int:
+    """How many tensors an op's result holds, through tuples and lists."""
+    if isinstance(result, torch.Tensor):
+        return 1
+    return sum(returned_tensors(r) for r in result) if isinstance(result, (tuple, list)) else 0
+
+
+def torch_outputs_reference(t: torch.Tensor, count: int) -> tuple[str, object]:
+    """torch._foreach_neg over `count` references to `t`: one torch launch that allocates `count` outputs of its shape.
+    A tensor too large for one launch at that count is cut to its first elements (the host time of an allocation does
+    not depend on its size)."""
+    t = t.contiguous()
+    per_tensor = _FOREACH_LAUNCH_ELEMENTS // count // 65536 * 65536
+    if t.numel() > per_tensor:
+        t = t.reshape(-1)[:per_tensor]
+    tensors = [t] * count
+    return f'torch._foreach_neg {count} x {_describe(t)}', lambda: torch._foreach_neg(tensors)
 
 
 def cases_and_upstream(case, tk, tokens: int) -> tuple[list, object]:
@@ -91,6 +126,10 @@ def main() -> int:
         for label, mine, theirs, _, _ in cases:
             reference, torch_op = torch_reference(mine)
             timed = {'ours': mine, 'ours_in_full': mine, 'torch': torch_op}
+            outputs = returned_tensors(mine())
+            outputs_reference = None
+            if outputs > 1:
+                outputs_reference, timed['torch_outputs'] = torch_outputs_reference(reference_tensor(mine), outputs)
             if native is not None:
                 timed['ours_ctypes'] = mine
             if upstream is not None:
@@ -109,12 +148,14 @@ def main() -> int:
                         drv.native, _plans._native, _plans._native_replay = native, native_extension, native_replay
             row = {'what': 'host', 'kernel': kernel, 'shape': label, 'tokens': args.tokens, 'ours_us': best['ours'],
                    'ours_in_full_us': best['ours_in_full'], 'ours_ctypes_us': best.get('ours_ctypes'), 'torch_us': best['torch'],
-                   'torch_op': reference, 'upstream_us': best.get('upstream')}
+                   'torch_op': reference, 'outputs': outputs, 'torch_outputs_us': best.get('torch_outputs'), 'torch_outputs_op': outputs_reference,
+                   'upstream_us': best.get('upstream')}
             record(row)
             their_us = f'upstream {row["upstream_us"]:6.1f} us' if upstream is not None else 'upstream -'
             ctypes_us = f', ctypes {row["ours_ctypes_us"]:6.1f}' if native is not None else ''
+            outputs_us = f'  {outputs_reference} {row["torch_outputs_us"]:6.1f} us' if outputs_reference else ''
             print(f'{kernel:34s} {label:38s} ours {row["ours_us"]:6.1f} us (in full {row["ours_in_full_us"]:6.1f}{ctypes_us})  {reference} '
-                  f'{row["torch_us"]:6.1f} us  {their_us}', flush=True)
+                  f'{row["torch_us"]:6.1f} us{outputs_us}  {their_us}', flush=True)
     record.close()
     return 0
 

@@ -155,6 +155,7 @@ def host_line(row: dict) -> dict:
     """A row of benchmarks.host_overhead, condensed."""
     return {'type': 'host', 'kernel': row['kernel'], 'shape': row['shape'], 'tokens': row['tokens'], 'ours_us': _round(row['ours_us'], 2),
             'ours_in_full_us': _round(row.get('ours_in_full_us'), 2), 'ours_ctypes_us': _round(row.get('ours_ctypes_us'), 2), 'torch_us': _round(row['torch_us'], 2), 'torch_op': row['torch_op'],
+            'outputs': row.get('outputs'), 'torch_outputs_us': _round(row.get('torch_outputs_us'), 2), 'torch_outputs_op': row.get('torch_outputs_op'),
             'upstream_us': _round(row.get('upstream_us'), 2)}
 
 

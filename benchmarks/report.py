@@ -354,8 +354,11 @@ def host_table(sources: Sources) -> list[str]:
     rows = []
     for line in (x for kernel, record in sources.host.items() for x in record.of_type('host') if x['kernel'] == kernel):
         upstream, in_full, through_ctypes = line.get('upstream_us'), line.get('ours_in_full_us'), line.get('ours_ctypes_us')
+        outputs, outputs_us = line.get('outputs'), line.get('torch_outputs_us')
         rows.append([line['kernel'].split('.', 1)[1], line['shape'], f'{line["ours_us"]:.1f}', f'{in_full:.1f}' if in_full else '—',
-                     f'{through_ctypes:.1f}' if through_ctypes else '—', f'{line["torch_us"]:.1f}', f'{line["ours_us"] / line["torch_us"]:.2f}', f'{upstream:.1f}' if upstream else '—',
+                     f'{through_ctypes:.1f}' if through_ctypes else '—', f'{line["torch_us"]:.1f}', f'{line["ours_us"] / line["torch_us"]:.2f}',
+                     '—' if outputs is None else str(outputs), f'{outputs_us:.1f}' if outputs_us else '—',
+                     f'{line["ours_us"] / outputs_us:.2f}' if outputs_us else '—', f'{upstream:.1f}' if upstream else '—',
                      f'{line["ours_us"] / upstream:.2f}' if upstream else '—'])
     tokens = '/'.join(str(t) for t in dict.fromkeys(x['tokens'] for r in dict.fromkeys(sources.host.values()) for x in r.of_type('host')))
     return ['## Host time per call', '',
@@ -364,9 +367,12 @@ def host_table(sources: Sources) -> list[str]:
                  'interleaved rounds); "in full" is the op with launch plans off (every call checks its arguments '
                  'again), "via ctypes" the op without the runtime\'s C extension (its launch plan replayed in Python, the driver call '
                  'made through ctypes), '
-                 '"torch" is torch.neg on the op\'s largest floating-point input, in the same '
+                 '"torch" is torch.neg on the op\'s largest floating-point input; for an op that returns N > 1 tensors '
+                 '(the "outputs" column), "torch, N outputs" is torch._foreach_neg over N references to that input, one torch '
+                 'launch that allocates as many outputs as the op (cut to the elements one launch covers); all in the same '
                  f'process, each row\'s references timed in its own run. Measured {measured_on(sources.host)}.'), '',
-            *table(['op', 'case', 'ours (us)', 'in full (us)', 'via ctypes (us)', 'torch (us)', 'ours / torch', 'upstream (us)', 'ours / upstream'], rows), '']
+            *table(['op', 'case', 'ours (us)', 'in full (us)', 'via ctypes (us)', 'torch (us)', 'ours / torch', 'outputs',
+                    'torch, N outputs (us)', 'ours / that', 'upstream (us)', 'ours / upstream'], rows), '']
 
 
 def not_run(env: dict) -> str:

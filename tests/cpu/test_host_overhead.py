@@ -14,7 +14,8 @@ from benchmarks import host_overhead, record, report
 from .test_report import _write_record, write_out_dir
 
 ROW = {'what': 'host', 'kernel': 'moe.topk_gate', 'shape': 'E256 K8', 'tokens': 128, 'ours_us': 12.3456, 'ours_in_full_us': 30.04,
-       'ours_ctypes_us': 13.5, 'torch_us': 8.2, 'torch_op': 'torch.neg (128, 256) float32', 'upstream_us': 40.0}
+       'ours_ctypes_us': 13.5, 'torch_us': 8.2, 'torch_op': 'torch.neg (128, 256) float32', 'outputs': 2, 'torch_outputs_us': 9.0,
+       'torch_outputs_op': 'torch._foreach_neg 2 x (128, 256) float32', 'upstream_us': 40.0}
 
 
 def test_the_tensors_a_case_reads_are_found_through_partials_and_nested_lambdas():
@@ -34,20 +35,34 @@ def test_the_tensors_a_case_reads_are_found_through_partials_and_nested_lambdas(
     assert torch.equal(fn(), -w)
 
 
+def test_the_torch_reference_of_an_op_of_n_outputs_makes_n_outputs_in_one_launch():
+    assert [host_overhead.returned_tensors(r) for r in (None, torch.zeros(1), (torch.zeros(1), None, [torch.zeros(1)] * 3))] == [0, 1, 4]
+    x = torch.randn(4, 16)[:, :8]  # not contiguous: the reference takes a contiguous copy
+    label, fn = host_overhead.torch_outputs_reference(x, 3)
+    outs = fn()
+    assert label == 'torch._foreach_neg 3 x (4, 8) float32' and len(outs) == 3
+    assert all(torch.equal(o, -x) for o in outs) and len({o.data_ptr() for o in outs}) == 3  # three allocations
+    big = torch.zeros(320 * 65536 // 3 + 1, dtype=torch.bfloat16)  # past one launch's 320 chunks of 65536 at 3 outputs
+    label, fn = host_overhead.torch_outputs_reference(big, 3)
+    assert label == f'torch._foreach_neg 3 x ({106 * 65536},) bfloat16' and fn()[0].numel() == 106 * 65536
+
+
 def test_record_and_report_carry_the_rows(tmp_path):
     out = write_out_dir(tmp_path / 'out')
     no_upstream = dict(ROW, kernel='quant.per_token_cast', shape='bf16 H7168', upstream_us=None)
-    del no_upstream['ours_in_full_us'], no_upstream['ours_ctypes_us']  # a record from before launch plans and the C extension
+    for key in ('ours_in_full_us', 'ours_ctypes_us', 'outputs', 'torch_outputs_us', 'torch_outputs_op'):
+        del no_upstream[key]  # a record from before launch plans, the C extension and the N-output reference
     (out / 'host.jsonl').write_text(json.dumps(ROW) + '\n' + json.dumps(no_upstream) + '\n')
     lines = [line for line in record.condense(out) if line['type'] == 'host']
     assert lines[0] == {'type': 'host', 'kernel': 'moe.topk_gate', 'shape': 'E256 K8', 'tokens': 128, 'ours_us': 12.35, 'ours_in_full_us': 30.04,
-                        'ours_ctypes_us': 13.5, 'torch_us': 8.2, 'torch_op': 'torch.neg (128, 256) float32', 'upstream_us': 40.0}
-    assert lines[1]['upstream_us'] is None and lines[1]['ours_in_full_us'] is None and lines[1]['ours_ctypes_us'] is None
+                        'ours_ctypes_us': 13.5, 'torch_us': 8.2, 'torch_op': 'torch.neg (128, 256) float32', 'outputs': 2,
+                        'torch_outputs_us': 9.0, 'torch_outputs_op': 'torch._foreach_neg 2 x (128, 256) float32', 'upstream_us': 40.0}
+    assert all(lines[1][key] is None for key in ('upstream_us', 'ours_in_full_us', 'ours_ctypes_us', 'outputs', 'torch_outputs_us'))
     _write_record(tmp_path / 'm', '2026-12-24-h200', record.condense(out))
     md = report.benchmarks_md(report.Sources.of(report.load_records(tmp_path / 'm')))
     section = md.split('## Host time per call')[1]
-    assert '| topk_gate | E256 K8 | 12.3 | 30.0 | 13.5 | 8.2 | 1.51 | 40.0 | 0.31 |' in section
-    assert '| per_token_cast | bf16 H7168 | 12.3 | — | — | 8.2 | 1.51 | — | — |' in section
+    assert '| topk_gate | E256 K8 | 12.3 | 30.0 | 13.5 | 8.2 | 1.51 | 2 | 9.0 | 1.37 | 40.0 | 0.31 |' in section
+    assert '| per_token_cast | bf16 H7168 | 12.3 | — | — | 8.2 | 1.51 | — | — | — | — | — |' in section
 
 
 def test_the_host_rows_all_come_from_the_newest_record_that_has_any(tmp_path):
