@@ -7,8 +7,8 @@ benchmarks.common.kernel_only), at a decode-sized token count: the host time per
 of our op (2000 calls timed on the host in short bursts, benchmarks.run.Timer.host_us: no call waits for the device,
 so the time is the host's alone), of the same op with launch plans off (tile_kernels_aot._plans: every call checks its arguments and chooses its
 binary again), of `torch.neg` on the largest floating-point tensor the case passes to the op (its input, so of the
-op's shape), for an op that returns N > 1 tensors of `torch._foreach_neg` over N references to that tensor (one torch
-launch that allocates N outputs, as the op does: each output is an allocation torch's ops pay for too), and of
+op's shape), for an op that returns N > 1 new allocations of `torch._foreach_neg` over N references to that tensor
+(one torch launch that allocates N outputs, as the op does: each output is an allocation torch's ops pay for too), and of
 upstream's op when `tile_kernels` is importable (after one call, its JIT compile). Where the runtime's C
 extension is installed (tile_kernels_aot._driver_native: it makes the driver call and replays simple launch plans),
 ours is timed a second time as without it (ours_ctypes_us: the plan replayed in Python, the driver call made through
@@ -72,11 +72,17 @@ def torch_reference(fn) -> tuple[str, object]:
 _FOREACH_LAUNCH_ELEMENTS = 320 * 65536
 
 
-def returned_tensors(result: object) -> int:
-    """How many tensors an op's result holds, through tuples and lists."""
+def _returned(result: object) -> list[torch.Tensor]:
     if isinstance(result, torch.Tensor):
-        return 1
-    return sum(returned_tensors(r) for r in result) if isinstance(result, (tuple, list)) else 0
+        return [result]
+    return [t for r in result for t in _returned(r)] if isinstance(result, (tuple, list)) else []
+
+
+def new_outputs(result: object, inputs: list[torch.Tensor]) -> int:
+    """How many allocations an op's result holds: the storages of the tensors it returns (through tuples and lists),
+    each counted once, other than its inputs' (an op that returns an argument, or two views of one buffer)."""
+    given = {t.untyped_storage().data_ptr() for t in inputs}
+    return len({t.untyped_storage().data_ptr() for t in _returned(result)} - given)
 
 
 def torch_outputs_reference(t: torch.Tensor, count: int) -> tuple[str, object]:
@@ -126,7 +132,7 @@ def main() -> int:
         for label, mine, theirs, _, _ in cases:
             reference, torch_op = torch_reference(mine)
             timed = {'ours': mine, 'ours_in_full': mine, 'torch': torch_op}
-            outputs = returned_tensors(mine())
+            outputs = new_outputs(mine(), _tensors_of(mine))
             outputs_reference = None
             if outputs > 1:
                 outputs_reference, timed['torch_outputs'] = torch_outputs_reference(reference_tensor(mine), outputs)

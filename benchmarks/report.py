@@ -367,7 +367,7 @@ def host_table(sources: Sources) -> list[str]:
                  'interleaved rounds); "in full" is the op with launch plans off (every call checks its arguments '
                  'again), "via ctypes" the op without the runtime\'s C extension (its launch plan replayed in Python, the driver call '
                  'made through ctypes), '
-                 '"torch" is torch.neg on the op\'s largest floating-point input; for an op that returns N > 1 tensors '
+                 '"torch" is torch.neg on the op\'s largest floating-point input; for an op that returns N > 1 new buffers '
                  '(the "outputs" column), "torch, N outputs" is torch._foreach_neg over N references to that input, one torch '
                  'launch that allocates as many outputs as the op (cut to the elements one launch covers); all in the same '
                  f'process, each row\'s references timed in its own run. Measured {measured_on(sources.host)}.'), '',

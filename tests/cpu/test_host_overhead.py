@@ -36,7 +36,9 @@ def test_the_tensors_a_case_reads_are_found_through_partials_and_nested_lambdas(
 
 
 def test_the_torch_reference_of_an_op_of_n_outputs_makes_n_outputs_in_one_launch():
-    assert [host_overhead.returned_tensors(r) for r in (None, torch.zeros(1), (torch.zeros(1), None, [torch.zeros(1)] * 3))] == [0, 1, 4]
+    x, y, z = torch.zeros(2), torch.zeros(2), torch.zeros(4)
+    results = [None, x, y, (x, None, [y, z[:2], z[2:]]), (z[:2], z.view(2, 2))]
+    assert [host_overhead.new_outputs(r, [x]) for r in results] == [0, 0, 1, 2, 1]  # an input's and one buffer's views count once
     x = torch.randn(4, 16)[:, :8]  # not contiguous: the reference takes a contiguous copy
     label, fn = host_overhead.torch_outputs_reference(x, 3)
     outs = fn()
