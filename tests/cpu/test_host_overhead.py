@@ -35,7 +35,7 @@ def test_the_tensors_a_case_reads_are_found_through_partials_and_nested_lambdas(
     assert torch.equal(fn(), -w)
 
 
-def test_the_torch_reference_of_an_op_of_n_outputs_makes_n_outputs_in_one_launch():
+def test_the_n_output_reference_counts_new_buffers_and_fits_one_foreach_launch():
     x, y, z = torch.zeros(2), torch.zeros(2), torch.zeros(4)
     results = [None, x, y, (x, None, [y, z[:2], z[2:]]), (z[:2], z.view(2, 2))]
     assert [host_overhead.new_outputs(r, [x]) for r in results] == [0, 0, 1, 2, 1]  # an input's and one buffer's views count once
