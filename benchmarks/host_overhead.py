@@ -24,6 +24,7 @@ import inspect
 import sys
 
 import torch
+from torch.utils import _pytree as pytree
 
 from benchmarks.common import RowWriter
 from tile_kernels_aot import _driver, _plans
@@ -61,28 +62,22 @@ def _describe(t: torch.Tensor) -> str:
     return f'{tuple(t.shape)} {str(t.dtype).removeprefix("torch.")}'
 
 
-def torch_reference(fn) -> tuple[str, object]:
-    """torch.neg on :func:`reference_tensor`."""
-    t = reference_tensor(fn)
+def torch_reference(t: torch.Tensor) -> tuple[str, object]:
+    """torch.neg on `t` (:func:`reference_tensor`)."""
     return f'torch.neg {_describe(t)}', lambda: torch.neg(t)
 
 
-# Elements one launch of ATen's multi_tensor_apply covers for a foreach op with one input and one output a tensor: at
-# most 320 blocks a launch (its depth-2 limit), each a chunk of 65536 elements.
-_FOREACH_LAUNCH_ELEMENTS = 320 * 65536
-
-
-def _returned(result: object) -> list[torch.Tensor]:
-    if isinstance(result, torch.Tensor):
-        return [result]
-    return [t for r in result for t in _returned(r)] if isinstance(result, (tuple, list)) else []
+# One launch of ATen's multi_tensor_apply, for a foreach op with one input and one output a tensor: at most 320 blocks
+# (its depth-2 limit), each a chunk of 65536 elements.
+_FOREACH_BLOCKS, _FOREACH_CHUNK = 320, 65536
 
 
 def new_outputs(result: object, inputs: list[torch.Tensor]) -> int:
     """How many allocations an op's result holds: the storages of the tensors it returns (through tuples and lists),
     each counted once, other than its inputs' (an op that returns an argument, or two views of one buffer)."""
     given = {t.untyped_storage().data_ptr() for t in inputs}
-    return len({t.untyped_storage().data_ptr() for t in _returned(result)} - given)
+    returned = [t for t in pytree.tree_leaves(result) if isinstance(t, torch.Tensor)]
+    return len({t.untyped_storage().data_ptr() for t in returned} - given)
 
 
 def torch_outputs_reference(t: torch.Tensor, count: int) -> tuple[str, object]:
@@ -90,7 +85,7 @@ def torch_outputs_reference(t: torch.Tensor, count: int) -> tuple[str, object]:
     A tensor too large for one launch at that count is cut to its first elements (the host time of an allocation does
     not depend on its size)."""
     t = t.contiguous()
-    per_tensor = _FOREACH_LAUNCH_ELEMENTS // count // 65536 * 65536
+    per_tensor = _FOREACH_BLOCKS // count * _FOREACH_CHUNK
     if t.numel() > per_tensor:
         t = t.reshape(-1)[:per_tensor]
     tensors = [t] * count
@@ -130,12 +125,13 @@ def main() -> int:
             continue
         cases, upstream = cases_and_upstream(CASES[kernel], tk, args.tokens)
         for label, mine, theirs, _, _ in cases:
-            reference, torch_op = torch_reference(mine)
+            t = reference_tensor(mine)
+            reference, torch_op = torch_reference(t)
             timed = {'ours': mine, 'ours_in_full': mine, 'torch': torch_op}
             outputs = new_outputs(mine(), _tensors_of(mine))
             outputs_reference = None
             if outputs > 1:
-                outputs_reference, timed['torch_outputs'] = torch_outputs_reference(reference_tensor(mine), outputs)
+                outputs_reference, timed['torch_outputs'] = torch_outputs_reference(t, outputs)
             if native is not None:
                 timed['ours_ctypes'] = mine
             if upstream is not None:
