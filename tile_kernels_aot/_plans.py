@@ -28,7 +28,8 @@ or :func:`enable` turns them off: every call runs in full.
 
 Where the runtime's C extension is installed (tile_kernels_aot._driver_native, unless
 ``TILE_KERNELS_AOT_NATIVE_LAUNCH=0``), a call goes to its ``replay`` once the checks above let it replay (plans on,
-not under torch.compile, not inside a recorded call). It makes the signature in C, for arguments that are exactly
+not under torch.compile, not inside a recorded call, no TorchDispatchMode active: the extension's allocations and
+launches would pass a mode by). It makes the signature in C, for arguments that are exactly
 ``torch.Tensor``, the scalars, floats, and tuples and lists of these (for any other argument it leaves the call to
 Python), and looks it up in the op's plans. It reads each tensor through torch's DLPack exchange API
 (``torch.Tensor.__dlpack_c_exchange_api__``, torch 2.10 on, :func:`_torch_shim.exchange`) without a Python call, and
@@ -84,6 +85,7 @@ _TENSORS = (torch.Tensor, torch.nn.Parameter)
 _caches: list[dict] = []
 _native = _driver.native_extension()  # the C extension, which replays simple plans (_Plan.native); None: Python replays all
 _native_replay = _native and _native.replay
+_dispatch_modes = torch._C._len_torch_dispatch_stack
 _shim = _native and _torch_shim.functions()  # torch's C shim, through which the extension allocates; None: torch's Python API
 if _shim:
     _native.bind_shim(*_shim)
@@ -187,13 +189,14 @@ def launch_plan(op: Callable) -> Callable:
     def call(*args, **kwargs):
         if not enabled or is_compiling() or recording.__dict__.get('active') is not None:
             return op(*args, **kwargs)
-        if _native_replay is not None:  # C replays a simple plan, else makes the signature for by_signature
+        native = _native_replay is not None and not _dispatch_modes()  # C's allocations would pass a mode by
+        if native:  # C replays a simple plan, else makes the signature for by_signature
             result = _native_replay(plans, args, kwargs, config._num_sms, _index_checks.enabled, by_signature)
             if result is not NotImplemented:
                 return result
         tensors: list = []
         try:  # where C's replay ran and came back, C could not key the call (an argument of a kind it does not key)
-            key = plan_key(args, kwargs, tensors) if _native_replay is None else signature(args, kwargs, tensors)
+            key = signature(args, kwargs, tensors) if native else plan_key(args, kwargs, tensors)
         except Exception:  # an argument without a signature (another type, a tensor without storage)
             return op(*args, **kwargs)  # the op's own checks say what is wrong with it
         return by_signature(key, tensors, args, kwargs)

@@ -973,3 +973,12 @@ def test_real_ops_with_launch_attributes_or_returned_views_replay_in_c(real_drv,
     if full[5] is not None:
         assert full[5][1] == ATTRIBUTES['pdl'][1]
 
+
+
+def test_a_dispatch_mode_sees_what_a_replayed_call_allocates(drv):
+    for _ in range(3):
+        demo(x_of())
+    with Allocations() as allocations:
+        out = demo(x_of())
+    assert allocations.count == 1 and out.shape == (x_of().shape[0], 2)  # C's shim would allocate past the mode
+    assert hows(drv) == ['full', 'full', 'native', 'python'] and full_calls['demo'] == 2
