@@ -16,10 +16,9 @@ or a manifest asks for is a power of two up to 256 bytes), each other argument's
   torch op or the result needs it.
 
 A signature is remembered as not replayable, and its calls run in full, when its call reads tensor values on the
-host (``.item()``, an op whose output shape depends on values, an index check), when an op marks a host sync or a
-Python side effect with :func:`not_replayable`, when a torch op or a launch reads a tensor the call did not get or
-make (other than an op's :func:`stand_ins`), or when its argument tensors share memory, where a
-launched buffer cannot be told apart as one argument's or another's.
+host (``.item()``, an op whose output shape depends on values, an index check), when a torch op or a launch reads a
+tensor the call did not get or make (other than an op's :func:`stand_ins`), or when its argument tensors share memory,
+where a launched buffer cannot be told apart as one argument's or another's.
 
 A plan keeps no tensor of a call: sizes, dtypes, offsets, torch ops, the loaded binary and its bound dims.
 Each op keeps at most ``MAX_PLANS`` signatures: a new one replaces the oldest seen only once, else the oldest plan.
@@ -164,13 +163,6 @@ def enable(on: bool = True) -> None:
     if not isinstance(on, bool):
         raise TypeError(f'enable: on must be a bool, got {type(on).__name__}')
     enabled = on
-
-
-def not_replayable(reason: str) -> None:
-    """Called by an op before it does what a launch plan cannot repeat (a host sync, a Python side effect)."""
-    recorder = recording.__dict__.get('active')
-    if recorder is not None:
-        recorder.reason = recorder.reason or reason
 
 
 def clear() -> None:
