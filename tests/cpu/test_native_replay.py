@@ -974,7 +974,6 @@ def test_real_ops_with_launch_attributes_or_returned_views_replay_in_c(real_drv,
         assert full[5][1] == ATTRIBUTES['pdl'][1]
 
 
-
 def test_a_dispatch_mode_sees_what_a_replayed_call_allocates(drv):
     for _ in range(3):
         demo(x_of())
