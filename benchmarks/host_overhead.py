@@ -52,9 +52,9 @@ def _tensors_of(fn) -> list[torch.Tensor]:
     return found
 
 
-def reference_tensor(fn) -> torch.Tensor:
-    """The largest floating-point tensor `fn` reads, else a bf16 tensor of one 7168-element row."""
-    floats = [t for t in _tensors_of(fn) if t.is_floating_point() and t.dtype.itemsize >= 2]
+def reference_tensor(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """The largest floating-point tensor of a case's (:func:`_tensors_of`), else a bf16 tensor of one 7168-element row."""
+    floats = [t for t in tensors if t.is_floating_point() and t.dtype.itemsize >= 2]
     return max(floats, key=torch.Tensor.numel) if floats else torch.randn(1, 7168, device='cuda').bfloat16()
 
 
@@ -125,10 +125,11 @@ def main() -> int:
             continue
         cases, upstream = cases_and_upstream(CASES[kernel], tk, args.tokens)
         for label, mine, theirs, _, _ in cases:
-            t = reference_tensor(mine)
+            inputs = _tensors_of(mine)
+            t = reference_tensor(inputs)
             reference, torch_op = torch_reference(t)
             timed = {'ours': mine, 'ours_in_full': mine, 'torch': torch_op}
-            outputs = new_outputs(mine(), _tensors_of(mine))
+            outputs = new_outputs(mine(), inputs)
             outputs_reference = None
             if outputs > 1:
                 outputs_reference, timed['torch_outputs'] = torch_outputs_reference(t, outputs)

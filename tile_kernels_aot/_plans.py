@@ -203,7 +203,7 @@ def launch_plan(op: Callable) -> Callable:
             if not plan.same or plan.serves(tensors):
                 return plan.run(tensors)
             return op(*args, **kwargs)
-        if plan is _UNSEEN or type(plan) is NotReplayable or torch._C._len_torch_dispatch_stack():
+        if plan is _UNSEEN or type(plan) is NotReplayable or _dispatch_modes():
             if plan is _UNSEEN:
                 _store(plans, key, None)
             return op(*args, **kwargs)  # first seen, not replayable, or another dispatch mode is watching

@@ -30,7 +30,7 @@ def test_the_tensors_a_case_reads_are_found_through_partials_and_nested_lambdas(
     outer = lambda: (inner(x), op(x, (w, idx)))  # noqa: E731
     found = host_overhead._tensors_of(outer)
     assert {id(t) for t in found} == {id(x), id(w), id(idx)}
-    label, fn = host_overhead.torch_reference(host_overhead.reference_tensor(outer))
+    label, fn = host_overhead.torch_reference(host_overhead.reference_tensor(found))
     assert label == 'torch.neg (64, 16) float32'  # the largest floating-point input
     assert torch.equal(fn(), -w)
 
